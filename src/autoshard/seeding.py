@@ -1,0 +1,18 @@
+"""Independent, named random streams derived from the one seed in params.yaml.
+
+Each purpose (the pool's specs, a table's trace, the task split, one task ...) gets its own
+stream, so changing one part of the study (say, the number of tasks) never shifts the random
+numbers of another (the pool, the other tasks).
+"""
+
+import zlib
+
+import numpy as np
+
+
+def rng(seed: int, *keys: str | int) -> np.random.Generator:
+    """A generator for `seed` and a path of keys, e.g. ``rng(0, "trace", 17)``."""
+    words = [int(seed)]
+    for key in keys:
+        words.append(zlib.crc32(key.encode()) if isinstance(key, str) else int(key))
+    return np.random.default_rng(np.random.SeedSequence(words))
