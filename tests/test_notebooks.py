@@ -1,6 +1,7 @@
 """Stage notebooks executed through the stage runner on smoke-sized parameters."""
 
 import json
+import os
 from pathlib import Path
 
 import nbformat
@@ -10,6 +11,7 @@ import yaml
 from autoshard.metrics import read_metrics
 from autoshard.notebook import main, select, stage_spec
 from autoshard.pool import load_pool
+from autoshard.profile import load_profile
 from autoshard.tasks import load_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,10 +22,19 @@ pytestmark = pytest.mark.slow
 def run_stage(tmp_path, params, stage="synthesize"):
     params_file = tmp_path / "params.yaml"
     params_file.write_text(yaml.safe_dump(params))
+    extra = ["--set", f"work_dir={tmp_path / 'work'}"] if stage == "profile" else []
     return main([stage, "--params-file", str(params_file), "--dvc-file", str(ROOT / "dvc.yaml"),
                  "--output-dir", str(tmp_path / "nb"),
                  "--set", f"data_dir={tmp_path / 'data'}",
-                 "--set", f"reports_dir={tmp_path / 'reports'}"])
+                 "--set", f"reports_dir={tmp_path / 'reports'}", *extra])
+
+
+def executed_outputs(path):
+    """Outputs of the executed notebook's code cells; none may be an error."""
+    nb = nbformat.read(path, as_version=4)
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    assert not [o for o in outputs if o.output_type == "error"]
+    return nb, outputs
 
 
 def test_stage_spec_reads_dvc_yaml():
@@ -37,9 +48,21 @@ def test_select_takes_only_the_named_params():
     assert select(params, ["seed", "pool.b.c"], "p") == {"seed": 1, "pool": {"b": {"c": 2}}}
 
 
-def test_synthesize_notebook(tmp_path, params, monkeypatch):
-    monkeypatch.chdir(ROOT)
-    assert run_stage(tmp_path, params) == 0
+@pytest.fixture(scope="module")
+def synthesized(tmp_path_factory, smoke_params):
+    """One smoke run of the synthesize stage, shared by the stages after it."""
+    tmp_path = tmp_path_factory.mktemp("stages")
+    cwd = Path.cwd()
+    os.chdir(ROOT)
+    try:
+        assert run_stage(tmp_path, smoke_params) == 0
+    finally:
+        os.chdir(cwd)
+    return tmp_path
+
+
+def test_synthesize_notebook(synthesized, smoke_params):
+    tmp_path, params = synthesized, smoke_params
     pool = load_pool(tmp_path / "data" / "pool")
     assert pool.num_tables == params["pool"]["num_tables"]
     tasks, train, test = load_tasks(tmp_path / "data" / "tasks.json")
@@ -50,12 +73,28 @@ def test_synthesize_notebook(tmp_path, params, monkeypatch):
     assert sum(metrics["tasks"].values()) == len(tasks)
     figures = sorted(p.name for p in (tmp_path / "reports" / "figures" / "synthesize").iterdir())
     assert figures == ["pool_distributions.png", "reuse_vs_published.png"]
-    nb = nbformat.read(tmp_path / "nb" / "01_synthesize.ipynb", as_version=4)
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
-    assert not [o for o in outputs if o.output_type == "error"]
+    nb, outputs = executed_outputs(tmp_path / "nb" / "01_synthesize.ipynb")
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 2, "figures must be inline"
     injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
     assert json.dumps(params["pool"]["num_tables"]) in injected[0].source
+
+
+def test_profile_notebook(synthesized, smoke_params, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    tmp_path = synthesized
+    assert run_stage(tmp_path, smoke_params, "profile") == 0
+    table = load_profile(tmp_path / "data" / "profile")
+    assert (table["status"] == "ok").all() and table["shard_id"].is_unique
+    assert set(table["kind"]) == {"single", "random", "heuristic", "repeat"}
+    assert (table["backend"] == "fbgemm").all() and (table["device"] == "cpu").all()
+    metrics = read_metrics(tmp_path / "reports" / "metrics" / "profile.json")
+    assert metrics["shards_measured"] == len(table)
+    assert 0 <= metrics["median_cv"] < 1
+    assert metrics["harness_check"]["forward"]["fbgemm_harness_ms"] > 0
+    assert metrics["comm_measured_processes"] == 2
+    _, outputs = executed_outputs(tmp_path / "nb" / "02_profile.ipynb")
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 5
+    assert not (tmp_path / "work").exists()
 
 
 def test_bad_parameter_fails_cleanly(tmp_path, params, monkeypatch, capsys):

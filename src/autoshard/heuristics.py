@@ -1,0 +1,101 @@
+"""The prototypes' heuristic placements, made to respect memory always.
+
+All greedy heuristics share one loop: sort tables by a key, largest first; put each on the
+device with the lowest accumulated key among those where it still fits; ties go to the
+device with less memory used, then the lower index. Unlike the prototypes, a table that
+fits nowhere is an error (`Infeasible`), never silently put on the last device.
+"""
+
+import numpy as np
+import pandas as pd
+
+from autoshard.errors import ConfigError
+
+
+class Infeasible(ConfigError):
+    """No device has room for a table: the task cannot be placed by this method."""
+
+
+def _keys(features: pd.DataFrame) -> dict[str, np.ndarray]:
+    dim = features["dim"].to_numpy(dtype=float)
+    pf = features["pooling_factor"].to_numpy(dtype=float)
+    rows = features["rows"].to_numpy(dtype=float)
+    return {
+        "dim_greedy": dim,
+        "size_greedy": features["size_bytes"].to_numpy(dtype=float),
+        "lookup_greedy": dim * pf,
+        "size_lookup_greedy": dim * pf * np.log10(np.maximum(rows, 1.0)),
+    }
+
+
+GREEDY = ("dim_greedy", "size_greedy", "lookup_greedy", "size_lookup_greedy")
+HEURISTICS = ("random", "naive", *GREEDY)
+
+
+def greedy(keys: np.ndarray, sizes: np.ndarray, devices: int, capacity: int) -> np.ndarray:
+    """Largest key first, onto the fitting device with the lowest accumulated key."""
+    load = np.zeros(devices)
+    memory = np.zeros(devices, dtype=np.int64)
+    placement = np.full(len(keys), -1, dtype=np.int64)
+    for i in np.argsort(-keys, kind="stable"):
+        fits = np.flatnonzero(memory + sizes[i] <= capacity)
+        if fits.size == 0:
+            raise Infeasible(f"table {i} ({sizes[i]} bytes) fits on no device")
+        best = fits[np.lexsort((fits, memory[fits], load[fits]))[0]]
+        placement[i] = best
+        load[best] += keys[i]
+        memory[best] += sizes[i]
+    return placement
+
+
+def naive(sizes: np.ndarray, devices: int, capacity: int) -> np.ndarray:
+    """Round-robin in table order, skipping devices that are full."""
+    memory = np.zeros(devices, dtype=np.int64)
+    placement = np.full(len(sizes), -1, dtype=np.int64)
+    for i in range(len(sizes)):
+        for step in range(devices):
+            d = (i + step) % devices
+            if memory[d] + sizes[i] <= capacity:
+                break
+        else:
+            raise Infeasible(f"table {i} ({sizes[i]} bytes) fits on no device")
+        placement[i] = d
+        memory[d] += sizes[i]
+    return placement
+
+
+def random_placement(sizes: np.ndarray, devices: int, capacity: int,
+                     rng: np.random.Generator) -> np.ndarray:
+    """A uniformly random device per table among those with room (largest tables first)."""
+    memory = np.zeros(devices, dtype=np.int64)
+    placement = np.full(len(sizes), -1, dtype=np.int64)
+    for i in np.argsort(-sizes, kind="stable"):
+        fits = np.flatnonzero(memory + sizes[i] <= capacity)
+        if fits.size == 0:
+            raise Infeasible(f"table {i} ({sizes[i]} bytes) fits on no device")
+        placement[i] = rng.choice(fits)
+        memory[placement[i]] += sizes[i]
+    return placement
+
+
+def place(method: str, features: pd.DataFrame, devices: int, capacity: int,
+          rng: np.random.Generator | None = None) -> np.ndarray:
+    """Device per row of `features` (the task's tables) by the named heuristic."""
+    sizes = features["size_bytes"].to_numpy(dtype=np.int64)
+    if method in GREEDY:
+        return greedy(_keys(features)[method], sizes, devices, capacity)
+    if method == "naive":
+        return naive(sizes, devices, capacity)
+    if method == "random":
+        if rng is None:
+            raise ValueError("the random heuristic needs a seeded generator")
+        return random_placement(sizes, devices, capacity, rng)
+    raise ConfigError(f"method: {method!r} (expected one of {', '.join(HEURISTICS)})")
+
+
+def shards(placement: np.ndarray, tables: tuple[int, ...] | list[int], devices: int
+           ) -> list[tuple[int, ...]]:
+    """The pool table ids on each device, sorted."""
+    ids = np.asarray(tables)
+    return [tuple(sorted(int(t) for t in ids[placement == d])) for d in range(devices)]
+

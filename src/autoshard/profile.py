@@ -1,0 +1,263 @@
+"""The profile stage's data set: which shards to measure, measuring them in resumable chunks.
+
+Shards measured: every table of the pool alone; random subsets of the train tables, sizes
+log-uniform from 1 to the largest shard a task can hold; the device shards of the heuristic
+plans on training tasks (what a planner meets); and a few shards again in later rounds, to
+measure repeatability. Results are written in chunks: an interrupted run continues where
+it stopped, measures nothing twice, and re-measures a chunk that fails the consistency check.
+"""
+
+import hashlib
+import json
+import platform
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from autoshard.atomic import atomic_dir, atomic_file
+from autoshard.costs import BackendConfig, CostBackend, ShardTooLarge
+from autoshard.errors import ConfigError
+from autoshard.heuristics import HEURISTICS, Infeasible, place, shards
+from autoshard.params import Fields
+from autoshard.pool import Pool
+from autoshard.seeding import rng
+from autoshard.tasks import Task
+
+KINDS = ("single", "random", "heuristic", "repeat")
+COST_COLUMNS = ["forward_ms", "backward_ms", "forward_iqr_ms", "backward_iqr_ms"]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One shard to measure. `round` > 0 marks a repeat of an earlier measurement."""
+
+    kind: str
+    tables: tuple[int, ...]
+    round: int = 0
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """The `profile` section: the backend and what to collect."""
+
+    backend: BackendConfig
+    random_shards: int
+    heuristic_tasks: int
+    repeat_shards: int
+    repeat_rounds: int
+    chunk_size: int
+
+    @classmethod
+    def from_params(cls, values: dict) -> "ProfileConfig":
+        f = Fields("profile", values)
+        backend = BackendConfig.from_fields(f)
+        c = f.sub("collect")
+        cfg = cls(backend=backend, random_shards=c.integer("random_shards", lo=0),
+                  heuristic_tasks=c.integer("heuristic_tasks", lo=0),
+                  repeat_shards=c.integer("repeat_shards", lo=0),
+                  repeat_rounds=c.integer("repeat_rounds", lo=0), chunk_size=c.integer("chunk_size"))
+        c.done()
+        f.used |= {"crosscheck", "comm"}  # read by their own functions
+        f.done()
+        return cfg
+
+
+def plan_jobs(pool: Pool, tasks: list[Task], train_tables: np.ndarray, cfg: ProfileConfig,
+              seed: int) -> list[Job]:
+    """Every shard the stage measures, in order; deterministic for a seed."""
+    sizes = pool.features["size_bytes"].to_numpy()
+    jobs = [Job("single", (t,)) for t in range(pool.num_tables)]
+    seen = {j.tables for j in jobs}
+
+    def add(kind: str, tables) -> None:
+        key = tuple(sorted(int(t) for t in tables))
+        if key and key not in seen:
+            seen.add(key)
+            jobs.append(Job(kind, key))
+
+    train_tasks = [t for t in tasks if t.split == "train"]
+    if train_tasks:
+        most_tables = max(len(t.tables) for t in train_tasks)
+        capacity = max(t.memory_bytes for t in train_tasks)
+        g = rng(seed, "profile", "random")
+        for _ in range(cfg.random_shards):
+            n = int(np.clip(np.round(np.exp(g.uniform(0, np.log(most_tables)))), 1, most_tables))
+            pick = g.choice(train_tables, n, replace=False)
+            order = pick[np.argsort(sizes[pick], kind="stable")]
+            add("random", order[np.cumsum(sizes[order]) <= capacity])  # the shard must fit a device
+    heuristic_start = len(jobs)
+    for task in _first_per_protocol(train_tasks, cfg.heuristic_tasks):
+        feats = pool.features.iloc[list(task.tables)]
+        for method in HEURISTICS:
+            g = rng(seed, "profile", "heuristic", task.name, method)
+            try:
+                placement = place(method, feats, task.devices, task.memory_bytes, g)
+            except Infeasible:
+                continue
+            for shard in shards(placement, task.tables, task.devices):
+                add("heuristic", shard)
+    pool_for_repeats = [j.tables for j in jobs[heuristic_start:]] or [j.tables for j in jobs]
+    g = rng(seed, "profile", "repeat")
+    chosen = g.choice(len(pool_for_repeats), min(cfg.repeat_shards, len(pool_for_repeats)),
+                      replace=False)
+    for r in range(1, cfg.repeat_rounds + 1):
+        jobs += [Job("repeat", pool_for_repeats[i], r) for i in sorted(chosen)]
+    return jobs
+
+
+def _first_per_protocol(tasks: list[Task], n: int) -> list[Task]:
+    out: list[Task] = []
+    for protocol in sorted({t.protocol for t in tasks}):
+        out += [t for t in tasks if t.protocol == protocol][:n]
+    return out
+
+
+def environment(backend: CostBackend, threads: int) -> dict:
+    """What every row records about how it was measured."""
+    try:
+        import fbgemm_gpu
+        fbgemm_version = fbgemm_gpu.__version__
+    except ImportError:
+        fbgemm_version = "absent"
+    device = backend.device
+    if device == "cuda":
+        device = f"cuda:{torch.cuda.get_device_name()}"
+    return {"backend": backend.name, "device": device, "threads": threads,
+            "host": platform.node(), "cpu": platform.processor() or platform.machine(),
+            "torch_version": torch.__version__, "fbgemm_version": fbgemm_version}
+
+
+def measure_job(backend: CostBackend, job: Job, shard_id: int, batch_size: int,
+                sizes: np.ndarray, env: dict) -> dict:
+    """One row of the data set: the job, its cost (NaN when unmeasurable) and the environment."""
+    row = {"shard_id": shard_id, "kind": job.kind, "round": job.round, "tables": list(job.tables),
+           "num_tables": len(job.tables), "shard_bytes": int(sizes[list(job.tables)].sum()),
+           "batch_size": batch_size}
+    try:
+        cost = backend.measure(job.tables, batch_size)
+        row |= {"status": "ok", **{c: getattr(cost, c) for c in COST_COLUMNS}}
+    except ShardTooLarge as exc:
+        row |= {"status": f"too large: {exc}", **{c: float("nan") for c in COST_COLUMNS}}
+    row["total_ms"] = row["forward_ms"] + row["backward_ms"]
+    return row | env
+
+
+def run_key(jobs: list[Job], cfg: ProfileConfig, pool: Pool) -> str:
+    """Identifies a collection: chunks of another plan, backend or pool are never reused."""
+    doc = json.dumps([[asdict(j) for j in jobs], asdict(cfg.backend), pool.meta], sort_keys=True,
+                     default=str)
+    return hashlib.sha256(doc.encode()).hexdigest()[:16]
+
+
+def collect(pool: Pool, jobs: list[Job], backend: CostBackend, cfg: ProfileConfig,
+            work_root: str | Path, progress: bool = True) -> pd.DataFrame:
+    """Measure every job, chunk by chunk under `work_root/<run key>`, resuming what is there."""
+    work = Path(work_root) / run_key(jobs, cfg, pool)
+    work.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(cfg.backend.threads)
+    env = environment(backend, cfg.backend.threads)
+    sizes = pool.features["size_bytes"].to_numpy()
+    step = cfg.chunk_size
+    bar = tqdm(total=len(jobs), desc=f"profile ({backend.name})", disable=not progress)
+    for start in range(0, len(jobs), step):
+        path = work / f"chunk-{start // step:05d}.parquet"
+        ids = list(range(start, min(start + step, len(jobs))))
+        if _chunk_is_complete(path, ids, jobs):
+            bar.update(len(ids))
+            continue
+        rows = []
+        for i in ids:
+            rows.append(measure_job(backend, jobs[i], i, cfg.backend.batch_size, sizes, env))
+            bar.update(1)
+        with atomic_file(path) as tmp:
+            pd.DataFrame(rows).to_parquet(tmp, index=False)
+    bar.close()
+    return consolidate(work, jobs, step)
+
+
+def _chunk_is_complete(path: Path, ids: list[int], jobs: list[Job]) -> bool:
+    """A chunk counts only if it reads back whole with exactly its planned shards."""
+    if not path.exists():
+        return False
+    try:
+        chunk = pd.read_parquet(path)
+        ok = (chunk["shard_id"].tolist() == ids
+              and [tuple(t) for t in chunk["tables"]] == [jobs[i].tables for i in ids])
+    except Exception:  # noqa: BLE001 - any unreadable file is a half-written chunk
+        ok = False
+    if not ok:
+        path.unlink()
+    return ok
+
+
+def consolidate(work: Path, jobs: list[Job], step: int) -> pd.DataFrame:
+    """All chunks as one table, checked: every planned shard exactly once, in order."""
+    chunks = [pd.read_parquet(work / f"chunk-{k:05d}.parquet")
+              for k in range((len(jobs) + step - 1) // step)]
+    table = pd.concat(chunks, ignore_index=True)
+    if table["shard_id"].tolist() != list(range(len(jobs))):
+        raise ConfigError(f"{work}: chunks do not hold every planned shard exactly once")
+    return table
+
+
+def save_profile(table: pd.DataFrame, folder: str | Path, work_root: str | Path | None = None) -> None:
+    """Write the data set at once; then drop the finished run's chunks."""
+    with atomic_dir(folder) as tmp:
+        table.to_parquet(tmp / "shards.parquet", index=False)
+    if work_root is not None:
+        shutil.rmtree(work_root, ignore_errors=True)
+
+
+def load_profile(folder: str | Path) -> pd.DataFrame:
+    path = Path(folder) / "shards.parquet"
+    if not path.is_file():
+        raise ConfigError(f"{path}: no profile data (run `dvc repro profile`)")
+    return pd.read_parquet(path)
+
+
+def run(params: dict, pool: Pool, tasks: list[Task], train_tables: np.ndarray, work_root: str | Path,
+        progress: bool = True) -> pd.DataFrame:
+    """The whole collection for `params` (a dict with `seed` and `profile`)."""
+    from autoshard.costs import make_backend
+
+    cfg = ProfileConfig.from_params(params["profile"])
+    jobs = plan_jobs(pool, tasks, train_tables, cfg, params["seed"])
+    return collect(pool, jobs, make_backend(pool, cfg.backend), cfg, work_root, progress)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m autoshard.profile`: collect the profile data set outside the notebook."""
+    import argparse
+    import sys
+
+    from autoshard.params import load_params
+    from autoshard.pool import load_pool
+    from autoshard.tasks import load_tasks
+
+    parser = argparse.ArgumentParser(prog="python -m autoshard.profile", description=main.__doc__)
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--pool", type=Path, default=Path("data/pool"))
+    parser.add_argument("--tasks", type=Path, default=Path("data/tasks.json"))
+    parser.add_argument("--out", type=Path, default=Path("data/profile"))
+    parser.add_argument("--work", type=Path, default=Path("data/profile-work"))
+    args = parser.parse_args(argv)
+    try:
+        params = load_params(args.params)
+        ProfileConfig.from_params(params.get("profile"))  # bad parameters fail before any loading
+        tasks, train, _ = load_tasks(args.tasks)
+        table = run(params, load_pool(args.pool), tasks, train, args.work)
+    except ConfigError as exc:
+        print(f"profile: error: {exc}", file=sys.stderr)
+        return 2
+    save_profile(table, args.out, args.work)
+    print(f"profile: {len(table)} shards measured, written to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,66 @@
+"""What the profile data says: fusion non-linearity, repeatability, summary metrics."""
+
+import math
+
+import numpy as np
+import pandas as pd
+
+CV_TARGET = 0.03
+
+
+def measured(table: pd.DataFrame) -> pd.DataFrame:
+    """First-round rows that were measured (not repeats, not unmeasurable)."""
+    return table[(table["round"] == 0) & (table["status"] == "ok")]
+
+
+def fusion_gap(table: pd.DataFrame) -> pd.DataFrame:
+    """Fused cost of each multi-table shard against the sum of its tables' single costs."""
+    ok = measured(table)
+    single = ok[ok["kind"] == "single"].set_index(ok.loc[ok["kind"] == "single", "tables"].map(
+        lambda t: int(t[0])))["total_ms"]
+    multi = ok[ok["num_tables"] > 1].copy()
+    multi["sum_of_singles_ms"] = multi["tables"].map(lambda ts: float(single.reindex(list(ts)).sum()))
+    multi["fused_over_sum"] = multi["total_ms"] / multi["sum_of_singles_ms"]
+    return multi[["shard_id", "kind", "num_tables", "total_ms", "sum_of_singles_ms", "fused_over_sum"]]
+
+
+def repeatability(table: pd.DataFrame) -> pd.DataFrame:
+    """Per repeated shard: its total cost in each round, mean, and coefficient of variation."""
+    repeated = set(map(tuple, table.loc[table["kind"] == "repeat", "tables"]))
+    rows = table[table["tables"].map(tuple).isin(repeated) & (table["status"] == "ok")]
+    grouped = rows.groupby(rows["tables"].map(tuple))["total_ms"]
+    out = pd.DataFrame({"rounds": grouped.size(), "mean_ms": grouped.mean(),
+                        "cv": grouped.std(ddof=1) / grouped.mean()}).reset_index(drop=True)
+    return out[out["rounds"] > 1]
+
+
+def rounds_needed(median_cv: float, target: float = CV_TARGET) -> int:
+    """Rounds whose mean reaches the CV target, if rounds are independent (CV / sqrt(k))."""
+    if not math.isfinite(median_cv) or median_cv <= target:
+        return 1
+    return math.ceil((median_cv / target) ** 2)
+
+
+def profile_metrics(table: pd.DataFrame, seconds: float, peak_rss_gib: float) -> dict:
+    """The profile stage's metrics (crosscheck figures are added by the notebook)."""
+    rep = repeatability(table)
+    median_cv = float(rep["cv"].median()) if len(rep) else float("nan")
+    gap = fusion_gap(table)
+    return {
+        "shards_measured": int((table["status"] == "ok").sum()),
+        "shards_unmeasurable": int((table["status"] != "ok").sum()),
+        "shards_by_kind": table["kind"].value_counts().sort_index().to_dict(),
+        "backend": str(table["backend"].iloc[0]),
+        "device": str(table["device"].iloc[0]),
+        "threads": int(table["threads"].iloc[0]),
+        "batch_size": int(table["batch_size"].iloc[0]),
+        "median_cv": median_cv,
+        "cv_target": CV_TARGET,
+        "cv_target_met": bool(median_cv <= CV_TARGET),
+        "rounds_for_cv_target": rounds_needed(median_cv),
+        "fused_over_sum_median": float(gap["fused_over_sum"].median()) if len(gap) else float("nan"),
+        "fused_over_sum_p10_p90": [float(x) for x in np.nanpercentile(gap["fused_over_sum"], [10, 90])]
+        if len(gap) else [],
+        "seconds": seconds,
+        "peak_rss_gib": peak_rss_gib,
+    }

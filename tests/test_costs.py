@@ -1,0 +1,129 @@
+"""Cost backends: shard inputs, the three backends, communication, and bad input."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from autoshard.costs import ShardCost, make_backend
+from autoshard.costs.analytic import AnalyticBackend, table_perf
+from autoshard.costs.base import shard_inputs
+from autoshard.costs.comm import analytic_comm, device_stages, measure_comm
+from autoshard.costs.factory import resolve_device
+from autoshard.costs.fbgemm import FbgemmBackend
+from autoshard.costs.timing import TimingConfig
+from autoshard.costs.torch_bag import TorchBackend
+from autoshard.crosscheck import BenchConfig, fbgemm_harness_check
+from autoshard.errors import ConfigError
+from autoshard.pool import build_pool
+from autoshard.profile import ProfileConfig
+
+FAST = TimingConfig(warmup=1, runs=3)
+
+
+@pytest.fixture(scope="module")
+def pool(smoke_params):
+    return build_pool(smoke_params["dataset"], smoke_params["pool"], seed=0, progress=False)
+
+
+def test_shard_inputs_layout(pool):
+    indices, offsets = shard_inputs(pool.traces, [3, 1], batch_size=16)
+    assert offsets.shape == (2 * 16 + 1,) and offsets[0] == 0 and offsets[-1] == indices.numel()
+    t3 = pool.traces.table(3)[: pool.traces.lengths[3, :16].sum()]
+    assert np.array_equal(indices[: len(t3)].numpy(), t3)
+    assert np.array_equal(np.diff(offsets.numpy())[:16], pool.traces.lengths[3, :16])
+
+
+@pytest.mark.parametrize(("tables", "batch", "message"), [
+    ([], 16, r"shard: \[\] \(empty"),
+    ([0, 999], 16, r"shard: table 999 is not in the pool of 48 tables"),
+    ([0], 10_000, r"profile.batch_size: 10000 \(the traces hold 256 bags per table\)"),
+])
+def test_bad_shards(pool, tables, batch, message):
+    for backend in (AnalyticBackend(pool), FbgemmBackend(pool, torch.device("cpu"), timing=FAST),
+                    TorchBackend(pool, torch.device("cpu"), timing=FAST)):
+        with pytest.raises(ConfigError, match=message):
+            backend.measure(tables, batch)
+
+
+def test_analytic_matches_torchrec_formula(pool):
+    from torchrec.distributed.planner.constants import DDR_MEM_BW
+
+    b, f = 256, pool.features.iloc[5]
+    dim, pf = int(f["dim"]), float(f["pooling_factor"])
+    penalty = 1.75  # dims below 64
+    fwd = (b * pf * 8 + b * pf * max(dim, 32) * 4 + b * min(1, pf) * dim * 4) * penalty / DDR_MEM_BW
+    cost = AnalyticBackend(pool).measure([5], b)
+    assert cost.forward_ms == pytest.approx(fwd, rel=1e-6)
+    assert cost.backward_ms == pytest.approx(2 * fwd, rel=1e-6)
+    both = AnalyticBackend(pool).measure([5, 6], b)
+    assert both.total_ms == pytest.approx(cost.total_ms + AnalyticBackend(pool).measure([6], b).total_ms)
+    assert AnalyticBackend(pool).measure([5, 6], b) == both  # deterministic
+
+
+@pytest.mark.parametrize("backend_cls", [FbgemmBackend, TorchBackend])
+def test_measured_backends_on_cpu(pool, backend_cls):
+    backend = backend_cls(pool, torch.device("cpu"), timing=FAST)
+    busiest = pool.features["lookups"].nlargest(8).index.tolist()
+    quietest = int(pool.features["lookups"].idxmin())
+    big, small = backend.measure(busiest, 256), backend.measure([quietest], 256)
+    for cost in (big, small):
+        assert all(math.isfinite(v) and v > 0 for v in (cost.forward_ms, cost.backward_ms))
+        assert cost.forward_iqr_ms >= 0 and cost.backward_iqr_ms >= 0
+    assert big.total_ms > small.total_ms
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["fbgemm", "torch"])
+def test_cuda_backends(pool, smoke_params, name):
+    values = smoke_params["profile"] | {"backend": name, "device": "cuda"}
+    backend = make_backend(pool, ProfileConfig.from_params(values).backend)
+    cost = backend.measure([0, 1, 2], 256)
+    assert cost.forward_ms > 0 and cost.backward_ms > 0 and backend.device == "cuda"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_without_gpu(smoke_params):
+    with pytest.raises(ConfigError, match=r"profile.device: 'cuda' \(no CUDA GPU"):
+        resolve_device("cuda")
+    with pytest.raises(ConfigError, match=r"profile.device: 'cuda'"):
+        ProfileConfig.from_params(smoke_params["profile"] | {"device": "cuda"})
+    assert resolve_device("auto") == "cpu"
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("backend", "tpu", r"profile.backend: 'tpu' \(expected one of fbgemm, torch, analytic\)"),
+    ("optimizer", "ADAM", r"profile.optimizer: 'ADAM'"),
+    ("runs", 0, r"profile.runs: 0"),
+    ("device", "gpu", r"profile.device: 'gpu'"),
+])
+def test_bad_profile_params(smoke_params, key, value, message):
+    with pytest.raises(ConfigError, match=message):
+        ProfileConfig.from_params(smoke_params["profile"] | {key: value})
+
+
+def test_two_process_all_to_all_on_cpu():
+    measured = measure_comm([[16, 32], [16]], batch_size=64, timing=FAST)
+    assert len(measured) == 2
+    assert all(f > 0 and b > 0 for f, b in measured)
+
+
+def test_analytic_comm_and_stages():
+    comm = analytic_comm([[16, 32], [16]], [[2.0, 1.0], [3.0]], batch_size=64)
+    expected = table_perf(16, 2.0, 32, 2).fwd_comms + table_perf(32, 1.0, 32, 2).fwd_comms
+    assert comm[0][0] == pytest.approx(expected)
+    stages = device_stages([ShardCost(1.0, 2.0), ShardCost(3.0, 1.0)], [(0.5, 0.5), (0.1, 0.2)])
+    assert stages["total_ms"].tolist() == pytest.approx([4.0, 4.3])
+    assert stages["total_ms"].max() == pytest.approx(4.3)
+
+
+def test_one_process_cannot_measure_comm():
+    with pytest.raises(ConfigError, match="comm.processes: 1"):
+        measure_comm([[16]], batch_size=64)
+
+
+def test_fbgemm_harness_check_runs():
+    table = fbgemm_harness_check(BenchConfig(2, 1000, 16, 4, 1.1, 128), FAST, "EXACT_ROWWISE_ADAGRAD")
+    assert table["component"].tolist() == ["forward", "backward"]
+    assert (table[["fbgemm_harness_ms", "ours_ms"]] > 0).all().all()

@@ -1,0 +1,159 @@
+"""The profile data set: the plan of shards, resumable chunked collection, the stage's CLI."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from autoshard.costs.analytic import AnalyticBackend
+from autoshard.pool import build_pool, save_pool
+from autoshard.profile import ProfileConfig, collect, load_profile, plan_jobs, run_key
+from autoshard.profile_stats import fusion_gap, repeatability, rounds_needed
+from autoshard.tasks import make_tasks, save_tasks
+
+
+@pytest.fixture(scope="module")
+def setup(smoke_params):
+    pool = build_pool(smoke_params["dataset"], smoke_params["pool"], seed=0, progress=False)
+    tasks, train, test = make_tasks(pool.features, smoke_params["tasks"], seed=0)
+    cfg = ProfileConfig.from_params(smoke_params["profile"] | {"backend": "analytic"})
+    jobs = plan_jobs(pool, tasks, train, cfg, seed=0)
+    return pool, tasks, train, test, cfg, jobs
+
+
+def test_plan(setup):
+    pool, tasks, train, _, cfg, jobs = setup
+    kinds = [j.kind for j in jobs]
+    assert [j.tables for j in jobs if j.kind == "single"] == [(t,) for t in range(pool.num_tables)]
+    train_set = set(train.tolist())
+    capacity = max(t.memory_bytes for t in tasks)
+    sizes = pool.features["size_bytes"].to_numpy()
+    for job in jobs:
+        if job.kind in ("random", "heuristic"):
+            assert set(job.tables) <= train_set
+            assert sizes[list(job.tables)].sum() <= capacity
+    first_round = [j.tables for j in jobs if j.round == 0]
+    assert len(first_round) == len(set(first_round)), "a shard is planned once per round"
+    repeats = [j for j in jobs if j.kind == "repeat"]
+    assert len(repeats) == cfg.repeat_shards * cfg.repeat_rounds
+    assert {j.tables for j in repeats} <= set(first_round)
+    assert kinds.count("heuristic") > 0 and kinds.count("random") > 0
+    assert plan_jobs(pool, tasks, train, cfg, seed=0) == jobs
+
+
+class Interrupting(AnalyticBackend):
+    """Analytic backend that dies after `limit` measurements, counting its calls."""
+
+    def __init__(self, pool, limit=None):
+        super().__init__(pool)
+        self.limit, self.calls = limit, 0
+
+    def measure(self, tables, batch_size):
+        if self.limit is not None and self.calls >= self.limit:
+            raise KeyboardInterrupt
+        self.calls += 1
+        return super().measure(tables, batch_size)
+
+
+def test_resume_after_interrupt_measures_nothing_twice(tmp_path, setup):
+    pool, _, _, _, cfg, jobs = setup
+    full = collect(pool, jobs, Interrupting(pool), cfg, tmp_path / "a", progress=False)
+    dying = Interrupting(pool, limit=cfg.chunk_size * 2 + 3)
+    with pytest.raises(KeyboardInterrupt):
+        collect(pool, jobs, dying, cfg, tmp_path / "b", progress=False)
+    chunks = sorted((tmp_path / "b").glob("*/chunk-*.parquet"))
+    assert len(chunks) == 2
+    resumed = Interrupting(pool)
+    again = collect(pool, jobs, resumed, cfg, tmp_path / "b", progress=False)
+    assert resumed.calls == len(jobs) - 2 * cfg.chunk_size
+    pd.testing.assert_frame_equal(again.drop(columns="host"), full.drop(columns="host"))
+    assert again["shard_id"].is_unique
+
+
+def test_half_written_chunk_is_measured_again(tmp_path, setup):
+    pool, _, _, _, cfg, jobs = setup
+    first = collect(pool, jobs, Interrupting(pool), cfg, tmp_path, progress=False)
+    chunk = tmp_path / run_key(jobs, cfg, pool) / "chunk-00001.parquet"
+    chunk.write_bytes(chunk.read_bytes()[:100])
+    counter = Interrupting(pool)
+    second = collect(pool, jobs, counter, cfg, tmp_path, progress=False)
+    assert counter.calls == cfg.chunk_size
+    pd.testing.assert_frame_equal(first, second)
+
+
+def test_unmeasurable_shard_is_recorded(tmp_path, setup, smoke_params):
+    pool, tasks, train, _, _, _ = setup
+    from autoshard.costs import make_backend
+
+    cfg = ProfileConfig.from_params(smoke_params["profile"] | {"memory_limit_gib": 1e-9})
+    jobs = plan_jobs(pool, tasks, train, cfg, seed=0)[:3]
+    table = collect(pool, jobs, make_backend(pool, cfg.backend), cfg, tmp_path, progress=False)
+    assert table["status"].str.startswith("too large").all()
+    assert table["total_ms"].isna().all()
+
+
+def test_stats_on_synthetic_table():
+    table = pd.DataFrame({
+        "shard_id": range(5), "kind": ["single", "single", "heuristic", "repeat", "repeat"],
+        "round": [0, 0, 0, 1, 2], "tables": [[0], [1], [0, 1], [0, 1], [0, 1]],
+        "num_tables": [1, 1, 2, 2, 2], "status": ["ok"] * 5,
+        "total_ms": [1.0, 2.0, 2.4, 2.6, 2.5]})
+    gap = fusion_gap(table)
+    assert gap["sum_of_singles_ms"].tolist() == [3.0]
+    assert gap["fused_over_sum"].tolist() == pytest.approx([0.8])
+    rep = repeatability(table)
+    assert rep["rounds"].tolist() == [3]
+    assert rep["cv"].iloc[0] == pytest.approx(np.std([2.4, 2.6, 2.5], ddof=1) / 2.5)
+    assert rounds_needed(0.02) == 1 and rounds_needed(0.06) == 4
+
+
+@pytest.mark.slow
+def test_killed_stage_resumes(tmp_path, smoke_params):
+    """Kill the real fbgemm collection mid-way; rerun; nothing lost, nothing measured twice."""
+    pool = build_pool(smoke_params["dataset"], smoke_params["pool"], seed=0, progress=False)
+    tasks, train, test = make_tasks(pool.features, smoke_params["tasks"], seed=0)
+    save_pool(pool, tmp_path / "pool")
+    save_tasks(tmp_path / "tasks.json", tasks, train, test, seed=0)
+    params = smoke_params | {"profile": smoke_params["profile"] | {"runs": 5}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    cmd = [sys.executable, "-m", "autoshard.profile", "--params", str(tmp_path / "params.yaml"),
+           "--pool", str(tmp_path / "pool"), "--tasks", str(tmp_path / "tasks.json"),
+           "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while len(list((tmp_path / "work").glob("*/chunk-*.parquet"))) < 2:
+        assert proc.poll() is None, "the collection finished before it could be interrupted"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = {p.name: pd.read_parquet(p) for p in (tmp_path / "work").glob("*/chunk-*.parquet")}
+    assert not (tmp_path / "out").exists()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    final = load_profile(tmp_path / "out")
+    cfg = ProfileConfig.from_params(params["profile"])
+    assert final["shard_id"].tolist() == list(range(len(plan_jobs(pool, tasks, train, cfg, 0))))
+    for name, chunk in before.items():
+        k = int(Path(name).stem.split("-")[1])
+        kept = final.iloc[k * cfg.chunk_size: k * cfg.chunk_size + len(chunk)].reset_index(drop=True)
+        pd.testing.assert_frame_equal(kept, chunk), "measured before the kill, kept as measured"
+    assert not (tmp_path / "work").exists(), "chunks are dropped once the data set is saved"
+
+
+def test_cli_reports_bad_params(tmp_path, smoke_params, capsys):
+    from autoshard.profile import main
+
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(smoke_params | {
+        "profile": smoke_params["profile"] | {"backend": "tpu"}}))
+    code = main(["--params", str(tmp_path / "p.yaml"), "--pool", str(tmp_path / "nopool"),
+                 "--tasks", str(tmp_path / "none.json")])
+    assert code == 2
+    assert "profile.backend: 'tpu'" in capsys.readouterr().err
