@@ -8,6 +8,7 @@ import nbformat
 import pytest
 import yaml
 
+from autoshard.costmodel import feature_matrix, load_model
 from autoshard.metrics import read_metrics
 from autoshard.notebook import main, select, stage_spec
 from autoshard.pool import load_pool
@@ -79,13 +80,24 @@ def test_synthesize_notebook(synthesized, smoke_params):
     assert json.dumps(params["pool"]["num_tables"]) in injected[0].source
 
 
-def test_profile_notebook(synthesized, smoke_params, monkeypatch):
-    monkeypatch.chdir(ROOT)
-    tmp_path = synthesized
-    assert run_stage(tmp_path, smoke_params, "profile") == 0
+@pytest.fixture(scope="module")
+def profiled(synthesized, smoke_params):
+    """The profile stage after `synthesized`, in the same folders."""
+    cwd = Path.cwd()
+    os.chdir(ROOT)
+    try:
+        assert run_stage(synthesized, smoke_params, "profile") == 0
+    finally:
+        os.chdir(cwd)
+    return synthesized
+
+
+def test_profile_notebook(profiled, smoke_params):
+    tmp_path = profiled
     table = load_profile(tmp_path / "data" / "profile")
     assert (table["status"] == "ok").all() and table["shard_id"].is_unique
-    assert set(table["kind"]) == {"single", "random", "heuristic", "repeat"}
+    assert set(table["kind"]) == {"single", "random", "heuristic", "test_random", "test_heuristic",
+                                  "repeat"}
     assert (table["backend"] == "fbgemm").all() and (table["device"] == "cpu").all()
     metrics = read_metrics(tmp_path / "reports" / "metrics" / "profile.json")
     assert metrics["shards_measured"] == len(table)
@@ -95,6 +107,21 @@ def test_profile_notebook(synthesized, smoke_params, monkeypatch):
     _, outputs = executed_outputs(tmp_path / "nb" / "02_profile.ipynb")
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 5
     assert not (tmp_path / "work").exists()
+
+
+def test_cost_model_notebook(profiled, smoke_params, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    tmp_path = profiled
+    assert run_stage(tmp_path, smoke_params, "cost_model") == 0
+    model = load_model(tmp_path / "data" / "cost_model" / "model.pt")
+    pool = load_pool(tmp_path / "data" / "pool")
+    assert (model.predict_ms(feature_matrix(pool.features), [[0, 1], [2]]) > 0).all()
+    metrics = read_metrics(tmp_path / "reports" / "metrics" / "cost_model.json")
+    assert {"comparison", "neural_mape", "learning_curve", "noise_floor_cv"} <= set(metrics)
+    assert len(metrics["learning_curve"]) == len(smoke_params["cost_model"]["learning_curve"])
+    assert metrics["predict_10k_shards_seconds"] > 0
+    _, outputs = executed_outputs(tmp_path / "nb" / "03_cost_model.ipynb")
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 4
 
 
 def test_bad_parameter_fails_cleanly(tmp_path, params, monkeypatch, capsys):

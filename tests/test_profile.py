@@ -24,12 +24,12 @@ def setup(smoke_params):
     pool = build_pool(smoke_params["dataset"], smoke_params["pool"], seed=0, progress=False)
     tasks, train, test = make_tasks(pool.features, smoke_params["tasks"], seed=0)
     cfg = ProfileConfig.from_params(smoke_params["profile"] | {"backend": "analytic"})
-    jobs = plan_jobs(pool, tasks, train, cfg, seed=0)
+    jobs = plan_jobs(pool, tasks, train, cfg, seed=0, test_tables=test)
     return pool, tasks, train, test, cfg, jobs
 
 
 def test_plan(setup):
-    pool, tasks, train, _, cfg, jobs = setup
+    pool, tasks, train, test, cfg, jobs = setup
     kinds = [j.kind for j in jobs]
     assert [j.tables for j in jobs if j.kind == "single"] == [(t,) for t in range(pool.num_tables)]
     train_set = set(train.tolist())
@@ -38,14 +38,18 @@ def test_plan(setup):
     for job in jobs:
         if job.kind in ("random", "heuristic"):
             assert set(job.tables) <= train_set
+        if job.kind.startswith("test_"):
+            assert set(job.tables) <= set(test.tolist())
+        if job.kind != "single":
             assert sizes[list(job.tables)].sum() <= capacity
     first_round = [j.tables for j in jobs if j.round == 0]
     assert len(first_round) == len(set(first_round)), "a shard is planned once per round"
     repeats = [j for j in jobs if j.kind == "repeat"]
     assert len(repeats) == cfg.repeat_shards * cfg.repeat_rounds
     assert {j.tables for j in repeats} <= set(first_round)
-    assert kinds.count("heuristic") > 0 and kinds.count("random") > 0
-    assert plan_jobs(pool, tasks, train, cfg, seed=0) == jobs
+    for kind in ("random", "heuristic", "test_random", "test_heuristic"):
+        assert kinds.count(kind) > 0, kind
+    assert plan_jobs(pool, tasks, train, cfg, seed=0, test_tables=test) == jobs
 
 
 class Interrupting(AnalyticBackend):
@@ -140,7 +144,8 @@ def test_killed_stage_resumes(tmp_path, smoke_params):
     assert done.returncode == 0, done.stderr
     final = load_profile(tmp_path / "out")
     cfg = ProfileConfig.from_params(params["profile"])
-    assert final["shard_id"].tolist() == list(range(len(plan_jobs(pool, tasks, train, cfg, 0))))
+    planned = plan_jobs(pool, tasks, train, cfg, 0, test_tables=test)
+    assert final["shard_id"].tolist() == list(range(len(planned)))
     for name, chunk in before.items():
         k = int(Path(name).stem.split("-")[1])
         kept = final.iloc[k * cfg.chunk_size: k * cfg.chunk_size + len(chunk)].reset_index(drop=True)

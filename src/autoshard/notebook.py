@@ -79,8 +79,9 @@ def run(stage: str, params_file: Path, dvc_file: Path, output_dir: Path,
     out = output_dir / notebook.name
     tmp = output_dir / f".{notebook.stem}.running.ipynb"
     try:
-        papermill.execute_notebook(str(notebook), tmp, parameters=parameters,
-                                   kernel_name=KERNEL, cwd=os.getcwd(), progress_bar=True)
+        # The notebook's own progress bars (tqdm, on stderr) stream to this terminal.
+        papermill.execute_notebook(str(notebook), str(tmp), parameters=parameters, kernel_name=KERNEL,
+                                   cwd=os.getcwd(), progress_bar=False, stderr_file=sys.stderr)
     except PapermillExecutionError as exc:
         kept = Path(tempfile.gettempdir()) / f"failed-{notebook.name}"
         os.replace(tmp, kept)

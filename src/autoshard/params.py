@@ -83,6 +83,12 @@ class Fields:
             raise invalid(self.name(key), value, f"expected one of {', '.join(choices)}")
         return value
 
+    def boolean(self, key: str, default: Any = _MISSING) -> bool:
+        value = self._raw(key, default)
+        if not isinstance(value, bool):
+            raise invalid(self.name(key), value, "expected true or false")
+        return value
+
     def integers(self, key: str, lo: int | None = 1, default: Any = _MISSING) -> list[int]:
         values = self._list(key, default)
         return [_check_int(f"{self.name(key)}[{i}]", v, lo, None) for i, v in enumerate(values)]

@@ -2,9 +2,11 @@
 
 Shards measured: every table of the pool alone; random subsets of the train tables, sizes
 log-uniform from 1 to the largest shard a task can hold; the device shards of the heuristic
-plans on training tasks (what a planner meets); and a few shards again in later rounds, to
-measure repeatability. Results are written in chunks: an interrupted run continues where
-it stopped, measures nothing twice, and re-measures a chunk that fails the consistency check.
+plans on training tasks (what a planner meets); the same two kinds built from test-pool
+tables only (shards a cost model fitted on the train pool never saw); and a few shards
+again in later rounds, to measure repeatability. Results are written in chunks: an
+interrupted run continues where it stopped, measures nothing twice, and re-measures a chunk
+that fails the consistency check.
 """
 
 import hashlib
@@ -28,7 +30,7 @@ from autoshard.pool import Pool
 from autoshard.seeding import rng
 from autoshard.tasks import Task
 
-KINDS = ("single", "random", "heuristic", "repeat")
+KINDS = ("single", "random", "heuristic", "test_random", "test_heuristic", "repeat")
 COST_COLUMNS = ["forward_ms", "backward_ms", "forward_iqr_ms", "backward_iqr_ms"]
 
 
@@ -48,6 +50,8 @@ class ProfileConfig:
     backend: BackendConfig
     random_shards: int
     heuristic_tasks: int
+    test_random_shards: int
+    test_heuristic_tasks: int
     repeat_shards: int
     repeat_rounds: int
     chunk_size: int
@@ -59,6 +63,8 @@ class ProfileConfig:
         c = f.sub("collect")
         cfg = cls(backend=backend, random_shards=c.integer("random_shards", lo=0),
                   heuristic_tasks=c.integer("heuristic_tasks", lo=0),
+                  test_random_shards=c.integer("test_random_shards", lo=0),
+                  test_heuristic_tasks=c.integer("test_heuristic_tasks", lo=0),
                   repeat_shards=c.integer("repeat_shards", lo=0),
                   repeat_rounds=c.integer("repeat_rounds", lo=0), chunk_size=c.integer("chunk_size"))
         c.done()
@@ -68,46 +74,75 @@ class ProfileConfig:
 
 
 def plan_jobs(pool: Pool, tasks: list[Task], train_tables: np.ndarray, cfg: ProfileConfig,
-              seed: int) -> list[Job]:
-    """Every shard the stage measures, in order; deterministic for a seed."""
-    sizes = pool.features["size_bytes"].to_numpy()
+              seed: int, test_tables: np.ndarray | None = None) -> list[Job]:
+    """Every shard the stage measures, in order; deterministic for a seed.
+
+    `random` and `heuristic` shards use train-pool tables only; `test_random` and
+    `test_heuristic` shards only test-pool tables (the cost model's unseen-table test set).
+    """
     jobs = [Job("single", (t,)) for t in range(pool.num_tables)]
     seen = {j.tables for j in jobs}
 
-    def add(kind: str, tables) -> None:
-        key = tuple(sorted(int(t) for t in tables))
+    def add(kind: str, shard_tables) -> None:
+        key = tuple(sorted(int(t) for t in shard_tables))
         if key and key not in seen:
             seen.add(key)
             jobs.append(Job(kind, key))
 
     train_tasks = [t for t in tasks if t.split == "train"]
-    if train_tasks:
-        most_tables = max(len(t.tables) for t in train_tasks)
-        capacity = max(t.memory_bytes for t in train_tasks)
-        g = rng(seed, "profile", "random")
-        for _ in range(cfg.random_shards):
-            n = int(np.clip(np.round(np.exp(g.uniform(0, np.log(most_tables)))), 1, most_tables))
-            pick = g.choice(train_tables, n, replace=False)
-            order = pick[np.argsort(sizes[pick], kind="stable")]
-            add("random", order[np.cumsum(sizes[order]) <= capacity])  # the shard must fit a device
-    heuristic_start = len(jobs)
-    for task in _first_per_protocol(train_tasks, cfg.heuristic_tasks):
-        feats = pool.features.iloc[list(task.tables)]
-        for method in HEURISTICS:
-            g = rng(seed, "profile", "heuristic", task.name, method)
-            try:
-                placement = place(method, feats, task.devices, task.memory_bytes, g)
-            except Infeasible:
-                continue
-            for shard in shards(placement, task.tables, task.devices):
-                add("heuristic", shard)
-    pool_for_repeats = [j.tables for j in jobs[heuristic_start:]] or [j.tables for j in jobs]
+    test_tasks = [t for t in tasks if t.split == "test" and t.unseen_ratio == 1.0]
+    groups = [("", train_tables, train_tasks, cfg.random_shards, cfg.heuristic_tasks)]
+    if test_tables is not None:
+        groups.append(("test_", test_tables, test_tasks, cfg.test_random_shards,
+                       cfg.test_heuristic_tasks))
+    heuristic: list[tuple[int, ...]] = []
+    for prefix, tables, group_tasks, n_random, n_tasks in groups:
+        for shard in _random_shards(pool, tables, tasks, n_random, rng(seed, "profile", f"{prefix}random")):
+            add(f"{prefix}random", shard)
+        start = len(jobs)
+        for task in _first_per_protocol(group_tasks, n_tasks):
+            for shard in _heuristic_shards(pool, task, seed):
+                add(f"{prefix}heuristic", shard)
+        if not prefix:
+            heuristic = [j.tables for j in jobs[start:]]
+    candidates = heuristic or [j.tables for j in jobs]
     g = rng(seed, "profile", "repeat")
-    chosen = g.choice(len(pool_for_repeats), min(cfg.repeat_shards, len(pool_for_repeats)),
-                      replace=False)
+    chosen = sorted(g.choice(len(candidates), min(cfg.repeat_shards, len(candidates)), replace=False))
     for r in range(1, cfg.repeat_rounds + 1):
-        jobs += [Job("repeat", pool_for_repeats[i], r) for i in sorted(chosen)]
+        jobs += [Job("repeat", candidates[i], r) for i in chosen]
     return jobs
+
+
+def _random_shards(pool: Pool, tables: np.ndarray, tasks: list[Task], n: int,
+                   g: np.random.Generator) -> list[np.ndarray]:
+    """`n` random subsets of `tables`, sizes log-uniform in [1, most tables of a task], each
+    cut to what one device can hold (smallest tables first)."""
+    if not tasks or n == 0:
+        return []
+    sizes = pool.features["size_bytes"].to_numpy()
+    most = min(max(len(t.tables) for t in tasks), len(tables))
+    capacity = max(t.memory_bytes for t in tasks)
+    out = []
+    for _ in range(n):
+        k = int(np.clip(np.round(np.exp(g.uniform(0, np.log(most)))), 1, most))
+        pick = g.choice(tables, k, replace=False)
+        order = pick[np.argsort(sizes[pick], kind="stable")]
+        out.append(order[np.cumsum(sizes[order]) <= capacity])
+    return out
+
+
+def _heuristic_shards(pool: Pool, task: Task, seed: int) -> list[tuple[int, ...]]:
+    """The device shards of every heuristic's plan of `task`."""
+    feats = pool.features.iloc[list(task.tables)]
+    out = []
+    for method in HEURISTICS:
+        g = rng(seed, "profile", "heuristic", task.name, method)
+        try:
+            placement = place(method, feats, task.devices, task.memory_bytes, g)
+        except Infeasible:
+            continue
+        out += shards(placement, task.tables, task.devices)
+    return out
 
 
 def _first_per_protocol(tasks: list[Task], n: int) -> list[Task]:
@@ -220,13 +255,13 @@ def load_profile(folder: str | Path) -> pd.DataFrame:
     return pd.read_parquet(path)
 
 
-def run(params: dict, pool: Pool, tasks: list[Task], train_tables: np.ndarray, work_root: str | Path,
-        progress: bool = True) -> pd.DataFrame:
+def run(params: dict, pool: Pool, tasks: list[Task], train_tables: np.ndarray,
+        test_tables: np.ndarray, work_root: str | Path, progress: bool = True) -> pd.DataFrame:
     """The whole collection for `params` (a dict with `seed` and `profile`)."""
     from autoshard.costs import make_backend
 
     cfg = ProfileConfig.from_params(params["profile"])
-    jobs = plan_jobs(pool, tasks, train_tables, cfg, params["seed"])
+    jobs = plan_jobs(pool, tasks, train_tables, cfg, params["seed"], test_tables)
     return collect(pool, jobs, make_backend(pool, cfg.backend), cfg, work_root, progress)
 
 
@@ -249,8 +284,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         params = load_params(args.params)
         ProfileConfig.from_params(params.get("profile"))  # bad parameters fail before any loading
-        tasks, train, _ = load_tasks(args.tasks)
-        table = run(params, load_pool(args.pool), tasks, train, args.work)
+        tasks, train, test = load_tasks(args.tasks)
+        table = run(params, load_pool(args.pool), tasks, train, test, args.work)
     except ConfigError as exc:
         print(f"profile: error: {exc}", file=sys.stderr)
         return 2

@@ -6,8 +6,11 @@ numbers of another (the pool, the other tasks).
 """
 
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
+import torch
 
 
 def rng(seed: int, *keys: str | int) -> np.random.Generator:
@@ -16,3 +19,15 @@ def rng(seed: int, *keys: str | int) -> np.random.Generator:
     for key in keys:
         words.append(zlib.crc32(key.encode()) if isinstance(key, str) else int(key))
     return np.random.default_rng(np.random.SeedSequence(words))
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """Run torch on one thread: multi-threaded CPU reductions change the order of float sums,
+    so training with a fixed seed would not give the same weights twice."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

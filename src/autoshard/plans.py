@@ -1,0 +1,35 @@
+"""Plans as a table -> device map, and their predicted cost under the cost model."""
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from autoshard.costmodel import CostModel
+from autoshard.tasks import Task
+
+
+def device_shards(task: Task, placement: Sequence[int]) -> list[list[int]]:
+    """Pool table ids per device; `placement[i]` is the device of `task.tables[i]`."""
+    out: list[list[int]] = [[] for _ in range(task.devices)]
+    for table, device in zip(task.tables, placement, strict=True):
+        out[int(device)].append(int(table))
+    return out
+
+
+def predicted_device_costs(model: CostModel, features: np.ndarray, shards: Sequence[Sequence[int]]) -> np.ndarray:
+    """Predicted cost (ms) per device; an empty device costs 0."""
+    costs = np.zeros(len(shards))
+    busy = [i for i, s in enumerate(shards) if s]
+    if busy:
+        costs[busy] = model.predict_ms(features, [shards[i] for i in busy])
+    return costs
+
+
+def predicted_bottleneck(model: CostModel, features: np.ndarray, task: Task, placement: Sequence[int]) -> float:
+    return float(predicted_device_costs(model, features, device_shards(task, placement)).max())
+
+
+def memory_ok(task: Task, placement: Sequence[int], sizes: np.ndarray) -> bool:
+    """Does every device stay within the task's memory cap?"""
+    used = np.bincount(np.asarray(placement), weights=sizes[list(task.tables)], minlength=task.devices)
+    return bool((used <= task.memory_bytes).all())

@@ -1,0 +1,271 @@
+"""Training the sharding policy with PPO (or A2C) on the estimated MDP, CleanRL style.
+
+Every hyper-parameter is a field of `RLConfig` (the `rl` section of params.yaml). One
+iteration: pick a task shape (protocol) in turn, sample a batch of its training tasks,
+roll the policy out on all of them at once, score the finished placements with the cost
+model (terminal reward), compute GAE advantages, and update the policy for a few epochs
+on minibatches of whole episodes. Checkpoints hold everything needed to resume bit-exactly.
+"""
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from autoshard.atomic import atomic_file
+from autoshard.costmodel import CostModel
+from autoshard.env import Batch, ShardingEnv, make_batch
+from autoshard.errors import ConfigError
+from autoshard.params import Fields
+from autoshard.policy import Policy, PolicyConfig
+from autoshard.tasks import Task
+
+FORMAT = "autoshard-policy/1"
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    reward: str = "bottleneck"       # bottleneck (DreamShard) | balance (AutoShard)
+    algorithm: str = "ppo"           # ppo | a2c (one epoch, no clipping)
+    iterations: int = 200
+    tasks_per_batch: int = 32
+    learning_rate: float = 3e-4
+    epochs: int = 4
+    minibatches: int = 4
+    clip: float = 0.2
+    gamma: float = 1.0
+    gae_lambda: float = 0.95
+    entropy_coef: float = 0.01
+    value_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    validate_every: int = 10
+    checkpoint_every: int = 20
+
+    @classmethod
+    def from_fields(cls, f: Fields) -> "RLConfig":
+        p = f.sub("policy")
+        policy = PolicyConfig.from_fields(p)
+        p.done()
+        return cls(policy=policy, reward=f.text("reward", ("bottleneck", "balance")),
+                   algorithm=f.text("algorithm", ("ppo", "a2c")), iterations=f.integer("iterations"),
+                   tasks_per_batch=f.integer("tasks_per_batch"),
+                   learning_rate=f.number("learning_rate", lo=0, lo_open=True),
+                   epochs=f.integer("epochs"), minibatches=f.integer("minibatches"),
+                   clip=f.number("clip", lo=0, lo_open=True), gamma=f.number("gamma", lo=0, hi=1),
+                   gae_lambda=f.number("gae_lambda", lo=0, hi=1),
+                   entropy_coef=f.number("entropy_coef", lo=0), value_coef=f.number("value_coef", lo=0),
+                   max_grad_norm=f.number("max_grad_norm", lo=0, lo_open=True),
+                   validate_every=f.integer("validate_every"),
+                   checkpoint_every=f.integer("checkpoint_every"))
+
+
+@dataclass
+class Trajectory:
+    """One batched episode: what the update needs to re-evaluate every decision."""
+
+    batch: Batch
+    actions: torch.Tensor   # (B, T)
+    logp: torch.Tensor      # (B, T)
+    values: torch.Tensor    # (B, T)
+    masks: torch.Tensor     # (B, T, D)
+    costs: torch.Tensor     # (B, T, D) predicted device costs before each step
+    memory: torch.Tensor    # (B, T, D) device memory before each step
+    reward: torch.Tensor    # (B,)
+    bottleneck: torch.Tensor  # (B,) predicted bottleneck (ms)
+
+
+@torch.no_grad()
+def rollout(policy: Policy, model: CostModel, batch: Batch, mode: str = "sample",
+            reward: str = "bottleneck", generator: torch.Generator | None = None) -> Trajectory:
+    """Place every table of every task in the batch; `mode` is `sample` or `greedy`."""
+    env = ShardingEnv(model, batch)
+    enc = policy.table_encodings(batch.features, batch.encodings)
+    states = policy.states(enc)
+    b, t, d = batch.size, batch.steps, batch.devices
+    rows = torch.arange(b)
+    device_enc = torch.zeros(b, d, enc.shape[-1])
+    reference, per_device = batch.reference(), t / d
+    record = {k: [] for k in ("actions", "logp", "values", "masks", "costs", "memory")}
+    for step in range(t):
+        mask = env.mask()
+        feats = policy.action_features(device_enc, env.device_cost, env.device_mem, batch.capacity,
+                                       reference, per_device)
+        logits, value = policy(states[:, step], feats, mask)
+        if mode == "greedy":
+            action = logits.argmax(-1)
+        else:
+            action = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(-1)
+        logp = torch.log_softmax(logits, -1)[rows, action]
+        for k, v in (("actions", action), ("logp", logp), ("values", value), ("masks", mask),
+                     ("costs", env.device_cost.clone()), ("memory", env.device_mem.clone())):
+            record[k].append(v)
+        device_enc[rows, action] += enc[:, step]
+        env.step(action)
+    stacked = {k: torch.stack(v, dim=1) for k, v in record.items()}
+    return Trajectory(batch=batch, reward=env.reward(reward), bottleneck=env.bottleneck(), **stacked)
+
+
+def evaluate(policy: Policy, traj: Trajectory, index: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Log-probabilities, entropies and values (B', T) of the recorded decisions, with gradients."""
+    batch = traj.batch
+    enc = policy.table_encodings(batch.features[index], batch.encodings[index])
+    states = policy.states(enc)
+    actions = traj.actions[index]
+    onehot = torch.nn.functional.one_hot(actions, batch.devices).to(enc.dtype)   # (B', T, D)
+    placed = onehot[..., None] * enc[:, :, None, :]                              # (B', T, D, E)
+    device_enc = placed.cumsum(dim=1) - placed                                   # before each step
+    feats = policy.action_features(device_enc, traj.costs[index], traj.memory[index],
+                                   batch.capacity[index, None], batch.reference()[index, None],
+                                   batch.steps / batch.devices)
+    logits, values = policy(states, feats, traj.masks[index])
+    logp_all = torch.log_softmax(logits, -1)
+    logp = logp_all.gather(-1, actions[..., None]).squeeze(-1)
+    probs = logp_all.exp()
+    entropy = -(probs * logp_all.masked_fill(~traj.masks[index], 0.0)).sum(-1)
+    return logp, entropy, values
+
+
+def advantages(traj: Trajectory, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE with the terminal reward only; returns (advantages, returns), both (B, T)."""
+    b, t = traj.values.shape
+    rewards = torch.zeros(b, t)
+    rewards[:, -1] = traj.reward
+    adv = torch.zeros(b, t)
+    last = torch.zeros(b)
+    for step in reversed(range(t)):
+        next_value = traj.values[:, step + 1] if step + 1 < t else torch.zeros(b)
+        delta = rewards[:, step] + gamma * next_value - traj.values[:, step]
+        last = delta + gamma * lam * last
+        adv[:, step] = last
+    return adv, adv + traj.values
+
+
+def update(policy: Policy, optimizer: torch.optim.Optimizer, traj: Trajectory, cfg: RLConfig,
+           generator: torch.Generator) -> dict[str, float]:
+    """PPO (clipped) or A2C update on one batch of episodes; returns mean losses."""
+    adv, returns = advantages(traj, cfg.gamma, cfg.gae_lambda)
+    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    epochs = cfg.epochs if cfg.algorithm == "ppo" else 1
+    stats = {"policy_loss": [], "value_loss": [], "entropy": [], "approx_kl": []}
+    for _ in range(epochs):
+        order = torch.randperm(traj.batch.size, generator=generator)
+        for index in order.chunk(min(cfg.minibatches, traj.batch.size)):
+            logp, entropy, values = evaluate(policy, traj, index)
+            ratio = torch.exp(logp - traj.logp[index])
+            if cfg.algorithm == "ppo":
+                clipped = torch.clamp(ratio, 1 - cfg.clip, 1 + cfg.clip)
+                policy_loss = -torch.min(ratio * adv[index], clipped * adv[index]).mean()
+            else:
+                policy_loss = -(logp * adv[index]).mean()
+            value_loss = 0.5 * ((values - returns[index]) ** 2).mean()
+            loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy.mean()
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+            stats["policy_loss"].append(policy_loss.item())
+            stats["value_loss"].append(value_loss.item())
+            stats["entropy"].append(entropy.mean().item())
+            stats["approx_kl"].append(((ratio - 1) - torch.log(ratio)).mean().item())
+    return {k: float(np.mean(v)) for k, v in stats.items()}
+
+
+def group_by_shape(tasks: list[Task]) -> list[list[Task]]:
+    """Tasks grouped by (tables, devices), in a fixed order, for batching."""
+    groups: dict[tuple[int, int], list[Task]] = {}
+    for task in tasks:
+        groups.setdefault((len(task.tables), task.devices), []).append(task)
+    return [groups[k] for k in sorted(groups)]
+
+
+def save_checkpoint(path: str | Path, policy: Policy, optimizer: torch.optim.Optimizer, cfg: RLConfig,
+                    iteration: int, generator: torch.Generator, history: list[dict]) -> None:
+    payload = {"format": FORMAT, "rl_config": asdict(cfg), "state_dict": policy.state_dict(),
+               "optimizer": optimizer.state_dict(), "iteration": iteration,
+               "generator": generator.get_state(), "history": history}
+    with atomic_file(path) as tmp:
+        torch.save(payload, tmp)
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    """A checkpoint written by `save_checkpoint` (weights_only=True), checked."""
+    try:
+        payload = torch.load(path, weights_only=True, map_location="cpu")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: policy checkpoint not found (run `dvc repro train_rl`)") from None
+    except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same clear error
+        raise ConfigError(f"{path}: not a policy checkpoint ({exc.__class__.__name__})") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise ConfigError(f"{path}: not an autoshard policy checkpoint ({FORMAT})")
+    return payload
+
+
+def config_from_checkpoint(payload: dict) -> RLConfig:
+    values = dict(payload["rl_config"])
+    values["policy"] = PolicyConfig(**values["policy"])
+    return RLConfig(**values)
+
+
+def load_policy(path: str | Path, cost_model: CostModel) -> Policy:
+    """The trained policy of a checkpoint, ready for inference."""
+    payload = load_checkpoint(path)
+    policy = Policy(config_from_checkpoint(payload).policy, cost_model)
+    policy.load_state_dict(payload["state_dict"])
+    return policy.eval()
+
+
+def train(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task], cfg: RLConfig,
+          seed: int, checkpoint: str | Path, validate=None, progress: bool = True) -> tuple[Policy, pd.DataFrame]:
+    """Train (or resume from `checkpoint`) for `cfg.iterations`; returns the policy and history.
+
+    `validate(policy) -> dict` is called every `cfg.validate_every` iterations; its values
+    join the history rows.
+    """
+    torch.manual_seed(seed)
+    policy = Policy(cfg.policy, cost_model)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate, eps=1e-5)
+    generator = torch.Generator().manual_seed(seed)
+    history: list[dict] = []
+    start = 0
+    checkpoint = Path(checkpoint)
+    if checkpoint.exists():
+        payload = load_checkpoint(checkpoint)
+        if payload["rl_config"] != asdict(cfg):
+            raise ConfigError(f"{checkpoint}: written with other rl parameters; delete it to start over")
+        policy.load_state_dict(payload["state_dict"])
+        optimizer.load_state_dict(payload["optimizer"])
+        generator.set_state(payload["generator"])
+        history, start = list(payload["history"]), int(payload["iteration"])
+    groups = group_by_shape(train_tasks)
+    batches = [make_batch(cost_model, features, g) for g in groups]
+    for it in tqdm(range(start, cfg.iterations), desc="train policy", initial=start,
+                   total=cfg.iterations, disable=not progress):
+        full = batches[it % len(batches)]
+        pick = torch.randint(full.size, (cfg.tasks_per_batch,), generator=generator)
+        batch = _subset(full, pick)
+        policy.eval()
+        traj = rollout(policy, cost_model, batch, "sample", cfg.reward, generator)
+        policy.train()
+        row = {"iteration": it, "shape": f"{batch.steps}x{batch.devices}",
+               "reward": float(traj.reward.mean()),
+               "bottleneck_over_reference": float((traj.bottleneck / batch.reference()).mean()),
+               **update(policy, optimizer, traj, cfg, generator)}
+        if validate is not None and ((it + 1) % cfg.validate_every == 0 or it + 1 == cfg.iterations):
+            policy.eval()
+            row |= validate(policy)
+        history.append(row)
+        if (it + 1) % cfg.checkpoint_every == 0 or it + 1 == cfg.iterations:
+            save_checkpoint(checkpoint, policy, optimizer, cfg, it + 1, generator, history)
+    return policy.eval(), pd.DataFrame(history)
+
+
+def _subset(batch: Batch, index: torch.Tensor) -> Batch:
+    return Batch(tasks=[batch.tasks[i] for i in index.tolist()], tables=batch.tables[index],
+                 features=batch.features[index], encodings=batch.encodings[index],
+                 sizes=batch.sizes[index], capacity=batch.capacity[index],
+                 single_cost=batch.single_cost[index], devices=batch.devices)
