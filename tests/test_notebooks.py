@@ -13,6 +13,7 @@ from autoshard.metrics import read_metrics
 from autoshard.notebook import main, select, stage_spec
 from autoshard.pool import load_pool
 from autoshard.profile import load_profile
+from autoshard.rl import load_policy
 from autoshard.tasks import load_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.slow
 def run_stage(tmp_path, params, stage="synthesize"):
     params_file = tmp_path / "params.yaml"
     params_file.write_text(yaml.safe_dump(params))
-    extra = ["--set", f"work_dir={tmp_path / 'work'}"] if stage == "profile" else []
+    extra = ["--set", f"work_dir={tmp_path / stage}"] if stage in ("profile", "train_rl") else []
     return main([stage, "--params-file", str(params_file), "--dvc-file", str(ROOT / "dvc.yaml"),
                  "--output-dir", str(tmp_path / "nb"),
                  "--set", f"data_dir={tmp_path / 'data'}",
@@ -106,7 +107,7 @@ def test_profile_notebook(profiled, smoke_params):
     assert metrics["comm_measured_processes"] == 2
     _, outputs = executed_outputs(tmp_path / "nb" / "02_profile.ipynb")
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 5
-    assert not (tmp_path / "work").exists()
+    assert not (tmp_path / "profile").exists(), "the profile chunks are dropped once saved"
 
 
 def test_cost_model_notebook(profiled, smoke_params, monkeypatch):
@@ -122,6 +123,22 @@ def test_cost_model_notebook(profiled, smoke_params, monkeypatch):
     assert metrics["predict_10k_shards_seconds"] > 0
     _, outputs = executed_outputs(tmp_path / "nb" / "03_cost_model.ipynb")
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 4
+
+
+def test_train_rl_notebook(profiled, smoke_params, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    tmp_path = profiled
+    if not (tmp_path / "data" / "cost_model" / "model.pt").exists():
+        assert run_stage(tmp_path, smoke_params, "cost_model") == 0
+    assert run_stage(tmp_path, smoke_params, "train_rl") == 0
+    model = load_model(tmp_path / "data" / "cost_model" / "model.pt")
+    assert load_policy(tmp_path / "data" / "rl" / "policy.pt", model) is not None
+    metrics = read_metrics(tmp_path / "reports" / "metrics" / "train_rl.json")
+    assert "policy, greedy" in metrics["validation_ratio_to_best_heuristic"]
+    assert len(metrics["variants"]) == 3
+    assert any(k.startswith("TorchRec / policy") for k in metrics["speed_seconds"])
+    _, outputs = executed_outputs(tmp_path / "nb" / "04_train_rl.ipynb")
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 2
 
 
 def test_bad_parameter_fails_cleanly(tmp_path, params, monkeypatch, capsys):

@@ -3,6 +3,7 @@
 from collections.abc import Sequence
 
 import numpy as np
+import pandas as pd
 
 from autoshard.costmodel import CostModel
 from autoshard.tasks import Task
@@ -33,3 +34,13 @@ def memory_ok(task: Task, placement: Sequence[int], sizes: np.ndarray) -> bool:
     """Does every device stay within the task's memory cap?"""
     used = np.bincount(np.asarray(placement), weights=sizes[list(task.tables)], minlength=task.devices)
     return bool((used <= task.memory_bytes).all())
+
+
+def example_frame(model: CostModel, features: np.ndarray, task: Task, placement: Sequence[int]) -> pd.DataFrame:
+    """One row per table: its device, its predicted cost alone, and its device's fused prediction."""
+    shards = device_shards(task, placement)
+    fused = predicted_device_costs(model, features, shards)
+    single = model.predict_ms(features, [[t] for t in task.tables])
+    frame = pd.DataFrame({"device": np.asarray(placement), "table": task.tables, "single_ms": single})
+    frame["fused_ms"] = fused[frame["device"]]
+    return frame.sort_values(["device", "single_ms"], ascending=[True, False]).reset_index(drop=True)

@@ -21,6 +21,7 @@ from autoshard.env import Batch, ShardingEnv, make_batch
 from autoshard.errors import ConfigError
 from autoshard.params import Fields
 from autoshard.policy import Policy, PolicyConfig
+from autoshard.seeding import one_thread
 from autoshard.tasks import Task
 
 FORMAT = "autoshard-policy/1"
@@ -224,8 +225,14 @@ def train(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task], 
     """Train (or resume from `checkpoint`) for `cfg.iterations`; returns the policy and history.
 
     `validate(policy) -> dict` is called every `cfg.validate_every` iterations; its values
-    join the history rows.
+    join the history rows. Runs on one thread, so a seed gives the same policy every time.
     """
+    with one_thread():
+        return _train(cost_model, features, train_tasks, cfg, seed, checkpoint, validate, progress)
+
+
+def _train(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task], cfg: RLConfig,
+           seed: int, checkpoint: str | Path, validate, progress: bool) -> tuple[Policy, pd.DataFrame]:
     torch.manual_seed(seed)
     policy = Policy(cfg.policy, cost_model)
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate, eps=1e-5)
@@ -258,7 +265,7 @@ def train(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task], 
         if validate is not None and ((it + 1) % cfg.validate_every == 0 or it + 1 == cfg.iterations):
             policy.eval()
             row |= validate(policy)
-        history.append(row)
+        history.append({k: v.item() if isinstance(v, np.generic) else v for k, v in row.items()})
         if (it + 1) % cfg.checkpoint_every == 0 or it + 1 == cfg.iterations:
             save_checkpoint(checkpoint, policy, optimizer, cfg, it + 1, generator, history)
     return policy.eval(), pd.DataFrame(history)
@@ -269,3 +276,76 @@ def _subset(batch: Batch, index: torch.Tensor) -> Batch:
                  features=batch.features[index], encodings=batch.encodings[index],
                  sizes=batch.sizes[index], capacity=batch.capacity[index],
                  single_cost=batch.single_cost[index], devices=batch.devices)
+
+
+@dataclass(frozen=True)
+class RLStageConfig:
+    """The `rl` section: training hyper-parameters plus the stage's evaluation settings."""
+
+    train: RLConfig
+    validation_tasks: int
+    best_of: int
+    compare_iterations: int
+
+    @classmethod
+    def from_params(cls, values: dict) -> "RLStageConfig":
+        f = Fields("rl", values)
+        cfg = cls(train=RLConfig.from_fields(f), validation_tasks=f.integer("validation_tasks"),
+                  best_of=f.integer("best_of"), compare_iterations=f.integer("compare_iterations"))
+        f.done()
+        return cfg
+
+
+def split_validation(tasks: list[Task], per_shape: int) -> tuple[list[Task], list[Task]]:
+    """Training tasks minus the last `per_shape` of each shape, and those held out for validation."""
+    train, val = [], []
+    for group in group_by_shape([t for t in tasks if t.split == "train"]):
+        if len(group) <= per_shape:
+            raise ConfigError(f"rl.validation_tasks: {per_shape} (leaves no training task of "
+                              f"{len(group[0].tables)} tables on {group[0].devices} devices)")
+        train += group[:-per_shape]
+        val += group[-per_shape:]
+    return train, val
+
+
+def comparison_variants(cfg: RLConfig, iterations: int) -> dict[str, RLConfig]:
+    """`cfg` with `iterations`, and the same with the other reward and the other state encoder."""
+    from dataclasses import replace
+
+    short = replace(cfg, iterations=iterations)
+    reward = "balance" if short.reward == "bottleneck" else "bottleneck"
+    encoder = "separate" if short.policy.state_encoder == "cost_model" else "cost_model"
+    return {"as configured": short, f"reward: {reward}": replace(short, reward=reward),
+            f"state encoder: {encoder}": replace(short, policy=replace(short.policy, state_encoder=encoder))}
+
+
+def train_variants(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task],
+                   variants: dict[str, RLConfig], seed: int, folder: str | Path, validate) -> pd.DataFrame:
+    """Train each named configuration (same seed; checkpoints under `folder`) and report its
+    last validation row."""
+    rows = []
+    for name, cfg in variants.items():
+        path = Path(folder) / f"{name.replace(' ', '_').replace(':', '')}.pt"
+        _, history = train(cost_model, features, train_tasks, cfg, seed, path, validate, progress=False)
+        last = history.dropna(subset=["val_ratio"]).iloc[-1]
+        rows.append({"variant": name, "iterations": cfg.iterations, **last.filter(like="val_ratio").to_dict()})
+    return pd.DataFrame(rows).set_index("variant")
+
+
+def run_key(cfg: RLStageConfig, cost_model: CostModel, tasks: list[Task]) -> str:
+    """Identifies a training run: its parameters, the cost model's weights, the training tasks and
+    the training code, so a checkpoint is only ever resumed by the same run."""
+    import hashlib
+    import inspect
+    import json
+
+    from autoshard import env, policy
+
+    digest = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode())
+    for tensor in cost_model.state_dict().values():
+        digest.update(tensor.numpy().tobytes())
+    digest.update("|".join(t.name for t in tasks).encode())
+    for module in (env, policy):
+        digest.update(inspect.getsource(module).encode())
+    digest.update(inspect.getsource(_train).encode() + inspect.getsource(update).encode())
+    return digest.hexdigest()[:16]

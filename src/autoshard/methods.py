@@ -1,0 +1,52 @@
+"""Plans of the heuristic baselines for many tasks, and their predicted bottlenecks, for
+comparing a policy during and after training."""
+
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+from autoshard.costmodel import CostModel
+from autoshard.heuristics import HEURISTICS, place
+from autoshard.plans import predicted_bottleneck
+from autoshard.seeding import rng
+from autoshard.tasks import Task
+
+
+def heuristic_plans(pool_features: pd.DataFrame, tasks: list[Task], seed: int) -> dict[str, list[np.ndarray]]:
+    """Every heuristic's placement of every task (the random one seeded per task)."""
+    return {m: [place(m, pool_features.iloc[list(t.tables)], t.devices, t.memory_bytes,
+                      rng(seed, "heuristic", m, t.name)) for t in tasks]
+            for m in HEURISTICS}
+
+
+def predicted(model: CostModel, features: np.ndarray, tasks: list[Task], plans: list[np.ndarray]) -> np.ndarray:
+    """Predicted bottleneck (ms) of each plan."""
+    return np.array([predicted_bottleneck(model, features, t, p) for t, p in zip(tasks, plans, strict=True)])
+
+
+def validator(model: CostModel, features: np.ndarray, tasks: list[Task],
+              best_heuristic: np.ndarray) -> Callable:
+    """`validate(policy)`: the greedy policy's mean predicted bottleneck over the best heuristic's,
+    per task shape and overall (for the training history)."""
+    from autoshard.inference import policy_plans
+
+    shapes = np.array([f"{len(t.tables)}x{t.devices}" for t in tasks])
+
+    def validate(policy) -> dict[str, float]:
+        ratio = predicted(model, features, tasks, policy_plans(policy, model, features, tasks)) / best_heuristic
+        out = {f"val_ratio_{s}": float(ratio[shapes == s].mean()) for s in sorted(set(shapes))}
+        return out | {"val_ratio": float(ratio.mean())}
+
+    return validate
+
+
+def predicted_table(model: CostModel, features: np.ndarray, tasks: list[Task],
+                    plans: dict[str, list[np.ndarray]]) -> pd.DataFrame:
+    """Predicted bottleneck (ms): one row per task, one column per method."""
+    return pd.DataFrame({name: predicted(model, features, tasks, p) for name, p in plans.items()})
+
+
+def ratio_summary(ratios: pd.DataFrame) -> pd.DataFrame:
+    """Per method (column of ratios to a reference): mean, median, min, max and win rate (< 1)."""
+    return ratios.agg(["mean", "median", "min", "max"]).T.assign(wins=(ratios < 1).mean())

@@ -1,0 +1,201 @@
+"""The sharding MDP, the policy network, PPO training with checkpoints, inference and search."""
+
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from autoshard.costmodel import CostModel, CostModelConfig, feature_matrix
+from autoshard.env import ShardingEnv, make_batch
+from autoshard.heuristics import Infeasible
+from autoshard.inference import cost_greedy, policy_plans
+from autoshard.plans import memory_ok, predicted_bottleneck
+from autoshard.policy import Policy, PolicyConfig
+from autoshard.pool import build_pool
+from autoshard.rl import RLConfig, load_checkpoint, load_policy, rollout, train
+from autoshard.search import local_search
+from autoshard.speed import synthetic_task
+from autoshard.tasks import Task
+
+FAST = RLConfig(iterations=6, tasks_per_batch=8, validate_every=3, checkpoint_every=3, epochs=2, minibatches=2)
+
+
+@pytest.fixture(scope="module")
+def world(smoke_params):
+    """A pool and a cost model whose costs add up (a known, learnable simulator)."""
+    pool = build_pool(smoke_params["dataset"], smoke_params["pool"], seed=0, progress=False)
+    features = feature_matrix(pool.features)
+    torch.manual_seed(0)
+    model = CostModel.fitted_to(CostModelConfig(), features, scale=1.0)
+    return pool, features, model
+
+
+def tasks_of(pool, n: int, tables: int, devices: int, memory: int | None = None, seed: int = 0) -> list[Task]:
+    g = np.random.default_rng(seed)
+    sizes = pool.features["size_bytes"].to_numpy()
+    out = []
+    for k in range(n):
+        ids = tuple(sorted(g.choice(pool.num_tables, tables, replace=False).tolist()))
+        cap = memory or int(2 * sizes[list(ids)].sum() / devices + sizes.max())
+        out.append(Task(f"t/{k}", "test", "train", ids, devices, cap, 0.0))
+    return out
+
+
+def test_masking_keeps_memory(world):
+    pool, features, model = world
+    sizes = pool.features["size_bytes"].to_numpy()
+    task = tasks_of(pool, 1, 6, 3)[0]
+    mine = sizes[list(task.tables)]
+    tight = replace(task, memory_bytes=int(mine.max() * 1.01 + mine.sum() / 3))
+    batch = make_batch(model, features, [tight])
+    env = ShardingEnv(model, batch)
+    while not env.done:
+        mask = env.mask()
+        assert mask.any()
+        env.step(mask.float().argmax(-1))  # first allowed device
+    placement = [env.pool_placement()[0][t] for t in tight.tables]
+    assert memory_ok(tight, placement, sizes)
+
+
+def test_disallowed_action_is_refused(world):
+    pool, features, model = world
+    task = tasks_of(pool, 1, 4, 2)[0]
+    big = int(pool.features["size_bytes"].to_numpy()[list(task.tables)].max())
+    env = ShardingEnv(model, make_batch(model, features, [replace(task, memory_bytes=big)]))
+    env.step(torch.tensor([0]))
+    with pytest.raises((ValueError, Infeasible)):
+        env.step(torch.tensor([0]))
+
+
+def test_infeasible_task_is_an_error(world):
+    pool, features, model = world
+    task = tasks_of(pool, 1, 5, 1)[0]
+    sizes = pool.features["size_bytes"].to_numpy()[list(task.tables)]
+    env = ShardingEnv(model, make_batch(model, features, [replace(task, memory_bytes=int(sizes.max()))]))
+    with pytest.raises(Infeasible, match="fits on no device"):
+        while not env.done:
+            env.step(torch.tensor([0]))
+
+
+def test_batched_and_single_stepping_agree(world):
+    pool, features, model = world
+    tasks = tasks_of(pool, 4, 8, 3)
+    g = np.random.default_rng(1)
+    actions = g.integers(0, 3, size=(4, 8))
+    together = ShardingEnv(model, make_batch(model, features, tasks))
+    for t in range(8):
+        together.step(torch.as_tensor(actions[:, t]))
+    for i, task in enumerate(tasks):
+        alone = ShardingEnv(model, make_batch(model, features, [task]))
+        for t in range(8):
+            alone.step(torch.as_tensor(actions[i:i + 1, t]))
+        torch.testing.assert_close(alone.device_cost[0], together.device_cost[i])
+        assert alone.pool_placement()[0] == together.pool_placement()[i]
+
+
+def test_rewards(world):
+    pool, features, model = world
+    env = ShardingEnv(model, make_batch(model, features, tasks_of(pool, 2, 6, 2)))
+    while not env.done:
+        env.step(torch.tensor([env.t % 2, 0]))
+    balance = env.reward("balance")
+    assert 0 < balance[0] <= 1
+    assert balance[1] == 0  # everything on device 0: the other device costs nothing
+    assert (env.reward("bottleneck") < 0).all()
+
+
+@pytest.mark.parametrize("cfg", [PolicyConfig(), PolicyConfig(state_encoder="separate", use_lstm=False)])
+def test_one_policy_serves_any_size(world, cfg):
+    pool, features, model = world
+    torch.manual_seed(0)
+    policy = Policy(cfg, model)
+    for tables, devices in ((4, 2), (10, 3), (40, 16)):
+        batch = make_batch(model, features, tasks_of(pool, 3, tables, devices))
+        traj = rollout(policy, model, batch, "greedy")
+        assert traj.actions.shape == (3, tables) and traj.masks.shape == (3, tables, devices)
+        assert (traj.actions < devices).all()
+
+
+def test_training_is_seeded_and_resumes_exactly(tmp_path, world):
+    pool, features, model = world
+    tasks = tasks_of(pool, 6, 8, 2) + tasks_of(pool, 6, 12, 3, seed=1)
+    _, full = train(model, features, tasks, FAST, 0, tmp_path / "a.pt", progress=False)
+    _, again = train(model, features, tasks, FAST, 0, tmp_path / "b.pt", progress=False)
+    assert full.equals(again)
+    half = replace(FAST, iterations=3)
+    train(model, features, tasks, half, 0, tmp_path / "c.pt", progress=False)  # "interrupted" at 3
+    payload = load_checkpoint(tmp_path / "c.pt")
+    payload["rl_config"]["iterations"] = FAST.iterations  # the same run, told to go on
+    torch.save(payload, tmp_path / "c.pt")
+    _, resumed = train(model, features, tasks, FAST, 0, tmp_path / "c.pt", progress=False)
+    assert resumed.equals(full)
+    a, c = load_policy(tmp_path / "a.pt", model), load_policy(tmp_path / "c.pt", model)
+    for x, y in zip(a.state_dict().values(), c.state_dict().values(), strict=True):
+        assert torch.equal(x, y)
+
+
+def test_checkpoint_errors(tmp_path, world):
+    from autoshard.errors import ConfigError
+
+    _, _, model = world
+    torch.save({"format": "something else"}, tmp_path / "x.pt")
+    with pytest.raises(ConfigError, match="x.pt: not an autoshard policy checkpoint"):
+        load_policy(tmp_path / "x.pt", model)
+    with pytest.raises(ConfigError, match="policy checkpoint not found"):
+        load_policy(tmp_path / "none.pt", model)
+
+
+def test_short_training_beats_random_placement(tmp_path, world):
+    """A tiny problem with an analytic-cost simulator (a cost model fitted to TorchRec's
+    estimates): a short PPO run places tables far better than random devices."""
+    from autoshard.cost_data import measured_shards
+    from autoshard.cost_training import fit
+    from autoshard.costs.analytic import AnalyticBackend
+
+    pool, features, _ = world
+    backend, g = AnalyticBackend(pool), np.random.default_rng(0)
+    shards = [[t] for t in range(pool.num_tables)]
+    shards += [sorted(g.choice(pool.num_tables, g.integers(2, 8), replace=False).tolist()) for _ in range(300)]
+    costs = [backend.measure(s, 256) for s in shards]
+    profile = pd.DataFrame({"tables": shards, "kind": "random", "status": "ok", "backend": "analytic",
+                            "forward_ms": [c.forward_ms for c in costs], "backward_ms": [c.backward_ms for c in costs],
+                            "total_ms": [c.total_ms for c in costs]})
+    data = measured_shards(profile, "analytic").sample(frac=1.0, random_state=0)
+    model = fit(CostModelConfig(max_epochs=150, learning_rate=1e-2), features, np.arange(pool.num_tables),
+                data.iloc[60:], data.iloc[:60], 0, progress=False).model
+    tasks = tasks_of(pool, 24, 10, 4)
+    cfg = RLConfig(iterations=40, tasks_per_batch=16, learning_rate=3e-3, entropy_coef=0.001,
+                   validate_every=100, checkpoint_every=100)
+    policy, _ = train(model, features, tasks, cfg, 0, tmp_path / "p.pt", progress=False)
+    learned = np.mean([predicted_bottleneck(model, features, t, p)
+                       for t, p in zip(tasks, policy_plans(policy, model, features, tasks), strict=True)])
+    rand = np.mean([predicted_bottleneck(model, features, t, g.integers(0, t.devices, len(t.tables)))
+                    for t in tasks for _ in range(5)])
+    assert learned < 0.8 * rand
+
+
+def test_inference_and_search_respect_memory_and_improve(world):
+    pool, features, model = world
+    sizes = pool.features["size_bytes"].to_numpy()
+    tasks = tasks_of(pool, 4, 12, 3)
+    torch.manual_seed(0)
+    policy = Policy(PolicyConfig(), model)
+    greedy = policy_plans(policy, model, features, tasks)
+    best = policy_plans(policy, model, features, tasks, best_of=8, seed=0)
+    refined = policy_plans(policy, model, features, tasks, refine=True)
+    baseline = cost_greedy(model, features, tasks)
+    for plans in (greedy, best, refined, baseline):
+        assert all(memory_ok(t, p, sizes) and len(p) == len(t.tables) for t, p in zip(tasks, plans, strict=True))
+    for t, g_, r in zip(tasks, greedy, refined, strict=True):
+        assert predicted_bottleneck(model, features, t, r) <= predicted_bottleneck(model, features, t, g_) + 1e-6
+    again = local_search(model, features, tasks[0], refined[0])
+    assert np.array_equal(again, refined[0]), "local search stops at a local optimum"
+
+
+def test_large_synthetic_task(world):
+    pool, features, model = world
+    task = synthetic_task(pool.features, 40, 16, seed=0)
+    assert len(task.tables) == 40 and task.devices == 16
+    assert task.memory_bytes >= pool.features["size_bytes"].to_numpy()[list(task.tables)].max()
