@@ -136,6 +136,8 @@ def test_train_rl_notebook(profiled, smoke_params, monkeypatch):
     metrics = read_metrics(tmp_path / "reports" / "metrics" / "train_rl.json")
     assert "policy, greedy" in metrics["validation_ratio_to_best_heuristic"]
     assert len(metrics["variants"]) == 3
+    assert [r["round"] for r in metrics["refresh"]] == [1], "smoke runs one refresh round"
+    assert (tmp_path / "data" / "rl" / "cost_model.pt").exists()
     assert any(k.startswith("TorchRec / policy") for k in metrics["speed_seconds"])
     _, outputs = executed_outputs(tmp_path / "nb" / "04_train_rl.ipynb")
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 2

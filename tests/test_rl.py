@@ -199,3 +199,38 @@ def test_large_synthetic_task(world):
     task = synthetic_task(pool.features, 40, 16, seed=0)
     assert len(task.tables) == 40 and task.devices == 16
     assert task.memory_bytes >= pool.features["size_bytes"].to_numpy()[list(task.tables)].max()
+
+
+def test_refresh_round_measures_plans_and_refits(tmp_path, smoke_params):
+    """One refresh round with the analytic backend: the policy's unmeasured device shards are
+    measured, the cost model is refitted on the grown profile, and the policy trains on."""
+    from autoshard.costmodel import save_model
+    from autoshard.profile import ProfileConfig, collect, plan_jobs, save_profile
+    from autoshard.refresh import refresh_rounds
+    from autoshard.rl import RLStageConfig, split_validation
+    from autoshard.tasks import make_tasks, save_tasks
+
+    params = smoke_params | {"profile": smoke_params["profile"] | {"backend": "analytic"}}
+    pool = build_pool(params["dataset"], params["pool"], seed=0, progress=False)
+    tasks, train_tables, test_tables = make_tasks(pool.features, params["tasks"], seed=0)
+    save_tasks(tmp_path / "tasks.json", tasks, train_tables, test_tables, seed=0)
+    cfg = ProfileConfig.from_params(params["profile"])
+    from autoshard.costs import make_backend
+
+    jobs = plan_jobs(pool, tasks, train_tables, cfg, 0, test_tables)
+    save_profile(collect(pool, jobs, make_backend(pool, cfg.backend), cfg, tmp_path / "w", progress=False),
+                 tmp_path / "profile")
+    features = feature_matrix(pool.features)
+    torch.manual_seed(0)
+    model = CostModel.fitted_to(CostModelConfig(), features)
+    rl = RLStageConfig.from_params(params["rl"])
+    train_tasks, _ = split_validation(tasks, rl.validation_tasks)
+    policy = Policy(rl.train.policy, model)
+    new_policy, new_model, summary = refresh_rounds(policy, model, pool, train_tasks, params, rl, tmp_path,
+                                                    tmp_path / "refresh", None, seed=0)
+    assert summary["round"].tolist() == [1] and summary["shards_measured"].iloc[0] > 0
+    assert np.isfinite(summary["model_mape_on_them_before_refit"].iloc[0])
+    assert not torch.equal(new_model.head[0].weight, model.head[0].weight)
+    assert (tmp_path / "refresh" / "round_1.pt").exists()
+    save_model(new_model, tmp_path / "m.pt")
+    assert new_policy is not policy

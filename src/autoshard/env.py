@@ -53,17 +53,18 @@ def make_batch(model: CostModel, features: np.ndarray, tasks: Sequence[Task]) ->
     shapes = {(len(t.tables), t.devices) for t in tasks}
     if len(shapes) != 1:
         raise ValueError(f"a batch needs tasks of one shape (tables, devices), got {sorted(shapes)}")
-    x = check_features(features)
-    enc_all = model.encode(x)
-    single_all = model.cost_ms(enc_all)
     ids = torch.tensor([list(t.tables) for t in tasks], dtype=torch.long)
-    order = torch.argsort(single_all[ids], dim=1, descending=True, stable=True)
-    ids = torch.gather(ids, 1, order)
-    sizes = torch.as_tensor(features[:, FEATURE_COLUMNS.index("size_bytes")], dtype=torch.float64)[ids]
-    return Batch(tasks=list(tasks), tables=ids, features=x[ids], encodings=enc_all[ids],
+    used, inverse = torch.unique(ids, return_inverse=True)  # encode only the tasks' tables
+    x = check_features(np.asarray(features)[used.numpy()])
+    enc = model.encode(x)
+    single = model.cost_ms(enc)
+    order = torch.argsort(single[inverse], dim=1, descending=True, stable=True)
+    ids, inverse = torch.gather(ids, 1, order), torch.gather(inverse, 1, order)
+    sizes = torch.as_tensor(np.asarray(features)[:, FEATURE_COLUMNS.index("size_bytes")], dtype=torch.float64)[ids]
+    return Batch(tasks=list(tasks), tables=ids, features=x[inverse], encodings=enc[inverse],
                  sizes=sizes, capacity=torch.tensor([float(t.memory_bytes) for t in tasks],
                                                     dtype=torch.float64),
-                 single_cost=single_all[ids], devices=tasks[0].devices)
+                 single_cost=single[inverse], devices=tasks[0].devices)
 
 
 class ShardingEnv:

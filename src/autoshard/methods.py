@@ -26,11 +26,12 @@ def predicted(model: CostModel, features: np.ndarray, tasks: list[Task], plans: 
 
 
 def validator(model: CostModel, features: np.ndarray, tasks: list[Task],
-              best_heuristic: np.ndarray) -> Callable:
-    """`validate(policy)`: the greedy policy's mean predicted bottleneck over the best heuristic's,
-    per task shape and overall (for the training history)."""
+              heuristics: dict[str, list[np.ndarray]]) -> Callable:
+    """`validate(policy)`: the greedy policy's mean predicted bottleneck over the best heuristic's
+    (both under `model`), per task shape and overall (for the training history)."""
     from autoshard.inference import policy_plans
 
+    best_heuristic = predicted_table(model, features, tasks, heuristics).min(axis=1).to_numpy()
     shapes = np.array([f"{len(t.tables)}x{t.devices}" for t in tasks])
 
     def validate(policy) -> dict[str, float]:

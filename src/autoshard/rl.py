@@ -221,20 +221,24 @@ def load_policy(path: str | Path, cost_model: CostModel) -> Policy:
 
 
 def train(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task], cfg: RLConfig,
-          seed: int, checkpoint: str | Path, validate=None, progress: bool = True) -> tuple[Policy, pd.DataFrame]:
+          seed: int, checkpoint: str | Path, validate=None, progress: bool = True,
+          init: Policy | None = None) -> tuple[Policy, pd.DataFrame]:
     """Train (or resume from `checkpoint`) for `cfg.iterations`; returns the policy and history.
 
     `validate(policy) -> dict` is called every `cfg.validate_every` iterations; its values
-    join the history rows. Runs on one thread, so a seed gives the same policy every time.
+    join the history rows. `init` is a policy to continue from (a refresh round) instead of
+    fresh weights. Runs on one thread, so a seed gives the same policy every time.
     """
     with one_thread():
-        return _train(cost_model, features, train_tasks, cfg, seed, checkpoint, validate, progress)
+        return _train(cost_model, features, train_tasks, cfg, seed, checkpoint, validate, progress, init)
 
 
-def _train(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task], cfg: RLConfig,
-           seed: int, checkpoint: str | Path, validate, progress: bool) -> tuple[Policy, pd.DataFrame]:
+def _train(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task], cfg: RLConfig, seed: int,
+           checkpoint: str | Path, validate, progress: bool, init: Policy | None) -> tuple[Policy, pd.DataFrame]:
     torch.manual_seed(seed)
     policy = Policy(cfg.policy, cost_model)
+    if init is not None:
+        policy.load_state_dict(init.state_dict())
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate, eps=1e-5)
     generator = torch.Generator().manual_seed(seed)
     history: list[dict] = []
@@ -286,12 +290,16 @@ class RLStageConfig:
     validation_tasks: int
     best_of: int
     compare_iterations: int
+    refresh_rounds: int
+    refresh_iterations: int
 
     @classmethod
     def from_params(cls, values: dict) -> "RLStageConfig":
         f = Fields("rl", values)
         cfg = cls(train=RLConfig.from_fields(f), validation_tasks=f.integer("validation_tasks"),
-                  best_of=f.integer("best_of"), compare_iterations=f.integer("compare_iterations"))
+                  best_of=f.integer("best_of"), compare_iterations=f.integer("compare_iterations"),
+                  refresh_rounds=f.integer("refresh_rounds", lo=0),
+                  refresh_iterations=f.integer("refresh_iterations"))
         f.done()
         return cfg
 
