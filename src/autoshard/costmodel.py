@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from autoshard.atomic import atomic_file
+from autoshard.checkpoints import load_tagged, save_tagged
 from autoshard.errors import ConfigError
 from autoshard.params import Fields
 from autoshard.tables import FEATURE_COLUMNS
@@ -149,22 +149,13 @@ def pad_shards(shards: Sequence[Sequence[int]], num_tables: int) -> torch.Tensor
 
 def save_model(model: CostModel, path) -> None:
     """State dict, config and format tag in one file, written at once."""
-    payload = {"format": FORMAT, "config": asdict(model.cfg), "feature_columns": FEATURE_COLUMNS,
-               "state_dict": model.state_dict()}
-    with atomic_file(path) as tmp:
-        torch.save(payload, tmp)
+    save_tagged(path, FORMAT, {"config": asdict(model.cfg), "feature_columns": FEATURE_COLUMNS,
+                               "state_dict": model.state_dict()})
 
 
 def load_model(path) -> CostModel:
     """Load a model written by `save_model` (weights_only=True: no code runs on load)."""
-    try:
-        payload = torch.load(path, weights_only=True, map_location="cpu")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: cost model not found (run `dvc repro cost_model`)") from None
-    except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same clear error
-        raise ConfigError(f"{path}: not a cost model file ({exc.__class__.__name__})") from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise ConfigError(f"{path}: not an autoshard cost model ({FORMAT})")
+    payload = load_tagged(path, FORMAT, "cost model", "cost_model")
     if payload["feature_columns"] != FEATURE_COLUMNS:
         raise ConfigError(f"{path}: built for other table features than this version's")
     state = payload["state_dict"]

@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from autoshard.atomic import atomic_file
+from autoshard.checkpoints import load_tagged, save_tagged
 from autoshard.costmodel import CostModel
 from autoshard.env import Batch, ShardingEnv, make_batch
 from autoshard.errors import ConfigError
@@ -186,24 +186,14 @@ def group_by_shape(tasks: list[Task]) -> list[list[Task]]:
 
 def save_checkpoint(path: str | Path, policy: Policy, optimizer: torch.optim.Optimizer, cfg: RLConfig,
                     iteration: int, generator: torch.Generator, history: list[dict]) -> None:
-    payload = {"format": FORMAT, "rl_config": asdict(cfg), "state_dict": policy.state_dict(),
-               "optimizer": optimizer.state_dict(), "iteration": iteration,
-               "generator": generator.get_state(), "history": history}
-    with atomic_file(path) as tmp:
-        torch.save(payload, tmp)
+    save_tagged(path, FORMAT, {"rl_config": asdict(cfg), "state_dict": policy.state_dict(),
+                               "optimizer": optimizer.state_dict(), "iteration": iteration,
+                               "generator": generator.get_state(), "history": history})
 
 
 def load_checkpoint(path: str | Path) -> dict:
     """A checkpoint written by `save_checkpoint` (weights_only=True), checked."""
-    try:
-        payload = torch.load(path, weights_only=True, map_location="cpu")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: policy checkpoint not found (run `dvc repro train_rl`)") from None
-    except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same clear error
-        raise ConfigError(f"{path}: not a policy checkpoint ({exc.__class__.__name__})") from None
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise ConfigError(f"{path}: not an autoshard policy checkpoint ({FORMAT})")
-    return payload
+    return load_tagged(path, FORMAT, "policy checkpoint", "train_rl")
 
 
 def config_from_checkpoint(payload: dict) -> RLConfig:
