@@ -98,9 +98,10 @@ class ShardingEnv:
         return fits
 
     @torch.no_grad()
-    def step(self, actions: torch.Tensor) -> None:
-        """Place the current table of every task on `actions` (B,) — which must be allowed."""
-        fits = self.mask()
+    def step(self, actions: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """Place the current table of every task on `actions` (B,) — which must be allowed.
+        `mask` is this step's `mask()` when the caller already has it."""
+        fits = self.mask() if mask is None else mask
         rows = torch.arange(self.batch.size)
         if not fits[rows, actions].all():
             raise ValueError("an action chose a device without room for the table")

@@ -17,7 +17,7 @@ def _in_task_order(batch: Batch, placement: torch.Tensor, i: int) -> np.ndarray:
     return np.array([device_of[t] for t in batch.tasks[i].tables], dtype=np.int64)
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def policy_plans(policy: Policy, model: CostModel, features: np.ndarray, tasks: list[Task],
                  best_of: int = 1, refine: bool = False, seed: int = 0) -> list[np.ndarray]:
     """Greedy placements (`best_of` 1), or the best of `best_of` sampled ones by predicted bottleneck."""
@@ -41,7 +41,7 @@ def policy_plans(policy: Policy, model: CostModel, features: np.ndarray, tasks: 
     return out
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def cost_greedy(model: CostModel, features: np.ndarray, tasks: list[Task]) -> list[np.ndarray]:
     """Each table, largest predicted single cost first, to the fitting device whose predicted
     cost after placing it is lowest: the strong baseline a careful engineer would try first."""
@@ -52,7 +52,7 @@ def cost_greedy(model: CostModel, features: np.ndarray, tasks: list[Task]) -> li
         while not env.done:
             mask = env.mask()
             after = model.cost_ms(env.device_sum + batch.encodings[:, env.t, None, :])
-            env.step(after.masked_fill(~mask, float("inf")).argmin(-1))
+            env.step(after.masked_fill(~mask, float("inf")).argmin(-1), mask)
         for i, task in enumerate(group):
             plans[task.name] = _in_task_order(batch, env.placement, i)
     return [plans[t.name] for t in tasks]

@@ -85,12 +85,15 @@ class Policy(nn.Module):
         return torch.cat([device_enc / tables_per_device, cost[..., None], used[..., None],
                           (1 - used)[..., None]], dim=-1)
 
-    def forward(self, state: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Masked logits (..., D) and value (...) from states (..., H) and actions (..., D, E+3)."""
+    def forward(self, state: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor, value: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Masked logits (..., D) and value (...) from states (..., H) and actions (..., D, E+3);
+        `value=False` skips the value head (greedy inference needs no critic)."""
         a = self.action(actions)
         s = state[..., None, :].expand_as(a)
         logits = self.score(torch.cat([s, a, s * a], dim=-1)).squeeze(-1)
         logits = logits.masked_fill(~mask, float("-inf"))
+        if not value:
+            return logits, None
         pooled = torch.cat([state, a.mean(-2), a.max(-2).values], dim=-1)
         return logits, self.value(pooled).squeeze(-1)

@@ -95,9 +95,9 @@ def rollout(policy: Policy, model: CostModel, batch: Batch, mode: str = "sample"
         mask = env.mask()
         feats = policy.action_features(device_enc, env.device_cost, env.device_mem, batch.capacity,
                                        reference, per_device)
-        logits, value = policy(states[:, step], feats, mask)
+        logits, value = policy(states[:, step], feats, mask, value=mode != "greedy")
         if mode == "greedy":
-            action = logits.argmax(-1)
+            action, value = logits.argmax(-1), torch.zeros(b)
         else:
             action = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(-1)
         logp = torch.log_softmax(logits, -1)[rows, action]
@@ -105,7 +105,7 @@ def rollout(policy: Policy, model: CostModel, batch: Batch, mode: str = "sample"
                      ("costs", env.device_cost.clone()), ("memory", env.device_mem.clone())):
             record[k].append(v)
         device_enc[rows, action] += enc[:, step]
-        env.step(action)
+        env.step(action, mask)
     stacked = {k: torch.stack(v, dim=1) for k, v in record.items()}
     return Trajectory(batch=batch, reward=env.reward(reward), bottleneck=env.bottleneck(), **stacked)
 
