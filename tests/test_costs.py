@@ -127,3 +127,14 @@ def test_fbgemm_harness_check_runs():
     table = fbgemm_harness_check(BenchConfig(2, 1000, 16, 4, 1.1, 128), FAST, "EXACT_ROWWISE_ADAGRAD")
     assert table["component"].tolist() == ["forward", "backward"]
     assert (table[["fbgemm_harness_ms", "ours_ms"]] > 0).all().all()
+
+
+@pytest.mark.parametrize(("section", "value", "message"), [
+    ("comm", {"processes": "two", "tasks": 1}, r"profile.comm.processes: 'two' \(expected an integer\)"),
+    ("comm", {"processes": 2}, r"profile.comm.tasks: missing"),
+    ("crosscheck", {"torch_shards": -1, "bench": {}}, r"profile.crosscheck.torch_shards: -1"),
+    ("crosscheck", {"torch_shards": 1, "bench": {"tables": 0}}, r"profile.crosscheck.bench.tables: 0"),
+])
+def test_bad_crosscheck_and_comm_params(smoke_params, section, value, message):
+    with pytest.raises(ConfigError, match=message):
+        ProfileConfig.from_params(smoke_params["profile"] | {section: value})

@@ -32,15 +32,21 @@ GREEDY = ("dim_greedy", "size_greedy", "lookup_greedy", "size_lookup_greedy")
 HEURISTICS = ("random", "naive", *GREEDY)
 
 
+def _fitting(memory: np.ndarray, sizes: np.ndarray, i: int, capacity: int) -> np.ndarray:
+    """Devices with room for table `i`; none is an error, never a silent overflow."""
+    fits = np.flatnonzero(memory + sizes[i] <= capacity)
+    if fits.size == 0:
+        raise Infeasible(f"table {i} ({sizes[i]} bytes) fits on no device")
+    return fits
+
+
 def greedy(keys: np.ndarray, sizes: np.ndarray, devices: int, capacity: int) -> np.ndarray:
     """Largest key first, onto the fitting device with the lowest accumulated key."""
     load = np.zeros(devices)
     memory = np.zeros(devices, dtype=np.int64)
     placement = np.full(len(keys), -1, dtype=np.int64)
     for i in np.argsort(-keys, kind="stable"):
-        fits = np.flatnonzero(memory + sizes[i] <= capacity)
-        if fits.size == 0:
-            raise Infeasible(f"table {i} ({sizes[i]} bytes) fits on no device")
+        fits = _fitting(memory, sizes, i, capacity)
         best = fits[np.lexsort((fits, memory[fits], load[fits]))[0]]
         placement[i] = best
         load[best] += keys[i]
@@ -70,10 +76,7 @@ def random_placement(sizes: np.ndarray, devices: int, capacity: int,
     memory = np.zeros(devices, dtype=np.int64)
     placement = np.full(len(sizes), -1, dtype=np.int64)
     for i in np.argsort(-sizes, kind="stable"):
-        fits = np.flatnonzero(memory + sizes[i] <= capacity)
-        if fits.size == 0:
-            raise Infeasible(f"table {i} ({sizes[i]} bytes) fits on no device")
-        placement[i] = rng.choice(fits)
+        placement[i] = rng.choice(_fitting(memory, sizes, i, capacity))
         memory[placement[i]] += sizes[i]
     return placement
 

@@ -181,10 +181,11 @@ def rl_curves(history: pd.DataFrame, heuristic_ratios: dict[str, float]) -> plt.
         ax[0, 0].plot(part["iteration"], part["reward"].rolling(10, min_periods=1).mean(), label=shape)
     ax[0, 0].set(title="reward (rolling mean, sampled rollouts)", xlabel="iteration")
     ax[0, 0].legend(title="tables x devices")
-    ax[0, 1].plot(history["iteration"], history["value_loss"])
+    for shape, part in history.groupby("shape"):
+        ax[0, 1].plot(part["iteration"], part["value_loss"], label=shape)
+        ax[1, 0].plot(part["iteration"], part["entropy"], label=shape)
     ax[0, 1].set(title="value loss", xlabel="iteration", yscale="log")
-    ax[1, 0].plot(history["iteration"], history["entropy"])
-    ax[1, 0].set(title="policy entropy", xlabel="iteration")
+    ax[1, 0].set(title="policy entropy (per decision)", xlabel="iteration")
     val = history.dropna(subset=["val_ratio"])
     for column in [c for c in val.columns if c.startswith("val_ratio_")]:
         ax[1, 1].plot(val["iteration"], val[column], "o-", label=f"policy, {column.removeprefix('val_ratio_')}")

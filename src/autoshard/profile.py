@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from autoshard.atomic import atomic_dir, atomic_file
 from autoshard.costs import BackendConfig, CostBackend, ShardTooLarge
+from autoshard.crosscheck import BenchConfig
 from autoshard.errors import ConfigError
 from autoshard.heuristics import HEURISTICS, Infeasible, place, shards
 from autoshard.params import Fields
@@ -55,21 +56,28 @@ class ProfileConfig:
     repeat_shards: int
     repeat_rounds: int
     chunk_size: int
+    torch_shards: int       # cross-check: shards measured by both fbgemm and torch
+    bench: "BenchConfig"    # cross-check against FBGEMM's harness
+    comm_processes: int     # torchrun processes for the all-to-all check (1: analytic only)
+    comm_tasks: int         # DreamShard train tasks whose plan's four stages are shown
 
     @classmethod
     def from_params(cls, values: dict) -> "ProfileConfig":
         f = Fields("profile", values)
         backend = BackendConfig.from_fields(f)
         c = f.sub("collect")
-        cfg = cls(backend=backend, random_shards=c.integer("random_shards", lo=0),
+        x, m = f.sub("crosscheck"), f.sub("comm")
+        cfg = cls(backend=backend, torch_shards=x.integer("torch_shards", lo=0),
+                  bench=BenchConfig.from_params(x.sub("bench").values),
+                  comm_processes=m.integer("processes"), comm_tasks=m.integer("tasks", lo=0),
+                  random_shards=c.integer("random_shards", lo=0),
                   heuristic_tasks=c.integer("heuristic_tasks", lo=0),
                   test_random_shards=c.integer("test_random_shards", lo=0),
                   test_heuristic_tasks=c.integer("test_heuristic_tasks", lo=0),
                   repeat_shards=c.integer("repeat_shards", lo=0),
                   repeat_rounds=c.integer("repeat_rounds", lo=0), chunk_size=c.integer("chunk_size"))
-        c.done()
-        f.used |= {"crosscheck", "comm"}  # read by their own functions
-        f.done()
+        for section in (c, x, m, f):
+            section.done()
         return cfg
 
 
