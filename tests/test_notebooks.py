@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import nbformat
+import pandas as pd
 import pytest
 import yaml
 
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.slow
 def run_stage(tmp_path, params, stage="synthesize"):
     params_file = tmp_path / "params.yaml"
     params_file.write_text(yaml.safe_dump(params))
-    extra = ["--set", f"work_dir={tmp_path / stage}"] if stage in ("profile", "train_rl") else []
+    extra = ["--set", f"work_dir={tmp_path / stage}"] if stage in ("profile", "train_rl", "evaluate") else []
     return main([stage, "--params-file", str(params_file), "--dvc-file", str(ROOT / "dvc.yaml"),
                  "--output-dir", str(tmp_path / "nb"),
                  "--set", f"data_dir={tmp_path / 'data'}",
@@ -141,6 +142,30 @@ def test_train_rl_notebook(profiled, smoke_params, monkeypatch):
     assert any(k.startswith("TorchRec / policy") for k in metrics["speed_seconds"])
     _, outputs = executed_outputs(tmp_path / "nb" / "04_train_rl.ipynb")
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 2
+
+
+def test_evaluate_notebook(profiled, smoke_params, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    tmp_path = profiled
+    if not (tmp_path / "data" / "cost_model" / "model.pt").exists():
+        assert run_stage(tmp_path, smoke_params, "cost_model") == 0
+    if not (tmp_path / "data" / "rl" / "policy.pt").exists():
+        assert run_stage(tmp_path, smoke_params, "train_rl") == 0
+    assert run_stage(tmp_path, smoke_params, "evaluate") == 0
+    metrics = read_metrics(tmp_path / "reports" / "metrics" / "evaluate.json")
+    assert set(metrics["results"]) == {"autoshard", "dreamshard", "small"}
+    assert "exact" in metrics["results"]["small"] and "exact" not in metrics["results"]["autoshard"]
+    assert {"rl_greedy", "rl_best_of_n", "rl_local_search", "cost_greedy"} <= set(metrics["results"]["dreamshard"])
+    assert {t["protocol"] for t in metrics["targets"]} == {"autoshard", "dreamshard", "small"}
+    plans = pd.read_csv(tmp_path / "data" / "evaluate" / "plans.csv")
+    assert (plans["memory_share"] <= 1).all() and (plans["measured_ms"] > 0).all()
+    small = plans[plans["protocol"] == "small"]
+    optimum = small[small["method"] == "exact"].set_index("task")["predicted_ms"]
+    assert (small["predicted_ms"] >= small["task"].map(optimum) * (1 - 1e-5)).all(), "nothing beats the optimum"
+    figures = sorted(p.name for p in (tmp_path / "reports" / "figures" / "evaluate").iterdir())
+    assert figures == ["device_breakdown.png", "predicted_vs_measured.png", "ratios.png", "sharding_time.png"]
+    _, outputs = executed_outputs(tmp_path / "nb" / "05_evaluate.ipynb")
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 4
 
 
 def test_bad_parameter_fails_cleanly(tmp_path, params, monkeypatch, capsys):

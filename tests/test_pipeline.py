@@ -40,7 +40,8 @@ def test_dvc_repro_then_nothing_to_do(clone):
     assert first.returncode == 0, first.stderr + first.stdout
     assert "Running stage 'synthesize'" in first.stdout
     for rel in ("data/pool/tables.parquet", "data/tasks.json", "dvc.lock",
-                "reports/metrics/synthesize.json", "reports/notebooks/01_synthesize.ipynb"):
+                "reports/metrics/synthesize.json", "reports/notebooks/01_synthesize.ipynb",
+                "reports/metrics/evaluate.json", "data/evaluate/plans.csv"):
         assert (clone / rel).is_file(), rel
     lock = (clone / "dvc.lock").read_text()
     second = sh(["dvc", "repro"], clone)

@@ -43,33 +43,36 @@ def local_search(model: CostModel, features: np.ndarray, task: Task, placement: 
 
 
 def _best_move(model, enc, sums, counts, costs, memory, sizes, place, b, capacity):
-    """(new bottleneck, [(table, device), ...]) of the best move or swap off device `b`, or None."""
+    """(new bottleneck, [(table, device), ...]) of the best move or swap off device `b`, or None.
+
+    Candidates are rows (i, dest, j): table i leaves b for dest and, for a swap, table j
+    (-1 for a plain move) comes back from dest to b. Moves come first, then swaps; ties go to
+    the first candidate."""
     on_b = np.flatnonzero(place == b)
-    others = [dev for dev in range(len(costs)) if dev != b]
-    candidates = []
-    # Moves: table i from b to device d.
-    for i in on_b:
-        for dev in others:
-            if memory[dev] + sizes[i] <= capacity:
-                candidates.append(((i, dev),))
-    # Swaps: table i on b with table j on another device.
-    for j in np.flatnonzero(place != b):
-        dev = int(place[j])
-        for i in on_b:
-            if memory[dev] - sizes[j] + sizes[i] <= capacity and memory[b] - sizes[i] + sizes[j] <= capacity:
-                candidates.append(((i, dev), (j, b)))
-    if not candidates:
+    others = np.array([dev for dev in range(len(costs)) if dev != b], dtype=np.int64)
+    mi, md = (a.ravel() for a in np.meshgrid(on_b, others, indexing="ij"))
+    ok = memory[md] + sizes[mi] <= capacity
+    sj, si = (a.ravel() for a in np.meshgrid(np.flatnonzero(place != b), on_b, indexing="ij"))
+    sd = place[sj]
+    swap_ok = (memory[sd] - sizes[sj] + sizes[si] <= capacity) & (memory[b] - sizes[si] + sizes[sj] <= capacity)
+    i = np.concatenate([mi[ok], si[swap_ok]])
+    dest = np.concatenate([md[ok], sd[swap_ok]])
+    j = np.concatenate([np.full(int(ok.sum()), -1), sj[swap_ok]])
+    if len(i) == 0:
         return None
-    new_sums = sums.repeat(len(candidates), 1, 1)                       # (C, D, E)
-    new_counts = counts.repeat(len(candidates), 1)
-    for c, moves in enumerate(candidates):
-        for table, dev in moves:
-            src = int(place[table])
-            new_sums[c, src] -= enc[table]
-            new_sums[c, dev] += enc[table]
-            new_counts[c, src] -= 1
-            new_counts[c, dev] += 1
+    padded = torch.cat([enc, enc.new_zeros(1, enc.shape[1])])
+    delta = padded[torch.as_tensor(i)] - padded[torch.as_tensor(j)]          # what b loses, dest gains
+    moved = torch.as_tensor(j < 0, dtype=counts.dtype)                       # 1: a move, 0: a swap
+    rows = torch.arange(len(i))
+    dest_t = torch.as_tensor(dest)
+    new_sums = sums.repeat(len(i), 1, 1)                                     # (C, D, E)
+    new_sums[rows, b] -= delta
+    new_sums[rows, dest_t] += delta
+    new_counts = counts.repeat(len(i), 1)
+    new_counts[rows, b] -= moved
+    new_counts[rows, dest_t] += moved
     new_costs = torch.where(new_counts > 0, model.cost_ms(new_sums), torch.zeros_like(new_counts))
     bottlenecks = new_costs.max(1).values
     c = int(bottlenecks.argmin())
-    return float(bottlenecks[c]), [(int(t), int(dev)) for t, dev in candidates[c]]
+    moves = [(int(i[c]), int(dest[c]))] + ([(int(j[c]), b)] if j[c] >= 0 else [])
+    return float(bottlenecks[c]), moves

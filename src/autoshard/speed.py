@@ -1,7 +1,7 @@
 """Sharding-time benchmarks: medians of repeated runs, on one CPU thread."""
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -44,3 +44,24 @@ def sharding_speed(place_with_policy: Callable[[list[Task]], object], place_with
                 median_seconds(lambda: place_with_policy([large]), repeats=3),
             f"TorchRec planner, {shape}": torchrec,
             f"TorchRec / policy, {shape}": torchrec / policy}
+
+
+def scaling(planners: dict[str, Callable[[Task], object]], features: pd.DataFrame, tables: Sequence[int],
+            devices: int, seed: int, repeats: int, budget_s: float, progress: bool = True) -> pd.DataFrame:
+    """Median sharding time of each planner on a synthetic task of each size in `tables`
+    (capped at the pool's size) on `devices` devices. A planner whose median passes
+    `budget_s` is not run on larger tasks."""
+    from tqdm.auto import tqdm
+
+    rows, over = [], set()
+    sizes = sorted({min(int(t), len(features)) for t in tables})
+    for k, n in enumerate(tqdm(sizes, desc="sharding time", disable=not progress)):
+        task = synthetic_task(features, n, devices, seed)
+        for name, planner in planners.items():
+            if name in over:
+                continue
+            seconds = median_seconds(lambda p=planner, t=task: p(t), repeats=repeats, warmup=1 if k == 0 else 0)
+            rows.append({"method": name, "tables": n, "devices": devices, "seconds": seconds})
+            if seconds > budget_s:
+                over.add(name)
+    return pd.DataFrame(rows)
