@@ -86,6 +86,8 @@ def test_paper_scale_parameters_are_valid():
     """Dry validation of configs/paper.yaml: every section it touches passes the checks."""
     from pathlib import Path
 
+    from autoshard.evaluation import EvaluateConfig
+    from autoshard.notebook import select, stage_spec
     from autoshard.synth import PoolConfig
 
     root = Path(__file__).resolve().parents[1]
@@ -95,6 +97,12 @@ def test_paper_scale_parameters_are_valid():
     assert pool.batch_size == 65536 and pool.num_tables == 856
     largest = pool.rows_max * max(pool.dims) * pool.weight_bytes
     assert all(p.memory_bytes >= largest for p in tasks.protocols)
+    # The device is checked when the stage runs (this machine may have no GPU); the rest now.
+    chosen = select(paper, stage_spec("evaluate", root / "dvc.yaml")[1], "paper")
+    evaluate = EvaluateConfig.from_params(chosen["evaluate"], chosen["profile"] | {"device": "cpu"}, chosen["rl"])
+    by_name = {p.name: p for p in tasks.protocols}
+    assert evaluate.autoshard_per_ratio == by_name["autoshard"].test_tasks
+    assert evaluate.dreamshard_tasks == by_name["dreamshard"].test_tasks
 
 
 def test_overrides_for_dvc_exp_run(tmp_path, capsys):

@@ -1,0 +1,95 @@
+"""The report generator: metrics in, tables out; HTML, plot files and README written whole."""
+
+import re
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from autoshard.errors import ConfigError
+from autoshard.metrics import write_metrics
+from autoshard.report import build, headline, main, notebook_stages, targets
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def method(ratio, lo, hi, wins, plans=4, gap=None):
+    return {"plans": plans, "ratio_median": ratio, "ratio_lo": lo, "ratio_hi": hi, "win_rate": wins,
+            "mean_ms": 10 * ratio, "predicted_ratio_median": ratio * 0.9, "seconds_median": 0.01,
+            "predicted_gap_median": gap}
+
+
+EVALUATE = {
+    "results": {"autoshard": {"size_greedy": method(1.0, 1.0, 1.1, 0.0),
+                              "rl_greedy": method(0.8312, 0.75, 0.9, 0.75)},
+                "small": {"rl_greedy": method(0.99, 0.9, 1.1, 0.5, gap=0.0123),
+                          "exact": method(1.0, 0.9, 1.1, 0.5, gap=0.0)}},
+    "targets": [{"protocol": "autoshard", "method": "rl_greedy", "statistic": "measured median ratio",
+                 "value": 0.8312, "target": "<= 0.9", "met": True},
+                {"protocol": "small", "method": "rl_greedy", "statistic": "predicted gap", "value": 0.0123,
+                 "target": "<= 0.01", "met": False}],
+    "seconds": 12.0,
+}
+
+
+def test_headline_table_comes_from_the_metrics():
+    text = headline(EVALUATE)
+    assert "**autoshard** (4 tasks)" in text and "**small** (4 tasks)" in text
+    row = next(line for line in text.splitlines() if line.startswith("| rl_greedy") and "0.831" in line)
+    assert "0.831 [0.750, 0.900]" in row and "75%" in row
+    assert "1.23%" in text, "the small tasks show the gap to the optimum"
+    table = targets(EVALUATE)
+    verdicts = [line.rstrip(" |").rsplit("|", 1)[-1].strip() for line in table.splitlines()[2:]]
+    assert verdicts == ["met", "**not met**"]
+
+
+def test_notebook_stages_follow_dvc_yaml():
+    stages = notebook_stages(ROOT / "dvc.yaml")
+    assert stages[0] == ("synthesize", "01_synthesize")
+    assert ("evaluate", "05_evaluate") in stages
+
+
+def fake_reports(tmp_path: Path) -> tuple[Path, Path, Path]:
+    reports, data = tmp_path / "reports", tmp_path / "data"
+    dvc_file = tmp_path / "dvc.yaml"
+    dvc_file.write_text("stages:\n  evaluate:\n    cmd: x\n    deps: [notebooks/05_evaluate.ipynb, data/pool]\n"
+                        "  other:\n    cmd: y\n    deps: [data/pool]\n")
+    nb = new_notebook(cells=[new_markdown_cell("# Title"), new_code_cell("print('secret code')", outputs=[
+        new_output("stream", name="stdout", text="visible output\n")])])
+    (reports / "notebooks").mkdir(parents=True)
+    nbformat.write(nb, reports / "notebooks" / "05_evaluate.ipynb")
+    write_metrics(reports / "metrics" / "evaluate.json", EVALUATE)
+    (reports / "figures" / "evaluate").mkdir(parents=True)
+    (reports / "figures" / "evaluate" / "ratios.png").write_bytes(b"\x89PNG")
+    (data / "evaluate").mkdir(parents=True)
+    pd.DataFrame({"method": ["a", "b", "a", "b"], "tables": [10, 10, 20, 20], "seconds": [1, 2, 3, 4]}).to_csv(
+        data / "evaluate" / "speed.csv", index=False)
+    pd.DataFrame({"protocol": ["p", "p"], "method": ["a", "b"], "ratio": [1.0, 0.9]}).to_csv(
+        data / "evaluate" / "plans.csv", index=False)
+    return reports, data, dvc_file
+
+
+def test_build_writes_html_plots_and_readme(tmp_path):
+    reports, data, dvc_file = fake_reports(tmp_path)
+    build(reports, data, dvc_file)
+    html = (reports / "html" / "05_evaluate.html").read_text()
+    assert "visible output" in html and "secret code" not in html
+    assert pd.read_csv(reports / "plots" / "sharding_time.csv").columns.tolist() == ["tables", "a", "b"]
+    assert pd.read_csv(reports / "plots" / "ratios.csv").set_index("method")["p"].to_dict() == {"a": 1.0, "b": 0.9}
+    text = (reports / "README.md").read_text()
+    assert "0.831 [0.750, 0.900]" in text
+    assert "(html/05_evaluate.html)" in text and "figures/evaluate/ratios.png" in text
+    assert re.search(r"\| evaluate\s*\|\s*12\s*\|", text), "the stage's wall time"
+    assert "fbgemm_gpu" in text
+
+
+def test_missing_notebook_fails_cleanly(tmp_path, capsys):
+    reports, data, dvc_file = fake_reports(tmp_path)
+    (reports / "notebooks" / "05_evaluate.ipynb").unlink()
+    with pytest.raises(ConfigError, match="05_evaluate.ipynb is missing"):
+        build(reports, data, dvc_file)
+    assert main(["--reports", str(reports), "--data", str(data), "--dvc-file", str(dvc_file)]) == 2
+    assert "report: error: reports/notebooks: 05_evaluate.ipynb is missing" in capsys.readouterr().err
+    assert not (reports / "README.md").exists() and not (reports / "html").exists()
