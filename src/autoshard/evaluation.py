@@ -19,8 +19,9 @@ from autoshard.costs.fbgemm import OPTIMIZERS
 from autoshard.costs.timing import TimingConfig
 from autoshard.errors import ConfigError, invalid
 from autoshard.exact import exact_plan
-from autoshard.heuristics import HEURISTICS, place
+from autoshard.heuristics import HEURISTICS
 from autoshard.inference import cost_greedy, policy_plans
+from autoshard.methods import heuristic_plan
 from autoshard.params import Fields
 from autoshard.plans import memory_ok
 from autoshard.policy import Policy
@@ -151,8 +152,7 @@ def planners(pool_features: pd.DataFrame, features: np.ndarray, model: CostModel
              best_of: int, batch_size: int, seed: int) -> dict[str, Planner]:
     """Every method as a planner (the exact search is for small tasks only)."""
     def heuristic(name: str) -> Planner:
-        return lambda t: place(name, pool_features.iloc[list(t.tables)], t.devices, t.memory_bytes,
-                               rng(seed, "heuristic", name, t.name))
+        return lambda t: heuristic_plan(name, pool_features, t, seed)
 
     def sample_seed(t: Task) -> int:
         return int(rng(seed, "evaluate", "best_of", t.name).integers(2**31))

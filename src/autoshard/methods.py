@@ -13,11 +13,15 @@ from autoshard.seeding import rng
 from autoshard.tasks import Task
 
 
+def heuristic_plan(name: str, pool_features: pd.DataFrame, task: Task, seed: int) -> np.ndarray:
+    """The named heuristic's placement of `task` (the random one seeded by task name)."""
+    return place(name, pool_features.iloc[list(task.tables)], task.devices, task.memory_bytes,
+                 rng(seed, "heuristic", name, task.name))
+
+
 def heuristic_plans(pool_features: pd.DataFrame, tasks: list[Task], seed: int) -> dict[str, list[np.ndarray]]:
-    """Every heuristic's placement of every task (the random one seeded per task)."""
-    return {m: [place(m, pool_features.iloc[list(t.tables)], t.devices, t.memory_bytes,
-                      rng(seed, "heuristic", m, t.name)) for t in tasks]
-            for m in HEURISTICS}
+    """Every heuristic's placement of every task."""
+    return {m: [heuristic_plan(m, pool_features, t, seed) for t in tasks] for m in HEURISTICS}
 
 
 def predicted(model: CostModel, features: np.ndarray, tasks: list[Task], plans: list[np.ndarray]) -> np.ndarray:
