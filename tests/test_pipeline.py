@@ -1,5 +1,6 @@
 """End to end: a copy of the repository runs `dvc repro` on smoke parameters, then a second
-`dvc repro` with nothing changed reruns nothing."""
+`dvc repro` with nothing changed reruns nothing, and a changed ablation parameter reruns only
+the ablation and the report."""
 
 import os
 import shutil
@@ -41,7 +42,8 @@ def test_dvc_repro_then_nothing_to_do(clone):
     assert "Running stage 'synthesize'" in first.stdout
     for rel in ("data/pool/tables.parquet", "data/tasks.json", "dvc.lock",
                 "reports/metrics/synthesize.json", "reports/notebooks/01_synthesize.ipynb",
-                "reports/metrics/evaluate.json", "data/evaluate/plans.csv"):
+                "reports/metrics/evaluate.json", "data/evaluate/plans.csv", "reports/metrics/transfer.json",
+                "reports/metrics/ablation.json", "reports/README.md", "reports/html/07_ablation.html"):
         assert (clone / rel).is_file(), rel
     lock = (clone / "dvc.lock").read_text()
     second = sh(["dvc", "repro"], clone)
@@ -50,3 +52,15 @@ def test_dvc_repro_then_nothing_to_do(clone):
     assert (clone / "dvc.lock").read_text() == lock
     status = sh(["dvc", "status", "dvc.yaml"], clone)  # data.dvc is declared, not fetched
     assert "up to date" in status.stdout, status.stdout
+
+
+def test_an_ablation_parameter_reruns_only_ablation_and_report(clone):
+    if not (clone / "dvc.lock").exists():
+        assert sh(["dvc", "repro"], clone).returncode == 0
+    params = yaml.safe_load((clone / "params.yaml").read_text())
+    params["ablation"]["iterations"] += 1
+    (clone / "params.yaml").write_text(yaml.safe_dump(params))
+    dry = sh(["dvc", "repro", "--dry"], clone)
+    assert dry.returncode == 0, dry.stderr
+    ran = sorted(line.split("'")[1] for line in dry.stdout.splitlines() if line.startswith("Running stage"))
+    assert ran == ["ablation", "report"]

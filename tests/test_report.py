@@ -93,3 +93,21 @@ def test_missing_notebook_fails_cleanly(tmp_path, capsys):
     assert main(["--reports", str(reports), "--data", str(data), "--dvc-file", str(dvc_file)]) == 2
     assert "report: error: reports/notebooks: 05_evaluate.ipynb is missing" in capsys.readouterr().err
     assert not (reports / "README.md").exists() and not (reports / "html").exists()
+
+
+def test_transfer_and_ablation_tables_come_from_the_metrics():
+    from autoshard.report import ablation_table, transfer_table
+
+    point = {"tasks": 3, "ratio_median": 0.912, "ratio_lo": 0.85, "ratio_hi": 0.97}
+    transfer = {"axes": {"tables": {"rl_greedy": {"10": point, "320": point | {"ratio_median": 1.04, "ratio_hi": 1.1}},
+                                    "cost_greedy": {"10": point, "320": point}}}}
+    text = transfer_table(transfer)
+    row = next(line for line in text.splitlines() if line.startswith("| tables = 320"))
+    assert "1.040 [0.850, 1.100]" in row and "0.912 [0.850, 0.970]" in row
+    ablation = {"variants": [{"variant": "full", "label": "full method", "mean": 0.9, "std": 0.01, "min": 0.89,
+                              "max": 0.91, "vs_full": 0.0},
+                             {"variant": "no_lstm", "label": "MLP state", "mean": 0.95, "std": 0.02, "min": 0.93,
+                              "max": 0.97, "vs_full": 0.05}]}
+    lines = ablation_table(ablation).splitlines()
+    assert [line.split("|")[1].strip() for line in lines[2:]] == ["full method", "MLP state"]
+    assert "+0.050" in lines[3] and "[0.930, 0.970]" in lines[3]

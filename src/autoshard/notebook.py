@@ -113,16 +113,23 @@ def enter_repo() -> Path:
     raise ConfigError(f"{here}: not inside the study's repository (no dvc.yaml above it)")
 
 
-def fill(params_file: str | Path = "params.yaml", **given: Any) -> Any:
+def fill(stage: str, params_file: str | Path = "params.yaml", dvc_file: str | Path = "dvc.yaml",
+         **given: Any) -> Any:
     """The notebook's parameters: those papermill injected, the rest read from params.yaml.
 
-    Lets a notebook opened by hand in JupyterLab run with the study's current parameters.
+    Lets a notebook opened by hand in JupyterLab run with the study's current parameters: the
+    ones it is not given are read as `stage` lists them in dvc.yaml (a dotted name there, such as
+    `profile.batch_size`, gives only that key), exactly what the stage runner would inject.
     """
     from types import SimpleNamespace
 
     missing = [name for name, value in given.items() if value is None]
     if missing:
-        given |= select(load_params(params_file), missing, str(params_file))
+        listed = select(load_params(params_file), stage_spec(stage, Path(dvc_file))[1], str(params_file))
+        given |= {name: listed[name] for name in missing if name in listed}
+        unlisted = [name for name in missing if name not in listed]
+        if unlisted:
+            raise ConfigError(f"{dvc_file}: stage {stage} does not list the parameter {unlisted[0]!r}")
     return SimpleNamespace(**given)
 
 

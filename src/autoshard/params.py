@@ -99,6 +99,16 @@ class Fields:
         return [_check_number(f"{self.name(key)}[{i}]", v, lo, hi, False)
                 for i, v in enumerate(values)]
 
+    def names(self, key: str, choices: Sequence[str], default: Any = _MISSING) -> list[str]:
+        """A non-empty list of distinct names, each one of `choices`."""
+        values = self._list(key, default)
+        for i, v in enumerate(values):
+            if v not in choices:
+                raise invalid(f"{self.name(key)}[{i}]", v, f"expected one of {', '.join(choices)}")
+        if len(set(values)) != len(values):
+            raise invalid(self.name(key), values, "names a value twice")
+        return list(values)
+
     def _list(self, key: str, default: Any) -> list:
         values = self._raw(key, default)
         if not isinstance(values, list) or not values:

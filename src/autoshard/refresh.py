@@ -41,11 +41,12 @@ def measure_plans(backend: CostBackend, pool: Pool, tasks: list[Task], plans: li
 
 def refresh_rounds(policy: Policy, cost_model: CostModel, pool: Pool, train_tasks: list[Task],
                    params: dict, rl: RLStageConfig, data_dir: str | Path, folder: str | Path,
-                   make_validate: Callable[[CostModel], Callable] | None, seed: int
-                   ) -> tuple[Policy, CostModel, pd.DataFrame]:
+                   make_validate: Callable[[CostModel], Callable] | None, seed: int,
+                   measure_tasks: list[Task] | None = None) -> tuple[Policy, CostModel, pd.DataFrame]:
     """`rl.refresh_rounds` rounds of: measure the policy's plans of `train_tasks` with the
     profile's backend (`params["profile"]`), refit the cost model (`params["cost_model"]`) on
     the grown profile, train the policy `rl.refresh_iterations` more iterations on it.
+    `measure_tasks` (default: `train_tasks`) are the tasks whose plans each round measures.
     Returns the policy, the cost model and one summary row per round."""
     profile_cfg = ProfileConfig.from_params(params["profile"])
     cost_cfg = CostStageConfig.from_params(params["cost_model"])
@@ -55,8 +56,9 @@ def refresh_rounds(policy: Policy, cost_model: CostModel, pool: Pool, train_task
     features = feature_matrix(pool.features)
     summary = []
     for r in range(1, rl.refresh_rounds + 1):
-        plans = policy_plans(policy, cost_model, features, train_tasks)
-        new = measure_plans(backend, pool, train_tasks, plans, profile, profile_cfg.backend.batch_size,
+        measured_tasks = train_tasks if measure_tasks is None else measure_tasks
+        plans = policy_plans(policy, cost_model, features, measured_tasks)
+        new = measure_plans(backend, pool, measured_tasks, plans, profile, profile_cfg.backend.batch_size,
                             profile_cfg.backend.threads, r)
         ok = new[new["status"] == "ok"] if len(new) else new
         before = cost_model.predict_ms(features, ok["tables"].tolist()) if len(ok) else np.array([])

@@ -77,6 +77,37 @@ def targets(evaluate: dict) -> str:
     return table[["protocol", "method", "statistic", "value", "target", "met"]].to_markdown(index=False)
 
 
+def transfer_table(transfer: dict) -> str:
+    """Markdown: per transfer axis and point, the policy's and the cost-model greedy's measured
+    median ratio to the best heuristic with its 95% interval."""
+    rows = []
+    for axis, methods in transfer["axes"].items():
+        for method, points in methods.items():
+            for value, row in points.items():
+                rows.append({"axis": axis, "value": float(value), "method": method, "cell": _interval(pd.Series(row)),
+                             "tasks": int(row["tasks"])})
+    if not rows:
+        return "(no transfer results)"
+    frame = pd.DataFrame(rows)
+    table = frame.pivot_table(index=["axis", "value"], columns="method", values="cell", aggfunc="first")
+    table["tasks"] = frame.groupby(["axis", "value"])["tasks"].min()
+    table.index = [f"{axis} = {value:g}" for axis, value in table.index]
+    return table.rename_axis("point").to_markdown()
+
+
+def ablation_table(ablation: dict) -> str:
+    """Markdown: per ablation variant, the mean over seeds of the measured median ratio to the
+    best heuristic, its spread across seeds, and the change against the full method."""
+    table = pd.DataFrame(ablation["variants"])
+    shown = pd.DataFrame({
+        "variant": table["label"],
+        "ratio (mean of seeds)": table["mean"].map("{:.3f}".format),
+        "std across seeds": table["std"].map("{:.3f}".format),
+        "range": table.apply(lambda r: f"[{r['min']:.3f}, {r['max']:.3f}]", axis=1),
+        "vs full method": table["vs_full"].map("{:+.3f}".format) if "vs_full" in table else "n/a"})
+    return shown.to_markdown(index=False, disable_numparse=True)
+
+
 def stage_times(metrics_dir: Path, stages: list[tuple[str, str]]) -> str:
     """Markdown: the wall time each stage's notebook recorded in its metrics file."""
     rows = []
@@ -85,6 +116,9 @@ def stage_times(metrics_dir: Path, stages: list[tuple[str, str]]) -> str:
         if path.exists():
             seconds = read_metrics(path).get("seconds")
             rows.append({"stage": stage, "wall time (s)": f"{seconds:.0f}" if seconds is not None else "n/a"})
+    if rows:
+        total = sum(float(r["wall time (s)"]) for r in rows if r["wall time (s)"] != "n/a")
+        rows.append({"stage": "**all notebook stages**", "wall time (s)": f"{total:.0f}"})
     return pd.DataFrame(rows).to_markdown(index=False)
 
 
@@ -126,6 +160,18 @@ def readme(reports: Path, stages: list[tuple[str, str]]) -> str:
         evaluate = read_metrics(metrics / "evaluate.json")
         lines += ["## Headline: every method on held-out tasks", "", headline(evaluate), "",
                   "### Targets", "", targets(evaluate), ""]
+    if (metrics / "transfer.json").exists():
+        lines += ["## Transfer: the trained policy on other task shapes, not fine-tuned", "",
+                  "Measured median ratio to the best heuristic [95% bootstrap CI over tasks]; the unseen-ratio "
+                  "axis is the evaluate stage's AutoShard protocol.", "",
+                  transfer_table(read_metrics(metrics / "transfer.json")), ""]
+    if (metrics / "ablation.json").exists():
+        ablation = read_metrics(metrics / "ablation.json")
+        lines += ["## Ablation: each part of the method, retrained without it", "",
+                  f"Short runs ({ablation['iterations']} iterations), seeds {ablation['seeds']}, "
+                  f"{ablation['test_tasks']} test tasks ({', '.join(ablation['protocols'])}); the measured median "
+                  "ratio to the best heuristic per seed, then its mean and spread across seeds. A change smaller "
+                  "than the spread is not a finding.", "", ablation_table(ablation), ""]
     lines += ["## Notebooks", ""]
     for stage, stem in stages:
         if (reports / "html" / f"{stem}.html").exists():
@@ -137,7 +183,8 @@ def readme(reports: Path, stages: list[tuple[str, str]]) -> str:
             lines.append(f"![{stage}: {figure.stem}](figures/{stage}/{figure.name})")
     lines += ["", "## Wall time per stage", "",
               "As each notebook recorded it in the run that produced these outputs; a stage that resumed from its "
-              "checkpoints (`train_rl`, `profile`, `evaluate`) shows only the resumed part.", "",
+              "checkpoints (`profile`, `train_rl`, `evaluate`, `transfer`, `ablation`) shows only the resumed "
+              "part. The sum leaves out DVC's own work and the kernels' start-up.", "",
               stage_times(metrics, stages), "",
               "## Environment", "", pd.Series(environment()).rename("value").rename_axis("").to_markdown(), ""]
     return "\n".join(lines)

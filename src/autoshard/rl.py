@@ -279,7 +279,6 @@ class RLStageConfig:
     train: RLConfig
     validation_tasks: int
     best_of: int
-    compare_iterations: int
     refresh_rounds: int
     refresh_iterations: int
 
@@ -287,7 +286,7 @@ class RLStageConfig:
     def from_params(cls, values: dict) -> "RLStageConfig":
         f = Fields("rl", values)
         cfg = cls(train=RLConfig.from_fields(f), validation_tasks=f.integer("validation_tasks"),
-                  best_of=f.integer("best_of"), compare_iterations=f.integer("compare_iterations"),
+                  best_of=f.integer("best_of"),
                   refresh_rounds=f.integer("refresh_rounds", lo=0),
                   refresh_iterations=f.integer("refresh_iterations"))
         f.done()
@@ -306,31 +305,7 @@ def split_validation(tasks: list[Task], per_shape: int) -> tuple[list[Task], lis
     return train, val
 
 
-def comparison_variants(cfg: RLConfig, iterations: int) -> dict[str, RLConfig]:
-    """`cfg` with `iterations`, and the same with the other reward and the other state encoder."""
-    from dataclasses import replace
-
-    short = replace(cfg, iterations=iterations)
-    reward = "balance" if short.reward == "bottleneck" else "bottleneck"
-    encoder = "separate" if short.policy.state_encoder == "cost_model" else "cost_model"
-    return {"as configured": short, f"reward: {reward}": replace(short, reward=reward),
-            f"state encoder: {encoder}": replace(short, policy=replace(short.policy, state_encoder=encoder))}
-
-
-def train_variants(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task],
-                   variants: dict[str, RLConfig], seed: int, folder: str | Path, validate) -> pd.DataFrame:
-    """Train each named configuration (same seed; checkpoints under `folder`) and report its
-    last validation row."""
-    rows = []
-    for name, cfg in variants.items():
-        path = Path(folder) / f"{name.replace(' ', '_').replace(':', '')}.pt"
-        _, history = train(cost_model, features, train_tasks, cfg, seed, path, validate, progress=False)
-        last = history.dropna(subset=["val_ratio"]).iloc[-1]
-        rows.append({"variant": name, "iterations": cfg.iterations, **last.filter(like="val_ratio").to_dict()})
-    return pd.DataFrame(rows).set_index("variant")
-
-
-def run_key(cfg: RLStageConfig, cost_model: CostModel, tasks: list[Task]) -> str:
+def run_key(cfg: RLStageConfig | RLConfig, cost_model: CostModel, tasks: list[Task]) -> str:
     """Identifies a training run: its parameters, the cost model's weights, the training tasks and
     the training code, so a checkpoint is only ever resumed by the same run."""
     import hashlib

@@ -112,7 +112,7 @@ def make_tasks(features: pd.DataFrame, tasks: dict, seed: int
             for k in range(count):
                 g = rng(seed, "tasks", p.name, split, f"{ratio:.4f}", k)
                 unseen = int(round(ratio * p.tables)) if split == "test" else 0
-                tables = _draw_feasible(g, p, train, test, unseen, sizes, cfg.max_draws)
+                tables = draw_feasible(g, p, train, test, unseen, sizes, cfg.max_draws)
                 suffix = f"r{ratio:.2f}/" if p.name == "autoshard" and split == "test" else ""
                 out.append(Task(name=f"{p.name}/{split}/{suffix}{k:03d}", protocol=p.name,
                                 split=split, tables=tables, devices=p.devices,
@@ -133,15 +133,16 @@ def _check_protocol(p: ProtocolConfig, sizes: np.ndarray, n_train: int, n_test: 
                       f"needs {most_unseen} unseen tables, the test pool has {n_test}")
 
 
-def _draw_feasible(g: np.random.Generator, p: ProtocolConfig, train: np.ndarray,
-                   test: np.ndarray, unseen: int, sizes: np.ndarray, max_draws: int
-                   ) -> tuple[int, ...]:
+def draw_feasible(g: np.random.Generator, p: ProtocolConfig, train: np.ndarray, test: np.ndarray,
+                  unseen: int, sizes: np.ndarray, max_draws: int, field: str | None = None) -> tuple[int, ...]:
+    """Sorted table ids: `unseen` from `test`, the rest from `train`, redrawn until first-fit-
+    decreasing places them under the cap; `field` names the cap in the error when none does."""
     for _ in range(max_draws):
         tables = np.concatenate([g.choice(train, p.tables - unseen, replace=False),
                                  g.choice(test, unseen, replace=False)])
         if first_fit_decreasing(sizes[tables], p.devices, p.memory_bytes) is not None:
             return tuple(int(t) for t in sorted(tables))
-    raise invalid(f"tasks.{p.name}.memory_per_device_gib", p.memory_bytes / GIB,
+    raise invalid(field or f"tasks.{p.name}.memory_per_device_gib", p.memory_bytes / GIB,
                   f"no feasible task of {p.tables} tables on {p.devices} devices "
                   f"in {max_draws} draws")
 

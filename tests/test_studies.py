@@ -1,0 +1,153 @@
+"""The transfer and ablation studies' logic: parameters, task draws, variants, feature masking
+and the tables they report."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from autoshard import ablation, transfer
+from autoshard.errors import ConfigError
+from autoshard.params import load_params
+from autoshard.tables import FEATURE_COLUMNS, REUSE_COLUMNS
+from autoshard.tasks import Task, first_fit_decreasing
+
+PROFILE = {"backend": "fbgemm", "device": "cpu", "optimizer": "EXACT_SGD", "batch_size": 64, "threads": 1,
+           "memory_limit_gib": 1.0}
+TIMING = {"warmup": 0, "runs": 1}
+
+
+def transfer_config(params, **changes):
+    return transfer.TransferConfig.from_params(params["transfer"] | changes, TIMING, PROFILE)
+
+
+def ablation_config(params, **changes):
+    return ablation.AblationConfig.from_params(params["ablation"] | changes, params["rl"], PROFILE, TIMING)
+
+
+def pool_features(n=60, seed=0):
+    g = np.random.default_rng(seed)
+    out = pd.DataFrame(g.random((n, len(FEATURE_COLUMNS))), columns=FEATURE_COLUMNS)
+    out["size_bytes"] = g.integers(1000, 100000, n)
+    return out
+
+
+def test_transfer_tasks_are_feasible_seeded_and_shared_between_axes(params):
+    cfg = transfer_config(params, tables=[4, 8], tables_devices=2, devices=[2, 4], devices_tables=8,
+                          memory_per_device_gib=0.001, unseen_ratio=0.5, tasks_per_point=2)
+    features = pool_features()
+    train, test = np.arange(30), np.arange(30, 60)
+    tasks, membership = transfer.transfer_tasks(features, train, test, cfg, seed=3)
+    again, _ = transfer.transfer_tasks(features, train, test, cfg, seed=3)
+    assert tasks == again
+    assert len(tasks) == 6, "the 8 x 2 point is on both axes: its tasks are drawn once"
+    assert len(membership) == 8 and set(membership["axis"]) == {"tables", "devices"}
+    sizes = features["size_bytes"].to_numpy()
+    for t in tasks:
+        tables = np.array(t.tables)
+        assert (tables >= 30).sum() == round(0.5 * len(tables))
+        assert first_fit_decreasing(sizes[tables], t.devices, t.memory_bytes) is not None
+
+
+def test_transfer_refuses_shapes_that_cannot_exist(params):
+    features = pool_features()
+    train, test = np.arange(30), np.arange(30, 60)
+    with pytest.raises(ConfigError, match=r"transfer\.tables: 40 "):
+        transfer.transfer_tasks(features, train, test, transfer_config(params, tables=[40]), 0)
+    with pytest.raises(ConfigError, match=r"transfer\.devices: 16 .*more devices than"):
+        transfer.transfer_tasks(features, train, test, transfer_config(params, devices=[16], devices_tables=8), 0)
+    with pytest.raises(ConfigError, match=r"transfer\.memory_per_device_gib"):
+        transfer.transfer_tasks(features, train, test, transfer_config(params, memory_per_device_gib=1e-6), 0)
+    with pytest.raises(ConfigError, match=r"transfer\.unseen_ratio: 1\.5"):
+        transfer_config(params, unseen_ratio=1.5)
+
+
+def test_transfer_summary_intervals_hold_the_median():
+    g = np.random.default_rng(0)
+    rows = [{"axis": "tables", "value": v, "task": f"t{v}/{k}", "method": m, "ratio": g.uniform(0.8, 1.1),
+             "predicted_ratio": 0.9, "measured_ms": 1.0}
+            for v in (10, 20) for k in range(5) for m in ("rl_greedy", "cost_greedy", "size_greedy")]
+    table = transfer.summary(pd.DataFrame(rows), 300, 0)
+    assert set(table["method"]) == {"rl_greedy", "cost_greedy"} and (table["tasks"] == 5).all()
+    assert ((table["ratio_lo"] <= table["ratio_median"]) & (table["ratio_median"] <= table["ratio_hi"])).all()
+
+
+def test_ablation_variants_change_one_thing_each(params):
+    cfg = ablation_config(params, variants=list(ablation.VARIANTS), iterations=10, refresh_rounds=1,
+                          refresh_iterations=4)
+    full = cfg.variant("full")
+    assert full.rl.iterations == 10 and full.dropped == () and full.refresh_rounds == 0
+    assert cfg.variant("no_lstm").rl.policy.use_lstm != full.rl.policy.use_lstm
+    assert cfg.variant("no_cost_features").rl.policy.use_cost_features != full.rl.policy.use_cost_features
+    assert cfg.variant("other_reward").rl.reward != full.rl.reward
+    assert cfg.variant("separate_encoder").rl.policy.state_encoder != full.rl.policy.state_encoder
+    assert cfg.variant("no_reuse_histogram").dropped == tuple(REUSE_COLUMNS)
+    assert cfg.variant("no_pooling_factor").rl == full.rl
+    refresh = cfg.variant("refresh")
+    assert refresh.rl.iterations + refresh.refresh_rounds * cfg.refresh_iterations == full.rl.iterations
+    assert set(cfg.labels()) == {*ablation.VARIANTS, *ablation.INFERENCE}
+    assert cfg.seed_list(7) == [7 + k for k in range(cfg.seeds)]
+
+
+def test_ablation_parameters_are_checked(params):
+    with pytest.raises(ConfigError, match=r"ablation\.variants\[1\]: 'no_attention'"):
+        ablation_config(params, variants=["full", "no_attention"])
+    with pytest.raises(ConfigError, match=r"ablation\.protocols"):
+        ablation_config(params, protocols=["dreamshard", "dreamshard"])
+    with pytest.raises(ConfigError, match=r"ablation\.refresh_iterations: 5 "):
+        ablation_config(params, variants=["refresh"], iterations=10, refresh_rounds=2, refresh_iterations=5)
+
+
+def test_masked_features_are_constant_in_the_dropped_columns_only():
+    x = pool_features().to_numpy(dtype=float)
+    out = ablation.masked(x, ("pooling_factor",))
+    i = FEATURE_COLUMNS.index("pooling_factor")
+    assert np.ptp(out[:, i]) == 0
+    assert np.array_equal(np.delete(out, i, axis=1), np.delete(x, i, axis=1))
+    assert np.array_equal(ablation.masked(x, ()), x) and ablation.masked(x, ()) is not x
+
+
+def test_ablation_test_tasks_cover_every_unseen_ratio(params):
+    def task(name, protocol, split, ratio):
+        return Task(name, protocol, split, (0, 1), 2, 10, ratio)
+
+    tasks = [task(f"a/{r}/{k}", "autoshard", "test", r) for r in (0.0, 0.5, 1.0) for k in range(3)]
+    tasks += [task(f"a/train/{k}", "autoshard", "train", 0.0) for k in range(4)]
+    tasks += [task(f"d/train/{k}", "dreamshard", "train", 0.0) for k in range(4)]
+    cfg = ablation_config(params, protocols=["autoshard"], test_tasks=4)
+    train, test = ablation.split_tasks(tasks, cfg)
+    assert [t.name for t in train] == [f"a/train/{k}" for k in range(4)]
+    assert [t.unseen_ratio for t in test] == [0.0, 0.5, 1.0, 0.0]
+    with pytest.raises(ConfigError, match=r"ablation\.test_tasks: 10 .*only 9"):
+        ablation.split_tasks(tasks, ablation_config(params, protocols=["autoshard"], test_tasks=10))
+
+
+def test_ablation_summary_spread_across_seeds():
+    rows = [{"task": f"t{k}", "method": f"{v}|{s}", "measured_ms": base + 0.01 * s + 0.001 * k}
+            for v, base in (("full", 0.9), ("no_lstm", 1.0)) for s in (0, 1, 2) for k in range(4)]
+    rows += [{"task": f"t{k}", "method": h, "measured_ms": 1.0} for k in range(4) for h in ("size_greedy", "naive")]
+    per_task = ablation.ratios(pd.DataFrame(rows))
+    assert set(per_task["variant"]) == {"full", "no_lstm"} and set(per_task["seed"]) == {0, 1, 2}
+    table = ablation.summary(per_task, {"full": "full method", "no_lstm": "MLP"})
+    assert list(table.index) == ["full", "no_lstm"]
+    assert table.loc["full", "min"] < table.loc["full", "mean"] < table.loc["full", "max"]
+    assert table.loc["no_lstm", "vs_full"] == pytest.approx(0.1)
+    assert table.loc["full", "std"] == pytest.approx(0.01)
+
+
+def test_paper_scale_transfer_and_ablation_parameters_are_valid():
+    from pathlib import Path
+
+    from autoshard.notebook import select, stage_spec
+    from autoshard.params import merge
+
+    root = Path(__file__).resolve().parents[1]
+    paper = merge(load_params(root / "params.yaml"), load_params(root / "configs" / "paper.yaml"))
+    chosen = select(paper, stage_spec("transfer", root / "dvc.yaml")[1], "paper")
+    cfg = transfer.TransferConfig.from_params(chosen["transfer"], chosen["evaluate"],
+                                              chosen["profile"] | {"device": "cpu"})
+    assert max(cfg.devices) >= 16 and max(cfg.tables) >= 320
+    chosen = select(paper, stage_spec("ablation", root / "dvc.yaml")[1], "paper")
+    cfg = ablation.AblationConfig.from_params(chosen["ablation"], chosen["rl"], chosen["profile"] | {"device": "cpu"},
+                                              chosen["evaluate"])
+    assert cfg.seeds >= 3 and set(cfg.protocols) == {"autoshard", "dreamshard"}
+    assert all(cfg.variant(v) for v in cfg.variants)
