@@ -60,7 +60,7 @@ def test_an_ablation_parameter_reruns_only_ablation_and_report(clone):
     params = yaml.safe_load((clone / "params.yaml").read_text())
     params["ablation"]["iterations"] += 1
     (clone / "params.yaml").write_text(yaml.safe_dump(params))
-    dry = sh(["dvc", "repro", "--dry"], clone)
-    assert dry.returncode == 0, dry.stderr
-    ran = sorted(line.split("'")[1] for line in dry.stdout.splitlines() if line.startswith("Running stage"))
+    again = sh(["dvc", "repro"], clone)
+    assert again.returncode == 0, again.stderr + again.stdout
+    ran = sorted(line.split("'")[1] for line in again.stdout.splitlines() if line.startswith("Running stage"))
     assert ran == ["ablation", "report"]
