@@ -8,6 +8,7 @@ TorchRec counts the same bytes per table as the pool's `size_bytes`. The plan is
 """
 
 import logging
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -58,3 +59,72 @@ def torchrec_plan(features: pd.DataFrame, task: Task, batch_size: int) -> np.nda
     shardings = plan.plan[""]
     placement = np.array([shardings[table_name(t)].ranks[0] for t in task.tables], dtype=np.int64)
     return placement
+
+
+TORCHREC_FORMAT = "autoshard-torchrec-plan/1"
+
+
+def embedding_configs(features: pd.DataFrame, names: list[str]) -> list:
+    """TorchRec `EmbeddingBagConfig`s of the tables (one feature per table, named as the table)."""
+    from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
+
+    weight_bytes = features["size_bytes"] / (features["rows"] * features["dim"])
+    types = {4: DataType.FP32, 2: DataType.FP16}
+    return [EmbeddingBagConfig(name=n, embedding_dim=int(r.dim), num_embeddings=int(r.rows), feature_names=[n],
+                               data_type=types.get(int(round(w)), DataType.FP32))
+            for n, r, w in zip(names, features.itertuples(), weight_bytes, strict=True)]
+
+
+def sharding_plan(features: pd.DataFrame, names: list[str], placement: np.ndarray, devices: int,
+                  device_type: str = "cuda"):
+    """TorchRec's `ShardingPlan` for an `EmbeddingBagCollection` of these tables (module path ""):
+    each table whole on its device, built with `construct_module_sharding_plan` and `table_wise`."""
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
+    from torchrec.distributed.types import ShardingPlan
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    ebc = EmbeddingBagCollection(tables=embedding_configs(features, names), device=torch.device("meta"))
+    per_table = {n: table_wise(rank=int(d), compute_kernel=EmbeddingComputeKernel.FUSED.value)
+                 for n, d in zip(names, placement, strict=True)}
+    module_plan = construct_module_sharding_plan(ebc, per_table, local_size=devices, world_size=devices,
+                                                 device_type=device_type)
+    return ShardingPlan(plan={"": module_plan})
+
+
+def plan_to_json(plan, world_size: int, device_type: str) -> dict:
+    """A `ShardingPlan` of table-wise shards as plain JSON (no pickles: loading it runs no code)."""
+    modules = {}
+    for path, module_plan in plan.plan.items():
+        modules[path] = {name: {"sharding_type": p.sharding_type, "compute_kernel": p.compute_kernel,
+                                "ranks": list(p.ranks),
+                                "shards": [{"offsets": list(s.shard_offsets), "sizes": list(s.shard_sizes),
+                                            "placement": str(s.placement)} for s in p.sharding_spec.shards]}
+                         for name, p in module_plan.items()}
+    return {"format": TORCHREC_FORMAT, "world_size": world_size, "device_type": device_type, "modules": modules}
+
+
+def load_sharding_plan(path: str | Path):
+    """The TorchRec `ShardingPlan` saved by `autoshard plan --torchrec`, to hand to
+    `DistributedModelParallel(module, plan=...)` (the module: an `EmbeddingBagCollection`)."""
+    import json
+
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
+    from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
+
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: not a TorchRec plan written by autoshard ({exc.__class__.__name__})") from None
+    if not isinstance(doc, dict) or doc.get("format") != TORCHREC_FORMAT:
+        raise ConfigError(f"{path}: not a TorchRec plan written by autoshard (format {TORCHREC_FORMAT!r})")
+    plan = {}
+    for module, params in doc["modules"].items():
+        plan[module] = EmbeddingModuleShardingPlan({
+            name: ParameterSharding(
+                sharding_type=p["sharding_type"], compute_kernel=p["compute_kernel"], ranks=list(p["ranks"]),
+                sharding_spec=EnumerableShardingSpec([ShardMetadata(shard_offsets=s["offsets"], shard_sizes=s["sizes"],
+                                                                    placement=s["placement"]) for s in p["shards"]]))
+            for name, p in params.items()})
+    return ShardingPlan(plan=plan)

@@ -1,0 +1,259 @@
+"""The `autoshard` command: plan, score and compare on a user's tables, the TorchRec export and
+its round trip through `DistributedModelParallel`, and every kind of bad input refused cleanly."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from autoshard.cli import main
+from autoshard.costmodel import CostModel, CostModelConfig, feature_matrix, save_model
+from autoshard.policy import PolicyConfig
+from autoshard.rl import RLConfig, train
+from autoshard.tasks import Task
+from autoshard.usertables import BINS, parse_memory, read_tables
+
+TABLES = """name,rows,dim,pooling_factor
+user_id,50000,32,1
+item_id,20000,32,3.5
+category,300,16,2
+query_terms,100000,16,12
+history,80000,32,25
+country,250,8,1
+device,40,8,1
+ads,30000,16,6
+"""
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    """A table list and a tiny cost model and policy trained for a few steps on it."""
+    root = tmp_path_factory.mktemp("cli")
+    tables_csv = root / "tables.csv"
+    tables_csv.write_text(TABLES)
+    tables = read_tables(tables_csv)
+    x = feature_matrix(tables.features)
+    model = CostModel.fitted_to(CostModelConfig(hidden=16, encoding=8, head_hidden=8), x, scale=1.0)
+    save_model(model, root / "cost_model.pt")
+    tasks = [Task(f"t{k}", "user", "train", tuple(range(8)), 2, 2**30, 0.0) for k in range(4)]
+    cfg = RLConfig(policy=PolicyConfig(hidden=8, lstm_layers=1), iterations=2, tasks_per_batch=2)
+    train(model, x, tasks, cfg, 0, root / "policy.pt", progress=False)
+    return {"root": root, "tables": tables_csv, "model": root / "cost_model.pt", "policy": root / "policy.pt"}
+
+
+def plan(files, out, *extra, method="rl") -> int:
+    return main(["plan", "--tables", str(files["tables"]), "--devices", "2", "--memory-per-device", "1GiB",
+                 "--method", method, "--policy", str(files["policy"]), "--cost-model", str(files["model"]),
+                 "--out", str(out), *extra])
+
+
+@pytest.mark.parametrize("method", ["rl", "cost-greedy", "size_lookup_greedy", "torchrec"])
+def test_plan_writes_a_complete_plan(files, tmp_path, capsys, method):
+    out = tmp_path / "plan.json"
+    assert plan(files, out, method=method) == 0
+    doc = json.loads(out.read_text())
+    names = pd.read_csv(files["tables"])["name"].tolist()
+    assert doc["method"] == method and set(doc["assignment"]) == set(names)
+    assert {d["device"] for d in doc["per_device"]} == {0, 1}
+    assert sum(d["tables"] for d in doc["per_device"]) == len(names)
+    assert all(d["memory_bytes"] <= doc["memory_per_device_bytes"] for d in doc["per_device"])
+    assert doc["predicted_bottleneck_ms"] == pytest.approx(max(d["predicted_ms"] for d in doc["per_device"]))
+    assert doc["model_files"]["cost_model"]["sha256"] and doc["sharding_seconds"] > 0
+    assert ("policy" in doc["model_files"]) == (method == "rl")
+    assert "predicted bottleneck" in capsys.readouterr().out
+
+
+def test_plan_options_and_json_output(files, tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert plan(files, out, "--best-of", "4", "--refine", "--json") == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["options"] == {"best_of": 4, "refine": True, "seed": 0}
+    assert printed == json.loads(out.read_text())
+
+
+def test_size_lookup_greedy_matches_the_evaluate_stage(tmp_path, smoke_params, monkeypatch):
+    """On the study's own pool, the command's heuristic is the evaluate stage's heuristic."""
+    from autoshard.methods import heuristic_plan
+    from autoshard.pool import build_pool, save_pool
+
+    monkeypatch.chdir(tmp_path)  # no study outputs here: the heuristic needs no model
+    pool = build_pool(smoke_params["dataset"], smoke_params["pool"], smoke_params["seed"], progress=False)
+    save_pool(pool, tmp_path / "pool")
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--tables", str(tmp_path / "pool"), "--devices", "3", "--memory-per-device", "64MiB",
+                 "--method", "size_lookup_greedy", "--out", str(out), "--cost-model", str(tmp_path / "none.pt")]) == 2
+    assert main(["plan", "--tables", str(tmp_path / "pool"), "--devices", "3", "--memory-per-device", "64MiB",
+                 "--method", "size_lookup_greedy", "--out", str(out)]) == 0
+    task = Task("x", "user", "test", tuple(range(pool.num_tables)), 3, 64 * 2**20, 1.0)
+    expected = heuristic_plan("size_lookup_greedy", pool.features, task, 0)
+    assignment = json.loads(out.read_text())["assignment"]
+    assert [assignment[f"table_{t}"] for t in range(pool.num_tables)] == expected.tolist()
+
+
+@pytest.mark.parametrize("backend", ["analytic", "fbgemm"])
+def test_score_measures_a_plan_and_a_torchrec_plan(files, tmp_path, capsys, backend):
+    out, exported = tmp_path / "plan.json", tmp_path / "plan.torchrec.json"
+    assert plan(files, out, "--torchrec", str(exported), "--torchrec-device", "cpu", method="cost-greedy") == 0
+    capsys.readouterr()
+    results = []
+    for path in (out, exported):
+        assert main(["score", "--tables", str(files["tables"]), "--plan", str(path), "--backend", backend,
+                     "--batch-size", "256", "--runs", "2", "--json"]) == 0
+        results.append(json.loads(capsys.readouterr().out))
+    for r in results:
+        per_device = pd.DataFrame(r["per_device"])
+        assert r["measured_bottleneck_ms"] == pytest.approx(per_device["total_ms"].max())
+        busy = per_device["tables"] > 0
+        assert per_device["tables"].sum() == 8 and (per_device.loc[busy, "total_ms"] > 0).all()
+        assert (per_device.loc[~busy, "total_ms"] == 0).all()
+    assert [d["tables"] for d in results[0]["per_device"]] == [d["tables"] for d in results[1]["per_device"]]
+
+
+def test_compare_runs_every_method(files, capsys):
+    from autoshard.planning import METHODS
+
+    assert main(["compare", "--tables", str(files["tables"]), "--devices", "2", "--memory-per-device", "1GiB",
+                 "--policy", str(files["policy"]), "--cost-model", str(files["model"]), "--best-of", "3",
+                 "--measure", "--backend", "analytic", "--batch-size", "256", "--json"]) == 0
+    rows = pd.DataFrame(json.loads(capsys.readouterr().out))
+    assert set(METHODS) <= set(rows["method"]) and "rl + local search" in set(rows["method"])
+    ok = rows[rows["status"] == "ok"]
+    assert len(ok) >= len(METHODS) and (ok["measured_ms"] > 0).all() and (ok["predicted_ms"] > 0).all()
+
+
+def test_exported_plan_runs_in_torchrec_with_two_processes(files, tmp_path):
+    from autoshard.torchrec_check import check
+
+    out, exported = tmp_path / "plan.json", tmp_path / "plan.torchrec.json"
+    assert plan(files, out, "--torchrec", str(exported), "--torchrec-device", "cpu", method="size_lookup_greedy") == 0
+    result = check(files["tables"], exported, processes=2)
+    assignment = json.loads(out.read_text())["assignment"]
+    assert result["world_size"] == 2
+    for r in result["ranks"]:
+        assert r["output_shape"] == [4, result["output_width"]]
+        assert r["tables"] == sorted(n for n, d in assignment.items() if d == r["rank"])
+
+
+def test_memory_sizes():
+    assert parse_memory("16GiB") == 16 * 2**30
+    assert parse_memory("16 GB") == 16 * 10**9
+    assert parse_memory("1.5e10") == 15_000_000_000
+    assert parse_memory("512 MiB") == 512 * 2**20
+
+
+def write(tmp_path, text, name="tables.csv", mode="w"):
+    path = tmp_path / name
+    if mode == "wb":
+        path.write_bytes(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+HEADER = "name,rows,dim,pooling_factor\n"
+BAD_TABLES = {
+    "missing column": (HEADER.replace(",pooling_factor", "") + "a,10,16\n", r"missing column 'pooling_factor'"),
+    "extra column": ("name,rows,dim,pooling_factor,owner\na,10,16,1,me\n", r"unknown column 'owner'"),
+    "not a number": (HEADER + "a,10,16,1\nb,many,16,1\n", r"row 2 \(b\), field rows: 'many' \(not a number\)"),
+    "negative": (HEADER + "a,10,16,-1\n", r"row 1 \(a\), field pooling_factor: '-1'"),
+    "zero rows": (HEADER + "a,0,16,1\n", r"row 1 \(a\), field rows: '0' \(must be at least 1\)"),
+    "header only": (HEADER, r"no tables"),
+    "dim": (HEADER + "a,10,18,1\n", r"row 1 \(a\), field dim: 18 \(not a multiple of 4"),
+    "duplicate": (HEADER + "a,10,16,1\nb,10,16,1\na,20,16,1\n", r"row 3, field name: 'a' \(a duplicate"),
+    "empty file": ("", r"the file is empty"),
+    "truncated": (HEADER + 'a,10,16,1\n"b,10,16\n', r"row 2|not a valid CSV"),
+    "partial bins": ("name,rows,dim,pooling_factor,reuse_bin_0\na,10,16,1,1\n", r"missing column 'reuse_bin_1'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TABLES))
+def test_bad_table_files_are_refused(files, tmp_path, capsys, case):
+    text, pattern = BAD_TABLES[case]
+    tables = write(tmp_path, text)
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--tables", str(tables), "--devices", "2", "--memory-per-device", "1GiB",
+                 "--method", "size_greedy", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(tables) in err
+    import re
+
+    assert re.search(pattern, err), err
+    assert not out.exists() and not list(tmp_path.glob(".plan.json*"))
+
+
+def test_binary_and_yaml_inputs(files, tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    binary = write(tmp_path, bytes(range(256)) * 4, "tables.csv", "wb")
+    assert main(["plan", "--tables", str(binary), "--devices", "2", "--memory-per-device", "1GiB",
+                 "--method", "size_greedy", "--out", str(out)]) == 2
+    assert "not a text file" in capsys.readouterr().err and not out.exists()
+    rows = pd.read_csv(files["tables"]).to_dict("records")
+    yaml_file = tmp_path / "tables.yaml"
+    import yaml
+
+    yaml_file.write_text(yaml.safe_dump({"tables": rows}))
+    assert main(["plan", "--tables", str(yaml_file), "--devices", "2", "--memory-per-device", "1GiB",
+                 "--method", "size_greedy", "--out", str(out)]) == 0
+    truncated = write(tmp_path, "tables:\n  - {name: a, rows: 10\n", "bad.yaml")
+    assert main(["plan", "--tables", str(truncated), "--devices", "2", "--memory-per-device", "1GiB",
+                 "--method", "size_greedy", "--out", str(tmp_path / "p2.json")]) == 2
+    assert "not valid YAML" in capsys.readouterr().err and not (tmp_path / "p2.json").exists()
+
+
+def test_reuse_bins_given_or_computed(tmp_path):
+    computed = read_tables(write(tmp_path, HEADER + "a,1000,16,4\n"))
+    bins = computed.features[[f"reuse_{i}" for i in range(len(BINS))]].to_numpy()
+    assert bins.sum() == pytest.approx(1.0) and bins[0, 0] > 0
+    given = [0.5, 0.5] + [0.0] * (len(BINS) - 2)
+    text = "name,rows,dim,pooling_factor," + ",".join(BINS) + "\na,1000,16,4," + ",".join(map(str, given)) + "\n"
+    assert read_tables(write(tmp_path, text, "b.csv")).features[[f"reuse_{i}" for i in range(len(BINS))]
+                                                                 ].to_numpy()[0].tolist() == given
+    again = read_tables(write(tmp_path, HEADER + "a,1000,16,4\n", "c.csv"))
+    assert np.array_equal(again.traces.indices, computed.traces.indices), "traces are seeded by the table name"
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["--memory-per-device", "lots"], r"--memory-per-device: 'lots'"),
+    (["--devices", "0"], r"--devices: 0 \(must be at least 1\)"),
+    (["--method", "magic"], r"--method: 'magic'"),
+    (["--memory-per-device", "40KB"], r"row 1 \(user_id\): .* do not fit one device's memory"),
+    (["--memory-per-device", "11MB"], r"more than the 2 devices hold together"),
+])
+def test_bad_task_arguments_are_refused(files, tmp_path, capsys, args, pattern):
+    import re
+
+    out = tmp_path / "plan.json"
+    base = {"--devices": "2", "--memory-per-device": "1GiB", "--method": "size_greedy"}
+    base |= dict(zip(args[::2], args[1::2], strict=True))
+    argv = ["plan", "--tables", str(files["tables"]), "--out", str(out)] + [x for kv in base.items() for x in kv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and re.search(pattern, err), err
+    assert not out.exists()
+
+
+def test_a_policy_file_that_is_not_ours_is_refused(files, tmp_path, capsys):
+    fake = tmp_path / "policy.pt"
+    fake.write_bytes(b"not a checkpoint")
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--tables", str(files["tables"]), "--devices", "2", "--memory-per-device", "1GiB",
+                 "--policy", str(fake), "--cost-model", str(files["model"]), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert str(fake) in err and "not a policy checkpoint file" in err and not out.exists()
+
+
+def test_missing_model_files_name_the_stage_that_makes_them(files, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no data/rl here
+    assert main(["plan", "--tables", str(files["tables"]), "--devices", "2", "--memory-per-device", "1GiB",
+                 "--out", str(tmp_path / "plan.json")]) == 2
+    assert "run `dvc repro train_rl`" in capsys.readouterr().err
+
+
+def test_a_plan_for_other_tables_is_refused(files, tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert plan(files, out, method="size_greedy") == 0
+    other = write(tmp_path, HEADER + "a,10,16,1\n", "other.csv")
+    assert main(["score", "--tables", str(other), "--plan", str(out), "--backend", "analytic"]) == 2
+    assert "is not in" in capsys.readouterr().err
