@@ -136,6 +136,17 @@ def test_exported_plan_runs_in_torchrec_with_two_processes(files, tmp_path):
         assert r["tables"] == sorted(n for n, d in assignment.items() if d == r["rank"])
 
 
+def test_help_needs_no_torch_and_lists_every_method():
+    import subprocess
+    import sys
+
+    from autoshard import cli, planning
+
+    assert cli.METHODS == planning.METHODS
+    code = "import sys; from autoshard.cli import parser; parser(); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+
+
 def test_memory_sizes():
     assert parse_memory("16GiB") == 16 * 2**30
     assert parse_memory("16 GB") == 16 * 10**9

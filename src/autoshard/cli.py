@@ -17,7 +17,9 @@ import numpy as np
 import pandas as pd
 
 from autoshard.errors import ConfigError
-from autoshard.planning import METHODS
+from autoshard.heuristics import HEURISTICS
+
+METHODS = ("rl", "cost-greedy", "torchrec", *HEURISTICS)  # planning.METHODS, without importing torch for --help
 
 BACKENDS = ("fbgemm", "torch", "analytic")
 

@@ -6,7 +6,8 @@ with the process's peak memory.
 
 Table lists come from the study's pool (`data/pool`): its tables with their measured features,
 tiled under new names beyond the pool's size. Each device gets twice its even share of the
-total size (at least the largest table). Needs the study's models (`dvc repro train_rl`).
+total size plus the largest table (as the evaluate stage's timing tasks). Needs the study's
+models (`dvc repro train_rl`).
 """
 
 import argparse
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             path = Path(tmp) / f"tables_{n}.csv"
             tables.to_csv(path, index=False)
             sizes = tables["rows"] * tables["dim"] * 4
-            memory = int(max(sizes.max(), 2 * sizes.sum() / devices))
+            memory = int(sizes.max() + 2 * sizes.sum() / devices)
             out = Path(tmp) / "plan.json"
             cmd = [sys.executable, "-m", "autoshard.cli", "plan", "--tables", str(path), "--devices", str(devices),
                    "--memory-per-device", str(memory), "--method", args.method, "--out", str(out)]

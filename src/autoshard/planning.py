@@ -90,11 +90,16 @@ def place(method: str, tables: UserTables, task: Task, models: Models, best_of: 
 
     if method not in METHODS:
         raise ConfigError(f"--method: {method!r} (expected one of {', '.join(METHODS)})")
-    if method == "rl":
-        return policy_plans(models.policy, models.cost_model, feature_matrix(tables.features), [task], best_of,
-                            refine, seed)[0]
-    if method == "cost-greedy":
-        return cost_greedy(models.cost_model, feature_matrix(tables.features), [task])[0]
+    try:
+        if method == "rl":
+            return policy_plans(models.policy, models.cost_model, feature_matrix(tables.features), [task], best_of,
+                                refine, seed)[0]
+        if method == "cost-greedy":
+            return cost_greedy(models.cost_model, feature_matrix(tables.features), [task])[0]
+    except ConfigError as exc:  # a learned placement can paint itself into a corner under a tight cap
+        raise ConfigError(f"--method {method}: no placement under --memory-per-device {task.memory_bytes} bytes "
+                          f"({exc}; tables go largest predicted cost first, not largest size first: try more "
+                          "memory or a size-aware heuristic such as size_lookup_greedy)") from None
     if method == "torchrec":
         return torchrec_plan(tables.features, task, batch_size)
     return heuristic_plan(method, tables.features, task, seed)
