@@ -175,6 +175,7 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from autoshard import planning
+    from autoshard.costmodel import feature_matrix
     from autoshard.plans import predicted_bottleneck
     from autoshard.usertables import parse_memory, read_tables
 
@@ -188,8 +189,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
              "rl + local search": {"method": "rl", "refine": True}}
     backend = _backend(tables, args) if args.measure else None
     rows = []
-    from autoshard.costmodel import feature_matrix
-
     features = feature_matrix(tables.features)
     for name, run in runs.items():
         try:

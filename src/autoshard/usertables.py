@@ -63,7 +63,7 @@ def read_tables(path: str | Path, weight_bytes: int = 4, trace_batch: int = DEFA
         raise ConfigError(f"{path}: no such file")
     raw = _read_rows(path)
     rows = _checked(raw, path)
-    return _with_traces(rows, path, weight_bytes, trace_batch)
+    return _features(rows, path, weight_bytes, trace_batch)
 
 
 def _read_rows(path: Path) -> pd.DataFrame:
@@ -169,7 +169,7 @@ def table_trace(name: str, rows: int, pooling_factor: float, alpha: float, batch
     return lengths, indices
 
 
-def _with_traces(rows: pd.DataFrame, path: Path, weight_bytes: int, batch: int) -> UserTables:
+def _features(rows: pd.DataFrame, path: Path, weight_bytes: int, batch: int) -> UserTables:
     """The 21 features of each table: its own columns, and the reuse histogram it was given or
     that of its synthetic trace (computed one table at a time, not kept)."""
     features = pd.DataFrame({"table": np.arange(len(rows)), "dim": rows["dim"], "rows": rows["rows"],
