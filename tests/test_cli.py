@@ -9,9 +9,10 @@ import pandas as pd
 import pytest
 
 from autoshard.cli import main
-from autoshard.costmodel import CostModel, CostModelConfig, feature_matrix, save_model
+from autoshard.costmodel import CostModel, CostModelConfig, save_model
 from autoshard.policy import PolicyConfig
 from autoshard.rl import RLConfig, train
+from autoshard.tables import feature_matrix
 from autoshard.tasks import Task
 from autoshard.usertables import BINS, parse_memory, read_tables
 
@@ -268,3 +269,66 @@ def test_a_plan_for_other_tables_is_refused(files, tmp_path, capsys):
     other = write(tmp_path, HEADER + "a,10,16,1\n", "other.csv")
     assert main(["score", "--tables", str(other), "--plan", str(out), "--backend", "analytic"]) == 2
     assert "is not in" in capsys.readouterr().err
+
+
+def test_plan_runs_without_torch_when_the_numpy_planner_matches(files, tmp_path):
+    """With `planner.npz` exported from the model files next to them, `plan` (rl greedy,
+    cost-greedy, a heuristic) never imports torch and writes the plan torch would; a stale
+    export is ignored and sampling or local search still use torch."""
+    import shutil
+    import subprocess
+    import sys
+
+    from autoshard import numpy_planner
+
+    root = tmp_path / "models"
+    root.mkdir()
+    models = {k: shutil.copy(files[k], root / files[k].name) for k in ("model", "policy")}
+    docs = {}
+    for method in ("rl", "cost-greedy", "size_greedy"):
+        out = tmp_path / f"{method}.torch.json"
+        assert plan({**files, **models}, out, method=method) == 0
+        docs[method, "torch"] = json.loads(out.read_text())
+    numpy_planner.export(models["model"], models["policy"], root / numpy_planner.FILE_NAME)
+    for method in ("rl", "cost-greedy", "size_greedy"):
+        out = tmp_path / f"{method}.numpy.json"
+        code = ("import sys; from autoshard.cli import main; "
+                f"rc = main(['plan', '--tables', {str(files['tables'])!r}, '--devices', '2', "
+                f"'--memory-per-device', '1GiB', '--method', {method!r}, '--policy', {str(models['policy'])!r}, "
+                f"'--cost-model', {str(models['model'])!r}, '--out', {str(out)!r}]); "
+                "print('torch' in sys.modules); sys.exit(rc)")
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.strip().splitlines()[-1] == "False"
+        doc, before = json.loads(out.read_text()), docs[method, "torch"]
+        assert (doc["engine"], before["engine"]) == ("numpy", "torch")
+        assert doc["assignment"] == before["assignment"] and doc["model_files"] == before["model_files"]
+        assert doc["predicted_bottleneck_ms"] == pytest.approx(before["predicted_bottleneck_ms"], rel=1e-5)
+    out = tmp_path / "sampled.json"
+    assert plan({**files, **models}, out, "--best-of", "2") == 0
+    assert json.loads(out.read_text())["engine"] == "torch"
+    save_model(CostModel.fitted_to(CostModelConfig(hidden=4, encoding=4, head_hidden=4),
+                                   feature_matrix(read_tables(files["tables"]).features)), models["model"])
+    assert plan({**files, **models}, out, method="cost-greedy") == 0  # the export is stale now
+    assert json.loads(out.read_text())["engine"] == "torch"
+
+
+def test_plan_bench_times_the_command(files, tmp_path, smoke_params, monkeypatch, capsys):
+    """The benchmark runs the real command on tiled pool tables and reports time and memory."""
+    import shutil
+
+    from autoshard import numpy_planner, plan_bench
+    from autoshard.pool import build_pool, save_pool
+
+    monkeypatch.chdir(tmp_path)
+    save_pool(build_pool(smoke_params["dataset"], smoke_params["pool"], 0, progress=False), tmp_path / "data/pool")
+    rl = tmp_path / "data/rl"
+    rl.mkdir()
+    shutil.copy(files["model"], rl / "cost_model.pt")
+    shutil.copy(files["policy"], rl / "policy.pt")
+    numpy_planner.export(rl / "cost_model.pt", rl / "policy.pt", rl / numpy_planner.FILE_NAME)
+    assert plan_bench.main(["--sizes", "30x4", "--repeats", "2"]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (row["tables"], row["devices"], row["engine"]) == (30, 4, "numpy")
+    assert len(row["command_seconds_all"]) == 2 and row["command_seconds_median"] > row["placing_seconds_last"] > 0
+    assert 0 < row["peak_memory_gib"] < 4

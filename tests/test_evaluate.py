@@ -13,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoshard.costmodel import CostModel, CostModelConfig, feature_matrix
+from autoshard.costmodel import CostModel, CostModelConfig
 from autoshard.costs.analytic import AnalyticBackend
 from autoshard.errors import ConfigError
 from autoshard.evaluation import METHODS, EvaluateConfig, SmallConfig, Targets, held_out_tasks, planners, small_tasks
@@ -25,6 +25,7 @@ from autoshard.policy import Policy, PolicyConfig
 from autoshard.pool import build_pool
 from autoshard.results import bootstrap_median, summary, targets, with_ratios
 from autoshard.scoring import measure_task, plan_frame, predict_devices, score
+from autoshard.tables import feature_matrix
 from autoshard.tasks import Task, first_fit_decreasing, make_tasks
 from autoshard.torchrec_io import torchrec_plan
 

@@ -9,12 +9,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from autoshard.costmodel import feature_matrix, load_model
+from autoshard.costmodel import load_model
 from autoshard.metrics import read_metrics
 from autoshard.notebook import main, select, stage_spec
 from autoshard.pool import load_pool
 from autoshard.profile import load_profile
 from autoshard.rl import load_policy
+from autoshard.tables import feature_matrix
 from autoshard.tasks import load_tasks
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 import torch
 
-from autoshard.costmodel import CostModel, CostModelConfig, feature_matrix
+from autoshard.costmodel import CostModel, CostModelConfig
 from autoshard.env import ShardingEnv, make_batch
 from autoshard.heuristics import Infeasible
 from autoshard.inference import cost_greedy, policy_plans
@@ -17,6 +17,7 @@ from autoshard.pool import build_pool
 from autoshard.rl import RLConfig, load_checkpoint, load_policy, rollout, train
 from autoshard.search import local_search
 from autoshard.speed import synthetic_task
+from autoshard.tables import feature_matrix
 from autoshard.tasks import Task
 
 FAST = RLConfig(iterations=6, tasks_per_batch=8, validate_every=3, checkpoint_every=3, epochs=2, minibatches=2)
@@ -116,6 +117,19 @@ def test_one_policy_serves_any_size(world, cfg):
         traj = rollout(policy, model, batch, "greedy")
         assert traj.actions.shape == (3, tables) and traj.masks.shape == (3, tables, devices)
         assert (traj.actions < devices).all()
+
+
+def test_an_unrecorded_rollout_places_the_same(world):
+    """Inference keeps no per-step tensors (gigabytes at 10,000 tables) and places the same."""
+    pool, features, model = world
+    torch.manual_seed(0)
+    policy = Policy(PolicyConfig(), model)
+    batch = make_batch(model, features, tasks_of(pool, 3, 30, 4))
+    for mode in ("greedy", "sample"):
+        full, bare = (rollout(policy, model, batch, mode, generator=torch.Generator().manual_seed(1), record=r)
+                      for r in (True, False))
+        assert torch.equal(full.actions, bare.actions) and torch.equal(full.bottleneck, bare.bottleneck)
+        assert bare.masks is None and bare.costs is None and full.masks.shape == (3, 30, 4)
 
 
 def test_training_is_seeded_and_resumes_exactly(tmp_path, world):

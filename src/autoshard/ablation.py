@@ -227,19 +227,22 @@ def _pool(workers: int) -> ProcessPoolExecutor:
 
 
 def train_all(cfg: AblationConfig, features: np.ndarray, models: dict[tuple[str, ...], str],
-              train_tasks: list[Task], seed: int, work: Path) -> pd.DataFrame:
-    """Train every (variant, seed) in worker processes; returns all history rows, labelled.
-    The refresh variant's first phase trains here; its rounds follow in `refresh_all`."""
+              train_tasks: list[Task], seed: int, work: Path
+              ) -> tuple[pd.DataFrame, dict[tuple[str, int], tuple[str, str]]]:
+    """Train every (variant, seed) in worker processes; returns all history rows, labelled, and
+    (policy checkpoint, cost model) per (variant, seed). The refresh variant's first phase
+    trains here; its rounds follow in `refresh_all`."""
+    runs = run_paths(cfg, models, train_tasks, seed, work)
     jobs = [Job(name, s, cfg.variant(name).rl, model_path, masked(features, cfg.variant(name).dropped),
                 tuple(train_tasks), checkpoint)
-            for (name, s), (checkpoint, model_path) in run_paths(cfg, models, train_tasks, seed, work).items()]
+            for (name, s), (checkpoint, model_path) in runs.items()]
     rows = []
     with _pool(cfg.workers) as pool:
         futures = {pool.submit(run_job, job): job for job in jobs}
         for future in tqdm(futures, desc="training variants"):
             job = futures[future]
             rows += [{"variant": job.variant, "seed": job.seed, **r} for r in future.result()]
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows), runs
 
 
 def run_paths(cfg: AblationConfig, models: dict[tuple[str, ...], str], train_tasks: list[Task], seed: int,

@@ -95,7 +95,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     memory = parse_memory(args.memory_per_device)
     tables = read_tables(args.tables, args.weight_bytes)
     task = planning.make_task(tables, args.devices, memory)
-    models = planning.load_models(args.method, args.policy, args.cost_model)
+    models = planning.load_models(args.method, args.policy, args.cost_model,
+                                  need_torch=args.best_of > 1 or args.refine)
     options = {"best_of": args.best_of, "refine": args.refine, "seed": args.seed} if args.method == "rl" else {}
     placement, seconds = planning.timed_place(args.method, tables, task, models, best_of=args.best_of,
                                               refine=args.refine, seed=planning.seed_for(tables, args.seed))
@@ -175,14 +176,14 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from autoshard import planning
-    from autoshard.costmodel import feature_matrix
     from autoshard.plans import predicted_bottleneck
+    from autoshard.tables import feature_matrix
     from autoshard.usertables import parse_memory, read_tables
 
     memory = parse_memory(args.memory_per_device)
     tables = read_tables(args.tables, args.weight_bytes)
     task = planning.make_task(tables, args.devices, memory)
-    models = planning.load_models("rl", args.policy, args.cost_model)
+    models = planning.load_models("rl", args.policy, args.cost_model, need_torch=True)
     seed = planning.seed_for(tables, args.seed)
     runs = {m: {"method": m} for m in METHODS if m != "rl"}
     runs |= {"rl": {"method": "rl"}, f"rl, best of {args.best_of}": {"method": "rl", "best_of": args.best_of},

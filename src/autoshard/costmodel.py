@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
-import pandas as pd
 import torch
 from torch import nn
 
@@ -52,14 +51,6 @@ class CostModelConfig:
                    learning_rate=f.number("learning_rate", lo=0, lo_open=True),
                    weight_decay=f.number("weight_decay", lo=0), batch_size=f.integer("batch_size"),
                    max_epochs=f.integer("max_epochs"), patience=f.integer("patience"))
-
-
-def feature_matrix(features: pd.DataFrame) -> np.ndarray:
-    """The 21 model features of every table, in FEATURE_COLUMNS order (float64)."""
-    missing = [c for c in FEATURE_COLUMNS if c not in features.columns]
-    if missing:
-        raise ConfigError(f"table features: missing columns {', '.join(missing)}")
-    return features[FEATURE_COLUMNS].to_numpy(dtype=np.float64)
 
 
 def transform(x: torch.Tensor) -> torch.Tensor:

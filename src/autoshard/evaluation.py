@@ -13,19 +13,21 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from autoshard import numpy_planner
 from autoshard.costmodel import CostModel
 from autoshard.costs.factory import BACKENDS, DEVICES, BackendConfig, resolve_device
 from autoshard.costs.fbgemm import OPTIMIZERS
 from autoshard.costs.timing import TimingConfig
 from autoshard.errors import ConfigError, invalid
 from autoshard.exact import exact_plan
-from autoshard.heuristics import HEURISTICS
+from autoshard.heuristics import HEURISTICS, Infeasible
 from autoshard.inference import cost_greedy, policy_plans
 from autoshard.methods import heuristic_plan
 from autoshard.params import Fields
 from autoshard.plans import memory_ok
 from autoshard.policy import Policy
 from autoshard.seeding import one_thread, rng
+from autoshard.tables import FEATURE_COLUMNS
 from autoshard.tasks import Task, first_fit_decreasing
 from autoshard.torchrec_io import torchrec_plan
 
@@ -172,6 +174,29 @@ def planners(pool_features: pd.DataFrame, features: np.ndarray, model: CostModel
             "rl_best_of_n": lambda t: policy_plans(policy, model, features, [t], best_of, seed=sample_seed(t))[0],
             "rl_local_search": lambda t: policy_plans(policy, model, features, [t], refine=True)[0],
             "exact": lambda t: exact_plan(model, features, t)}
+
+
+def numpy_greedy(planner: numpy_planner.Planner, features: np.ndarray) -> Planner:
+    """Greedy RL placement by the NumPy planner: what `autoshard plan` runs, without torch."""
+    sizes = features[:, FEATURE_COLUMNS.index("size_bytes")]
+
+    def place(t: Task) -> np.ndarray:
+        ids = list(t.tables)
+        return planner.place("rl", features[ids], sizes[ids], t.devices, t.memory_bytes, t.name)
+    return place
+
+
+def same_plans(reference: list[np.ndarray | None], planner: Planner, tasks: list[Task]) -> float:
+    """Share of `tasks` on which `planner` makes the very same placement as `reference` (or,
+    like it, none)."""
+    same = []
+    for ref, task in zip(reference, tasks, strict=True):
+        try:
+            mine = planner(task)
+        except Infeasible:
+            mine = None
+        same.append(mine is ref is None or (mine is not None and ref is not None and np.array_equal(mine, ref)))
+    return float(np.mean(same))
 
 
 def plan_all(methods: dict[str, Planner], tasks: list[Task], sizes: np.ndarray,

@@ -26,13 +26,13 @@ def policy_plans(policy: Policy, model: CostModel, features: np.ndarray, tasks: 
     for group in group_by_shape(tasks):
         if best_of <= 1:
             batch = make_batch(model, features, group)
-            traj = rollout(policy, model, batch, "greedy")
+            traj = rollout(policy, model, batch, "greedy", record=False)
             for i, task in enumerate(group):
                 plans[task.name] = _in_task_order(batch, traj.actions, i)
             continue
         for task in group:
             batch = make_batch(model, features, [task] * best_of)
-            traj = rollout(policy, model, batch, "sample", generator=generator)
+            traj = rollout(policy, model, batch, "sample", generator=generator, record=False)
             best = int(traj.bottleneck.argmin())
             plans[task.name] = _in_task_order(batch, traj.actions, best)
     out = [plans[t.name] for t in tasks]

@@ -1,16 +1,21 @@
 """Plans of the heuristic baselines for many tasks, and their predicted bottlenecks, for
 comparing a policy during and after training."""
 
+from __future__ import annotations
+
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from autoshard.costmodel import CostModel
 from autoshard.heuristics import HEURISTICS, place
 from autoshard.plans import predicted_bottleneck
 from autoshard.seeding import rng
 from autoshard.tasks import Task
+
+if TYPE_CHECKING:  # placing by a heuristic needs no torch
+    from autoshard.costmodel import CostModel
 
 
 def heuristic_plan(name: str, pool_features: pd.DataFrame, task: Task, seed: int) -> np.ndarray:

@@ -70,11 +70,12 @@ def main(argv: list[str] | None = None) -> int:
             cmd = [sys.executable, "-m", "autoshard.cli", "plan", "--tables", str(path), "--devices", str(devices),
                    "--memory-per-device", str(memory), "--method", args.method, "--out", str(out)]
             runs = [run_once(cmd) for _ in range(args.repeats)]
-            placing = json.loads(out.read_text())["sharding_seconds"]
-            rows.append({"tables": n, "devices": devices, "method": args.method,
+            doc = json.loads(out.read_text())
+            rows.append({"tables": n, "devices": devices, "method": args.method, "engine": doc["engine"],
                          "command_seconds_median": statistics.median(r[0] for r in runs),
                          "command_seconds_all": [round(r[0], 3) for r in runs],
-                         "placing_seconds_last": placing, "peak_memory_gib": max(r[1] for r in runs)})
+                         "placing_seconds_last": doc["sharding_seconds"],
+                         "peak_memory_gib": max(r[1] for r in runs)})
             print(json.dumps(rows[-1]), flush=True)
     return 0
 

@@ -1,22 +1,28 @@
 """Sharding a user's own tables: the methods of the study on one task, the plan document the
 `autoshard` command writes, and reading plans back (ours, or TorchRec plans we exported)."""
 
-import hashlib
+from __future__ import annotations
+
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from autoshard.costmodel import CostModel, feature_matrix, load_model
+from autoshard import numpy_planner
 from autoshard.errors import ConfigError
 from autoshard.heuristics import HEURISTICS
-from autoshard.policy import Policy
 from autoshard.seeding import rng
+from autoshard.tables import feature_matrix
 from autoshard.tasks import Task
 from autoshard.usertables import UserTables
+
+if TYPE_CHECKING:  # torch is imported only when a method needs it
+    from autoshard.costmodel import CostModel
+    from autoshard.policy import Policy
 
 METHODS = ("rl", "cost-greedy", "torchrec", *HEURISTICS)
 LEARNED = ("rl", "cost-greedy")  # need the cost model (and rl the policy)
@@ -27,15 +33,33 @@ FORMAT = "autoshard-plan/1"
 
 @dataclass
 class Models:
-    """The files a plan came from: the cost model (None if unavailable) and the policy."""
+    """The files a plan came from, loaded either as torch modules or, for greedy placement and
+    predicted costs, as the NumPy planner exported from exactly those files (`numpy`)."""
 
     cost_model: CostModel | None
     policy: Policy | None
     files: dict[str, dict[str, str]]
+    numpy: numpy_planner.Planner | None = None
+
+    @property
+    def engine(self) -> str:
+        if self.numpy is not None:
+            return "numpy"
+        return "torch" if self.cost_model is not None else "none"
+
+    def shard_costs(self, features: np.ndarray, shards: list[list[int]]) -> np.ndarray | None:
+        """Predicted cost (ms) per shard, or None without a cost model."""
+        if self.numpy is not None:
+            return self.numpy.shard_costs(features, shards)
+        if self.cost_model is None:
+            return None
+        from autoshard.plans import predicted_device_costs
+
+        return predicted_device_costs(self.cost_model, features, shards)
 
 
 def _file_version(path: Path) -> dict[str, str]:
-    return {"path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:16]}
+    return {"path": str(path), "sha256": numpy_planner.sha256(path)[:16]}
 
 
 def _existing(path: Path | None, default: Path, what: str, option: str) -> Path:
@@ -46,20 +70,27 @@ def _existing(path: Path | None, default: Path, what: str, option: str) -> Path:
     return path
 
 
-def load_models(method: str, policy_path: Path | None, model_path: Path | None) -> Models:
+def load_models(method: str, policy_path: Path | None, model_path: Path | None, need_torch: bool = False) -> Models:
     """The cost model and policy `method` needs. A heuristic or TorchRec plan works without
-    them (predicted costs are then left out) unless a path was given explicitly."""
+    them (predicted costs are then left out) unless a path was given explicitly. Unless
+    `need_torch` (sampling, local search, TorchRec), the NumPy planner next to the policy (or
+    the cost model) is used when it was exported from these very files."""
+    model_path = (_existing(model_path, DEFAULT_COST_MODEL, "cost model", "--cost-model")
+                  if method in LEARNED or model_path is not None or DEFAULT_COST_MODEL.is_file() else None)
+    policy_path = _existing(policy_path, DEFAULT_POLICY, "policy checkpoint", "--policy") if method == "rl" else None
+    if model_path is None:
+        return Models(cost_model=None, policy=None, files={})
+    files = {"cost_model": _file_version(model_path)} | ({"policy": _file_version(policy_path)} if policy_path else {})
+    if not need_torch:
+        export = (policy_path or model_path).parent / numpy_planner.FILE_NAME
+        planner = numpy_planner.load(export, model_path, policy_path)
+        if planner is not None:
+            return Models(cost_model=None, policy=None, files=files, numpy=planner)
+    from autoshard.costmodel import load_model
     from autoshard.rl import load_policy
 
-    model, policy, files = None, None, {}
-    if method in LEARNED or model_path is not None or DEFAULT_COST_MODEL.is_file():
-        model_path = _existing(model_path, DEFAULT_COST_MODEL, "cost model", "--cost-model")
-        model = load_model(model_path)
-        files["cost_model"] = _file_version(model_path)
-    if method == "rl":
-        policy_path = _existing(policy_path, DEFAULT_POLICY, "policy checkpoint", "--policy")
-        policy = load_policy(policy_path, model)
-        files["policy"] = _file_version(policy_path)
+    model = load_model(model_path)
+    policy = load_policy(policy_path, model) if policy_path else None
     return Models(cost_model=model, policy=policy, files=files)
 
 
@@ -84,25 +115,37 @@ def make_task(tables: UserTables, devices: int, memory_bytes: int) -> Task:
 def place(method: str, tables: UserTables, task: Task, models: Models, best_of: int = 1, refine: bool = False,
           seed: int = 0, batch_size: int = 2048) -> np.ndarray:
     """A device per table by the named method (`best_of`/`refine` apply to rl)."""
-    from autoshard.inference import cost_greedy, policy_plans
     from autoshard.methods import heuristic_plan
-    from autoshard.torchrec_io import torchrec_plan
 
     if method not in METHODS:
         raise ConfigError(f"--method: {method!r} (expected one of {', '.join(METHODS)})")
     try:
-        if method == "rl":
-            return policy_plans(models.policy, models.cost_model, feature_matrix(tables.features), [task], best_of,
-                                refine, seed)[0]
-        if method == "cost-greedy":
-            return cost_greedy(models.cost_model, feature_matrix(tables.features), [task])[0]
+        if method in LEARNED:
+            return _learned(method, tables, task, models, best_of, refine, seed)
     except ConfigError as exc:  # a learned placement can paint itself into a corner under a tight cap
         raise ConfigError(f"--method {method}: no placement under --memory-per-device {task.memory_bytes} bytes "
                           f"({exc}; tables go largest predicted cost first, not largest size first: try more "
                           "memory or a size-aware heuristic such as size_lookup_greedy)") from None
     if method == "torchrec":
+        from autoshard.torchrec_io import torchrec_plan
+
         return torchrec_plan(tables.features, task, batch_size)
     return heuristic_plan(method, tables.features, task, seed)
+
+
+def _learned(method: str, tables: UserTables, task: Task, models: Models, best_of: int, refine: bool,
+             seed: int) -> np.ndarray:
+    features = feature_matrix(tables.features)
+    if models.numpy is not None and best_of == 1 and not refine:
+        return models.numpy.place(method, features, tables.features["size_bytes"].to_numpy(), task.devices,
+                                  task.memory_bytes, task.name)
+    if models.cost_model is None:
+        raise ValueError("torch models are needed for sampling and local search: load_models(need_torch=True)")
+    from autoshard.inference import cost_greedy, policy_plans
+
+    if method == "rl":
+        return policy_plans(models.policy, models.cost_model, features, [task], best_of, refine, seed)[0]
+    return cost_greedy(models.cost_model, features, [task])[0]
 
 
 def timed_place(method: str, tables: UserTables, task: Task, models: Models, **options) -> tuple[np.ndarray, float]:
@@ -112,32 +155,34 @@ def timed_place(method: str, tables: UserTables, task: Task, models: Models, **o
     return placement, time.perf_counter() - start
 
 
-def device_table(tables: UserTables, task: Task, placement: np.ndarray, model: CostModel | None) -> pd.DataFrame:
+def device_table(tables: UserTables, task: Task, placement: np.ndarray, models: Models) -> pd.DataFrame:
     """Per device: its tables, the memory they use, and the cost model's predicted cost (ms)."""
-    from autoshard.plans import device_shards, predicted_device_costs
+    from autoshard.plans import device_shards
 
     shards = device_shards(task, placement)
     sizes = tables.features["size_bytes"].to_numpy()
     out = pd.DataFrame({"device": range(task.devices), "tables": [len(s) for s in shards],
                         "memory_bytes": [int(sizes[s].sum()) for s in shards],
                         "memory_share": [float(sizes[s].sum() / task.memory_bytes) for s in shards]})
-    if model is not None:
-        out["predicted_ms"] = predicted_device_costs(model, feature_matrix(tables.features), shards)
-    out["names"] = [[tables.names[t] for t in s] for s in shards]
+    predicted = models.shard_costs(feature_matrix(tables.features), shards)
+    if predicted is not None:
+        out["predicted_ms"] = predicted
+    names = tables.names
+    out["names"] = [[names[t] for t in s] for s in shards]
     return out
 
 
 def plan_document(method: str, options: dict, tables: UserTables, task: Task, placement: np.ndarray,
                   models: Models, seconds: float) -> dict:
     """Everything a plan file holds: how it was made, the assignment, and per-device detail."""
-    devices = device_table(tables, task, placement, models.cost_model)
+    devices = device_table(tables, task, placement, models)
     predicted = float(devices["predicted_ms"].max()) if "predicted_ms" in devices else None
     return {"format": FORMAT, "method": method, "options": options, "tables_file": tables.source,
             "devices": task.devices, "memory_per_device_bytes": task.memory_bytes,
             "assignment": {name: int(d) for name, d in zip(tables.names, placement, strict=True)},
             "per_device": devices.to_dict("records"), "predicted_bottleneck_ms": predicted,
             "predicted": "by the cost model, not measured (measure with `autoshard score`)",
-            "sharding_seconds": seconds, "model_files": models.files}
+            "sharding_seconds": seconds, "model_files": models.files, "engine": models.engine}
 
 
 def read_plan(path: str | Path, tables: UserTables) -> tuple[np.ndarray, int]:

@@ -1,12 +1,17 @@
 """Plans as a table -> device map, and their predicted cost under the cost model."""
 
+from __future__ import annotations
+
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from autoshard.costmodel import CostModel
 from autoshard.tasks import Task
+
+if TYPE_CHECKING:  # the cost model needs torch; a plan's shards do not
+    from autoshard.costmodel import CostModel
 
 
 def device_shards(task: Task, placement: Sequence[int]) -> list[list[int]]:

@@ -11,7 +11,7 @@ import pandas as pd
 
 from autoshard.cost_data import measured_shards, split_shards
 from autoshard.cost_training import CostStageConfig, fit
-from autoshard.costmodel import CostModel, feature_matrix
+from autoshard.costmodel import CostModel
 from autoshard.costs import CostBackend, make_backend
 from autoshard.inference import policy_plans
 from autoshard.plans import device_shards
@@ -19,6 +19,7 @@ from autoshard.policy import Policy
 from autoshard.pool import Pool
 from autoshard.profile import Job, ProfileConfig, environment, load_profile, measure_job
 from autoshard.rl import RLStageConfig, train
+from autoshard.tables import feature_matrix
 from autoshard.tasks import Task, load_tasks
 
 

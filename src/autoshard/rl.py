@@ -70,19 +70,23 @@ class Trajectory:
 
     batch: Batch
     actions: torch.Tensor   # (B, T)
-    logp: torch.Tensor      # (B, T)
-    values: torch.Tensor    # (B, T)
-    masks: torch.Tensor     # (B, T, D)
-    costs: torch.Tensor     # (B, T, D) predicted device costs before each step
-    memory: torch.Tensor    # (B, T, D) device memory before each step
     reward: torch.Tensor    # (B,)
     bottleneck: torch.Tensor  # (B,) predicted bottleneck (ms)
+    # what the update re-evaluates; None when the rollout was not recorded (inference)
+    logp: torch.Tensor | None = None      # (B, T)
+    values: torch.Tensor | None = None    # (B, T)
+    masks: torch.Tensor | None = None     # (B, T, D)
+    costs: torch.Tensor | None = None     # (B, T, D) predicted device costs before each step
+    memory: torch.Tensor | None = None    # (B, T, D) device memory before each step
 
 
 @torch.no_grad()
 def rollout(policy: Policy, model: CostModel, batch: Batch, mode: str = "sample",
-            reward: str = "bottleneck", generator: torch.Generator | None = None) -> Trajectory:
-    """Place every table of every task in the batch; `mode` is `sample` or `greedy`."""
+            reward: str = "bottleneck", generator: torch.Generator | None = None, record: bool = True
+            ) -> Trajectory:
+    """Place every table of every task in the batch; `mode` is `sample` or `greedy`. Without
+    `record` only the placements and their scores are kept: the per-step (B, T, D) tensors the
+    update needs take gigabytes at 10,000 tables on 1,024 devices."""
     env = ShardingEnv(model, batch)
     enc = policy.table_encodings(batch.features, batch.encodings)
     states = policy.states(enc)
@@ -90,7 +94,7 @@ def rollout(policy: Policy, model: CostModel, batch: Batch, mode: str = "sample"
     rows = torch.arange(b)
     device_enc = torch.zeros(b, d, enc.shape[-1])
     reference, per_device = batch.reference(), t / d
-    record = {k: [] for k in ("actions", "logp", "values", "masks", "costs", "memory")}
+    steps: dict[str, list[torch.Tensor]] = {k: [] for k in ("logp", "values", "masks", "costs", "memory")}
     for step in range(t):
         mask = env.mask()
         feats = policy.action_features(device_enc, env.device_cost, env.device_mem, batch.capacity,
@@ -100,14 +104,16 @@ def rollout(policy: Policy, model: CostModel, batch: Batch, mode: str = "sample"
             action, value = logits.argmax(-1), torch.zeros(b)
         else:
             action = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(-1)
-        logp = torch.log_softmax(logits, -1)[rows, action]
-        for k, v in (("actions", action), ("logp", logp), ("values", value), ("masks", mask),
-                     ("costs", env.device_cost.clone()), ("memory", env.device_mem.clone())):
-            record[k].append(v)
+        if record:
+            logp = torch.log_softmax(logits, -1)[rows, action]
+            for k, v in (("logp", logp), ("values", value), ("masks", mask),
+                         ("costs", env.device_cost.clone()), ("memory", env.device_mem.clone())):
+                steps[k].append(v)
         device_enc[rows, action] += enc[:, step]
         env.step(action, mask)
-    stacked = {k: torch.stack(v, dim=1) for k, v in record.items()}
-    return Trajectory(batch=batch, reward=env.reward(reward), bottleneck=env.bottleneck(), **stacked)
+    stacked = {k: torch.stack(v, dim=1) for k, v in steps.items() if v}
+    return Trajectory(batch=batch, actions=env.placement.clone(), reward=env.reward(reward),
+                      bottleneck=env.bottleneck(), **stacked)
 
 
 def evaluate(policy: Policy, traj: Trajectory, index: torch.Tensor

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import numpy as np
-import torch
 
 
 def rng(seed: int, *keys: str | int) -> np.random.Generator:
@@ -25,6 +24,8 @@ def rng(seed: int, *keys: str | int) -> np.random.Generator:
 def one_thread() -> Iterator[None]:
     """Run torch on one thread: multi-threaded CPU reductions change the order of float sums,
     so training with a fixed seed would not give the same weights twice."""
+    import torch
+
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from autoshard.errors import ConfigError
 
@@ -21,6 +20,14 @@ REUSE_BINS = 17
 REUSE_COLUMNS = [f"reuse_{i}" for i in range(REUSE_BINS)]
 REUSE_LABELS = ["(0,1]"] + [f"({2 ** (i - 1)},{2 ** i}]" for i in range(1, 16)] + [">32768"]
 FEATURE_COLUMNS = ["dim", "rows", "pooling_factor", "size_bytes", *REUSE_COLUMNS]
+
+
+def feature_matrix(features: pd.DataFrame) -> np.ndarray:
+    """The 21 model features of every table, in FEATURE_COLUMNS order (float64)."""
+    missing = [c for c in FEATURE_COLUMNS if c not in features.columns]
+    if missing:
+        raise ConfigError(f"table features: missing columns {', '.join(missing)}")
+    return features[FEATURE_COLUMNS].to_numpy(dtype=np.float64)
 
 
 @dataclass
@@ -157,6 +164,8 @@ def load_dlrm(path: str | Path) -> Traces:
     if not path.is_file():
         raise ConfigError(f"dataset.path: {str(path)!r} (file not found; fetch it with "
                           "`dvc update data.dvc`)")
+    import torch
+
     try:
         opener = gzip.open if path.suffix == ".gz" else open
         with opener(path, "rb") as fh:
@@ -177,6 +186,8 @@ def load_dlrm(path: str | Path) -> Traces:
 
 def save_dlrm(path: str | Path, traces: Traces) -> None:
     """Write traces as a dataset file in the open DLRM layout (gzip when the name ends in .gz)."""
+    import torch
+
     path = Path(path)
     data = tuple(torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64))
                  for x in (traces.indices, traces.offsets, traces.lengths))

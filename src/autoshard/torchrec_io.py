@@ -29,17 +29,12 @@ def torchrec_plan(features: pd.DataFrame, task: Task, batch_size: int) -> np.nda
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
     from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
     from torchrec.distributed.types import ShardingType
-    from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     for name in ("torchrec", "torchrec.distributed.planner"):
         logging.getLogger(name).setLevel(logging.ERROR)
     rows = features.iloc[list(task.tables)]
-    weight_bytes = rows["size_bytes"] / (rows["rows"] * rows["dim"])
-    types = {4: DataType.FP32, 2: DataType.FP16}
-    configs = [EmbeddingBagConfig(name=table_name(t), embedding_dim=int(r.dim), num_embeddings=int(r.rows),
-                                  feature_names=[f"feature_{t}"], data_type=types[int(round(w))])
-               for t, r, w in zip(task.tables, rows.itertuples(), weight_bytes, strict=True)]
+    configs = embedding_configs(rows, [table_name(t) for t in task.tables])
     ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
     # FUSED keeps every table whole in device memory (no UVM cache spilling to host memory).
     constraints = {table_name(t): ParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value],

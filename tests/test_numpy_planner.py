@@ -1,0 +1,118 @@
+"""The NumPy planner that `autoshard plan` runs without torch: exported from the torch models,
+it places tables as the torch greedy rollout and cost-model greedy do, and it is used only
+when it was exported from the very model files in use."""
+
+import numpy as np
+import pytest
+import torch
+
+from autoshard import costmodel, numpy_planner
+from autoshard.costmodel import CostModel, CostModelConfig, save_model
+from autoshard.errors import ConfigError
+from autoshard.heuristics import Infeasible
+from autoshard.inference import cost_greedy, policy_plans
+from autoshard.plans import device_shards, predicted_device_costs
+from autoshard.policy import Policy, PolicyConfig
+from autoshard.pool import build_pool
+from autoshard.rl import RLConfig, load_policy, save_checkpoint
+from autoshard.tables import FEATURE_COLUMNS, feature_matrix
+from autoshard.tasks import Task
+
+SIZE = FEATURE_COLUMNS.index("size_bytes")
+
+
+@pytest.fixture(scope="module")
+def pool_features(smoke_params) -> np.ndarray:
+    pool = build_pool(smoke_params["dataset"], smoke_params["pool"], seed=0, progress=False)
+    return feature_matrix(pool.features)
+
+
+def save_models(root, features: np.ndarray, policy_cfg: PolicyConfig, heads: str = "total", seed: int = 0):
+    """A randomly initialised cost model and policy, saved as the study saves them."""
+    torch.manual_seed(seed)
+    model = CostModel.fitted_to(CostModelConfig(heads=heads, hidden=32, encoding=16, head_hidden=16), features,
+                                scale=3.0)
+    policy = Policy(policy_cfg, model)
+    save_model(model, root / "cost_model.pt")
+    save_checkpoint(root / "policy.pt", policy, torch.optim.Adam(policy.parameters()), RLConfig(policy=policy_cfg),
+                    0, torch.Generator(), [])
+    return root / "cost_model.pt", root / "policy.pt"
+
+
+def task_of(features: np.ndarray, tables: int, devices: int, seed: int) -> tuple[np.ndarray, Task]:
+    """`tables` rows drawn with repeats (exactly tied tables), room for 1.5x an even share."""
+    x = features[np.random.default_rng(seed).integers(len(features), size=tables)]
+    sizes = x[:, SIZE]
+    cap = int(sizes.max() + 1.5 * sizes.sum() / devices)
+    return x, Task(f"t{seed}", "user", "test", tuple(range(tables)), devices, cap, 1.0)
+
+
+VARIANTS = {"lstm": PolicyConfig(hidden=16, lstm_layers=2),
+            "separate encoder": PolicyConfig(hidden=16, lstm_layers=1, state_encoder="separate"),
+            "no lstm": PolicyConfig(hidden=16, use_lstm=False),
+            "no cost features": PolicyConfig(hidden=16, lstm_layers=1, use_cost_features=False)}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("heads", ["total", "stages"])
+def test_same_placements_and_costs_as_torch(tmp_path, pool_features, variant, heads):
+    model_path, policy_path = save_models(tmp_path, pool_features, VARIANTS[variant], heads)
+    planner = numpy_planner.load(numpy_planner.export(model_path, policy_path, tmp_path / "planner.npz"),
+                                 model_path, policy_path, required=True)
+    model = costmodel.load_model(model_path)
+    policy = load_policy(policy_path, model)
+    for seed, (tables, devices) in enumerate([(12, 3), (60, 8), (150, 16)]):
+        x, task = task_of(pool_features, tables, devices, seed)
+        sizes = x[:, SIZE]
+        mine = planner.place("rl", x, sizes, devices, task.memory_bytes)
+        assert np.array_equal(mine, policy_plans(policy, model, x, [task])[0])
+        greedy = planner.place("cost-greedy", x, sizes, devices, task.memory_bytes)
+        assert np.array_equal(greedy, cost_greedy(model, x, [task])[0])
+        shards = device_shards(task, mine)
+        np.testing.assert_allclose(planner.shard_costs(x, shards), predicted_device_costs(model, x, shards),
+                                   rtol=1e-5)
+
+
+def test_memory_is_respected_and_a_dead_end_is_an_error(tmp_path, pool_features):
+    model_path, policy_path = save_models(tmp_path, pool_features, VARIANTS["lstm"])
+    planner = numpy_planner.load(numpy_planner.export(model_path, policy_path, tmp_path / "p.npz"),
+                                 model_path, policy_path)
+    x, task = task_of(pool_features, 40, 4, 7)
+    sizes = x[:, SIZE]
+    for method in ("rl", "cost-greedy"):
+        placed = planner.place(method, x, sizes, 4, task.memory_bytes)
+        assert (np.bincount(placed, weights=sizes, minlength=4) <= task.memory_bytes).all()
+        with pytest.raises(Infeasible, match="fits on no device"):
+            planner.place(method, x, sizes, 4, int(sizes.max()) - 1)
+    with pytest.raises(ConfigError, match="rl and cost-greedy"):
+        planner.place("size_greedy", x, sizes, 4, task.memory_bytes)
+    with pytest.raises(ConfigError, match="column pooling_factor"):
+        planner.place("rl", np.where(np.arange(21) == 2, np.nan, x), sizes, 4, task.memory_bytes)
+
+
+def test_used_only_when_exported_from_these_files(tmp_path, pool_features):
+    model_path, policy_path = save_models(tmp_path, pool_features, VARIANTS["lstm"])
+    export = numpy_planner.export(model_path, policy_path, tmp_path / "planner.npz")
+    assert numpy_planner.load(export, model_path, policy_path) is not None
+    assert numpy_planner.load(export, model_path, None) is not None  # cost model only (cost-greedy, heuristics)
+    assert numpy_planner.load(tmp_path / "none.npz", model_path, policy_path) is None
+    with pytest.raises(ConfigError, match=r"none.npz: NumPy planner not found \(run `dvc repro train_rl`\)"):
+        numpy_planner.load(tmp_path / "none.npz", model_path, policy_path, required=True)
+    other = tmp_path / "other"
+    other.mkdir()
+    save_models(other, pool_features, VARIANTS["lstm"], seed=1)
+    assert numpy_planner.load(export, model_path, other / "policy.pt") is None
+    assert numpy_planner.load(export, other / "cost_model.pt", policy_path) is None
+    with pytest.raises(ConfigError, match="exported from other model files than .*other/policy.pt"):
+        numpy_planner.load(export, model_path, other / "policy.pt", required=True)
+    for garbage in (b"", b"not a zip", export.read_bytes()[:1000]):
+        (tmp_path / "bad.npz").write_bytes(garbage)
+        with pytest.raises(ConfigError, match="bad.npz: not a NumPy planner file"):
+            numpy_planner.load(tmp_path / "bad.npz", model_path, policy_path)
+    np.savez(tmp_path / "plain.npz", meta=np.array('{"format": "something else"}'))
+    with pytest.raises(ConfigError, match="plain.npz: not a NumPy planner file of this version"):
+        numpy_planner.load(tmp_path / "plain.npz", model_path, policy_path)
+
+
+def test_log_columns_follow_the_cost_model():
+    assert numpy_planner.LOG_COLUMNS == costmodel.LOG_COLUMNS
