@@ -3,10 +3,15 @@
 `import torch` alone takes about two seconds, longer than placing 856 tables, so the
 `autoshard plan` command places with this copy of the networks when it is fresh. The
 `train_rl` stage writes it (`export`) next to the checkpoints it was made from, with their
-SHA-256, and `load` refuses a file that does not match them. The arithmetic follows
-`env.ShardingEnv`, `policy.Policy` and `rl.rollout` in greedy mode step for step, in float32
-(float64 for memory), so the placements are the torch ones (tests compare them); only a
-device's own row is recomputed after a table lands on it.
+SHA-256, and `load` ignores a file that does not match them.
+
+The steps are those of `env.ShardingEnv`, `policy.Policy` and `rl.rollout` in greedy mode:
+encodings and device state in float32 as there (memory in float64), and only a device's own
+row recomputed after a table lands on it. Device scores are computed in float64 and rounded
+to float32 before the argmax, so devices in the same state tie exactly and the lowest index
+wins, as in torch. The placements are torch's (tests compare them) except where rounding
+breaks a tie between devices whose sums differ only in the last bit the other way: with
+thousands of repeated tables this happens, and the plans' predicted bottlenecks then agree.
 """
 
 import hashlib
