@@ -10,8 +10,9 @@ encodings and device state in float32 as there (memory in float64), and only a d
 row recomputed after a table lands on it. Device scores are computed in float64 and rounded
 to float32 before the argmax, so devices in the same state tie exactly and the lowest index
 wins, as in torch. The placements are torch's (tests compare them) except where rounding
-breaks a tie between devices whose sums differ only in the last bit the other way: with
-thousands of repeated tables this happens, and the plans' predicted bottlenecks then agree.
+breaks a tie between devices whose sums differ only in the last bit the other way. That
+happens with thousands of repeated tables (on 10,000 tiled pool tables the two plans differ
+but have the same predicted bottleneck).
 """
 
 import hashlib
