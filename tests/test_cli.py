@@ -2,6 +2,7 @@
 its round trip through `DistributedModelParallel`, and every kind of bad input refused cleanly."""
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -135,6 +136,22 @@ def test_exported_plan_runs_in_torchrec_with_two_processes(files, tmp_path):
     for r in result["ranks"]:
         assert r["output_shape"] == [4, result["output_width"]]
         assert r["tables"] == sorted(n for n, d in assignment.items() if d == r["rank"])
+
+
+def test_torchrec_check_runs_one_process_per_rank_of_a_cpu_plan(files, tmp_path, capsys):
+    from autoshard import torchrec_check
+
+    out, exported = tmp_path / "plan.json", tmp_path / "plan.torchrec.json"
+    assert plan(files, out, "--torchrec", str(exported), "--torchrec-device", "cpu", method="size_greedy") == 0
+    assert torchrec_check.plan_ranks(exported, None) == 2
+    for argv, pattern in (([str(exported), "--processes", "3"], r"--processes: 3 \(the plan has 2 ranks"),
+                          ([str(out)], "not a TorchRec plan written by"),
+                          ([str(tmp_path / "none.json")], "none.json: no such file")):
+        assert torchrec_check.main([str(files["tables"]), *argv]) == 2
+        assert re.search(pattern, capsys.readouterr().err)
+    assert plan(files, out, "--torchrec", str(exported), method="size_greedy") == 0  # CUDA ranks
+    assert torchrec_check.main([str(files["tables"]), str(exported)]) == 2
+    assert "write it with `--torchrec-device cpu`" in capsys.readouterr().err
 
 
 def test_help_needs_no_torch_and_lists_every_method():

@@ -12,7 +12,6 @@ models (`dvc repro train_rl`).
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -36,15 +35,28 @@ def table_list(pool_features: pd.DataFrame, n: int) -> pd.DataFrame:
     return out
 
 
+# The command's own peak (VmHWM of its address space) printed as it exits: ru_maxrss of a child
+# would count this benchmark's memory too, since Linux carries the high-water mark across fork/exec.
+PEAK = ("import atexit, runpy, sys\n"
+        "def peak():\n"
+        "    for line in open('/proc/self/status'):\n"
+        "        if line.startswith('VmHWM:'):\n"
+        "            print('peak_kib', line.split()[1], file=sys.stderr)\n"
+        "atexit.register(peak)\n"
+        "sys.argv = ['autoshard', *sys.argv[1:]]\n"
+        "runpy.run_module('autoshard.cli', run_name='__main__')\n")
+
+
 def run_once(argv: list[str]) -> tuple[float, float]:
-    """Wall seconds and peak resident memory (GiB) of one command."""
+    """Wall seconds and peak resident memory (GiB) of one `autoshard` command (its arguments)."""
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
+    done = subprocess.run([sys.executable, "-c", PEAK, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True)
     seconds = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed: {proc.stderr.read().decode()[-500:]}")
-    return seconds, usage.ru_maxrss / 2**20  # ru_maxrss is in KiB on Linux
+    if done.returncode != 0:
+        raise RuntimeError(f"autoshard {' '.join(argv)} failed: {done.stderr[-500:]}")
+    kib = [int(line.split()[1]) for line in done.stderr.splitlines() if line.startswith("peak_kib ")]
+    return seconds, kib[-1] / 2**20
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             sizes = tables["rows"] * tables["dim"] * 4
             memory = int(sizes.max() + 2 * sizes.sum() / devices)
             out = Path(tmp) / "plan.json"
-            cmd = [sys.executable, "-m", "autoshard.cli", "plan", "--tables", str(path), "--devices", str(devices),
-                   "--memory-per-device", str(memory), "--method", args.method, "--out", str(out)]
+            cmd = ["plan", "--tables", str(path), "--devices", str(devices), "--memory-per-device", str(memory),
+                   "--method", args.method, "--out", str(out)]
             runs = [run_once(cmd) for _ in range(args.repeats)]
             doc = json.loads(out.read_text())
             rows.append({"tables": n, "devices": devices, "method": args.method, "engine": doc["engine"],

@@ -73,8 +73,8 @@ def _existing(path: Path | None, default: Path, what: str, option: str) -> Path:
 def load_models(method: str, policy_path: Path | None, model_path: Path | None, need_torch: bool = False) -> Models:
     """The cost model and policy `method` needs. A heuristic or TorchRec plan works without
     them (predicted costs are then left out) unless a path was given explicitly. Unless
-    `need_torch` (sampling, local search, TorchRec), the NumPy planner next to the policy (or
-    the cost model) is used when it was exported from these very files."""
+    `need_torch` (sampling, local search), the NumPy planner next to the policy (or the cost
+    model) stands in for both when it was exported from these very files."""
     model_path = (_existing(model_path, DEFAULT_COST_MODEL, "cost model", "--cost-model")
                   if method in LEARNED or model_path is not None or DEFAULT_COST_MODEL.is_file() else None)
     policy_path = _existing(policy_path, DEFAULT_POLICY, "policy checkpoint", "--policy") if method == "rl" else None

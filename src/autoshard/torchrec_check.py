@@ -1,8 +1,8 @@
 """Apply an exported TorchRec plan for real: `DistributedModelParallel` over an
-`EmbeddingBagCollection` of the tables, in several CPU processes (gloo, started by torchrun),
+`EmbeddingBagCollection` of the tables, one CPU process per rank (gloo, started by torchrun),
 and one forward pass. Proves the plan file is what TorchRec accepts, and where each table went.
 
-  python -m autoshard.torchrec_check TABLES PLAN.torchrec.json [--processes 2]
+  python -m autoshard.torchrec_check TABLES PLAN.torchrec.json   (a plan for CPU ranks: --torchrec-device cpu)
 """
 
 import argparse
@@ -16,8 +16,27 @@ from pathlib import Path
 from autoshard.errors import ConfigError
 
 
-def check(tables: str | Path, plan: str | Path, processes: int = 2, timeout_s: float = 600) -> dict:
-    """Run the plan with `processes` CPU ranks; returns each rank's output shape and local tables."""
+def plan_ranks(plan: str | Path, processes: int | None) -> int:
+    """The number of processes to run a plan file with: one per rank of a CPU plan."""
+    try:
+        doc = json.loads(Path(plan).read_text(encoding="utf-8"))
+        world, device = int(doc["world_size"]), doc["device_type"]
+    except FileNotFoundError:
+        raise ConfigError(f"{plan}: no such file") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{plan}: not a TorchRec plan written by `autoshard plan --torchrec` "
+                          f"({exc.__class__.__name__})") from None
+    if device != "cpu":
+        raise ConfigError(f"{plan}: a plan for {device} ranks; write it with `--torchrec-device cpu` to run it in "
+                          "CPU processes")
+    if processes is not None and processes != world:
+        raise ConfigError(f"--processes: {processes} (the plan has {world} ranks: one process per rank)")
+    return world
+
+
+def check(tables: str | Path, plan: str | Path, processes: int | None = None, timeout_s: float = 600) -> dict:
+    """Run the plan with one CPU process per rank; returns each rank's output shape and local tables."""
+    processes = plan_ranks(plan, processes)
     with tempfile.TemporaryDirectory(prefix="autoshard-torchrec-") as tmp:
         out = Path(tmp) / "out.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
@@ -72,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("tables", type=Path)
     p.add_argument("plan", type=Path)
     p.add_argument("out", type=Path, nargs="?")
-    p.add_argument("--processes", type=int, default=2)
+    p.add_argument("--processes", type=int, help="one per rank of the plan (the default)")
     args = p.parse_args(argv)
     if args.worker:
         _worker(str(args.tables), str(args.plan), str(args.out))
