@@ -20,10 +20,10 @@ from torch import nn
 from autoshard.checkpoints import load_tagged, save_tagged
 from autoshard.errors import ConfigError
 from autoshard.params import Fields
-from autoshard.tables import FEATURE_COLUMNS
+from autoshard.tables import FEATURE_COLUMNS, LOG_COLUMNS
+from autoshard.tables import check_features as check_feature_array
 
 FORMAT = "autoshard-cost-model/1"
-LOG_COLUMNS = ("rows", "pooling_factor", "size_bytes")
 HEADS = {"total": ("total_ms",), "stages": ("forward_ms", "backward_ms")}
 LOSSES = ("mse", "log_mse")
 
@@ -63,16 +63,8 @@ def transform(x: torch.Tensor) -> torch.Tensor:
 
 
 def check_features(x: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """Features as a float32 tensor (N, 21); a wrong width or a NaN is an error, not a NaN out."""
-    x = torch.as_tensor(np.asarray(x, dtype=np.float64)).float()
-    if x.ndim != 2 or x.shape[1] != len(FEATURE_COLUMNS):
-        raise ConfigError(f"table features: expected {len(FEATURE_COLUMNS)} values per table, "
-                          f"got shape {tuple(x.shape)}")
-    bad = torch.nonzero(~torch.isfinite(x))
-    if len(bad):
-        t, c = bad[0].tolist()
-        raise ConfigError(f"table features: {x[t, c].item()} in table {t}, column {FEATURE_COLUMNS[c]}")
-    return x
+    """Features as a float32 tensor (N, 21); see `tables.check_features`."""
+    return torch.from_numpy(check_feature_array(x))
 
 
 class CostModel(nn.Module):

@@ -25,11 +25,10 @@ import numpy as np
 from autoshard.atomic import atomic_file
 from autoshard.errors import ConfigError
 from autoshard.heuristics import Infeasible
-from autoshard.tables import FEATURE_COLUMNS
+from autoshard.tables import FEATURE_COLUMNS, LOG_COLUMNS, check_features
 
 FORMAT = "autoshard-numpy-planner/1"
 FILE_NAME = "planner.npz"
-LOG_COLUMNS = ("rows", "pooling_factor", "size_bytes")  # costmodel.LOG_COLUMNS (tested equal)
 
 
 def sha256(path: str | Path) -> str:
@@ -138,8 +137,11 @@ class Planner:
 
     def cost_ms(self, pooled: np.ndarray) -> np.ndarray:
         """Predicted cost (ms) from summed encodings (..., E): softplus of the heads, times scale, summed."""
-        h = self.stacks["cost_model.head"](pooled)
-        return (np.logaddexp(np.float32(0), h) * self.scale).sum(-1)
+        return self._ms(self.stacks["cost_model.head"](pooled))
+
+    def _ms(self, heads: np.ndarray) -> np.ndarray:
+        """Total cost (ms) from the heads' raw outputs (..., heads): softplus, times scale, summed."""
+        return (np.logaddexp(np.zeros((), heads.dtype), heads) * self.scale).sum(-1)
 
     def shard_costs(self, features: np.ndarray, shards: list[list[int]]) -> np.ndarray:
         """Predicted cost (ms) per shard of table indices; an empty shard costs 0."""
@@ -203,7 +205,7 @@ class Planner:
         for t in range(len(s.enc)):
             fits = s.fits(t)
             h = first + (s.enc[t] @ w1.T + b1)
-            after = (np.logaddexp(0, rest(np.maximum(h, 0) if head.relu[0] else h)) * self.scale).sum(-1)
+            after = self._ms(rest(np.maximum(h, 0) if head.relu[0] else h))
             k = int(np.where(fits, after.astype(np.float32), np.inf).argmin())
             s.put(t, k)
             first[k] = s.device_sum[k].astype(np.float64) @ w1.T
@@ -264,18 +266,6 @@ class _Steps:
         self.device_sum[k] += self.enc[t]
         self.memory[k] += self.sizes[t]
         self.placement[t] = k
-
-
-def check_features(features: np.ndarray) -> np.ndarray:
-    """Features as float32 (N, 21); a wrong width or a non-finite value is an error."""
-    x = np.asarray(features, dtype=np.float64)
-    if x.ndim != 2 or x.shape[1] != len(FEATURE_COLUMNS):
-        raise ConfigError(f"table features: expected {len(FEATURE_COLUMNS)} values per table, got shape {x.shape}")
-    bad = np.argwhere(~np.isfinite(x))
-    if len(bad):
-        t, c = bad[0]
-        raise ConfigError(f"table features: {x[t, c]} in table {t}, column {FEATURE_COLUMNS[c]}")
-    return x.astype(np.float32)
 
 
 def load(path: str | Path, cost_model_path: str | Path, policy_path: str | Path | None,

@@ -20,6 +20,7 @@ REUSE_BINS = 17
 REUSE_COLUMNS = [f"reuse_{i}" for i in range(REUSE_BINS)]
 REUSE_LABELS = ["(0,1]"] + [f"({2 ** (i - 1)},{2 ** i}]" for i in range(1, 16)] + [">32768"]
 FEATURE_COLUMNS = ["dim", "rows", "pooling_factor", "size_bytes", *REUSE_COLUMNS]
+LOG_COLUMNS = ("rows", "pooling_factor", "size_bytes")  # the models see their log1p: they span decades
 
 
 def feature_matrix(features: pd.DataFrame) -> np.ndarray:
@@ -28,6 +29,21 @@ def feature_matrix(features: pd.DataFrame) -> np.ndarray:
     if missing:
         raise ConfigError(f"table features: missing columns {', '.join(missing)}")
     return features[FEATURE_COLUMNS].to_numpy(dtype=np.float64)
+
+
+def check_features(x) -> np.ndarray:
+    """Features as float32 (N, 21), as the models take them; a wrong width or a value that is
+    not finite in float32 is an error, not a NaN out."""
+    with np.errstate(over="ignore"):  # a float64 beyond float32's range becomes inf, reported below
+        x = np.asarray(x, dtype=np.float64).astype(np.float32)
+    if x.ndim != 2 or x.shape[1] != len(FEATURE_COLUMNS):
+        raise ConfigError(f"table features: expected {len(FEATURE_COLUMNS)} values per table, "
+                          f"got shape {tuple(x.shape)}")
+    bad = np.argwhere(~np.isfinite(x))
+    if len(bad):
+        t, c = bad[0]
+        raise ConfigError(f"table features: {float(x[t, c])} in table {t}, column {FEATURE_COLUMNS[c]}")
+    return x
 
 
 @dataclass
