@@ -282,3 +282,20 @@ def test_bootstrap_interval_is_seeded_and_brackets_the_median():
     assert lo < np.median(values) < hi
     assert (lo, hi) == bootstrap_median(values, 1000, 0, "x")
     assert np.isnan(bootstrap_median(np.array([np.nan]), 100, 0)[0])
+
+
+def test_same_plans_counts_identical_devices_and_identical_splits():
+    from autoshard.evaluation import same_plans
+    from autoshard.heuristics import Infeasible
+
+    tasks = [Task(f"t{k}", "x", "test", (0, 1, 2, 3), 3, 10, 1.0) for k in range(4)]
+    reference = [np.array([1, 0, 2, 0]), np.array([0, 1, 2, 2]), np.array([0, 1, 1, 0]), None]
+    mine = {"t0": np.array([1, 0, 2, 0]),   # the very same
+            "t1": np.array([2, 0, 1, 1]),   # the same split, other device numbers
+            "t2": np.array([0, 1, 0, 1])}   # another split
+
+    def planner(t: Task) -> np.ndarray:
+        if t.name == "t3":
+            raise Infeasible("no room")     # like the reference: no plan
+        return mine[t.name]
+    assert same_plans(reference, planner, tasks) == {"same devices": 0.5, "same split": 0.75}

@@ -186,17 +186,28 @@ def numpy_greedy(planner: numpy_planner.Planner, features: np.ndarray) -> Planne
     return place
 
 
-def same_plans(reference: list[np.ndarray | None], planner: Planner, tasks: list[Task]) -> float:
-    """Share of `tasks` on which `planner` makes the very same placement as `reference` (or,
-    like it, none)."""
-    same = []
+def same_plans(reference: list[np.ndarray | None], planner: Planner, tasks: list[Task]) -> dict[str, float]:
+    """Share of `tasks` on which `planner` makes the same placement as `reference` (or, like it,
+    none): with the very same device numbers, and as the same split of the tables whatever the
+    devices are called (the devices are identical, so the two plans then cost the same)."""
+    labels, splits = [], []
     for ref, task in zip(reference, tasks, strict=True):
         try:
             mine = planner(task)
         except Infeasible:
             mine = None
-        same.append(mine is ref is None or (mine is not None and ref is not None and np.array_equal(mine, ref)))
-    return float(np.mean(same))
+        both = mine is not None and ref is not None
+        labels.append(mine is ref is None or (both and np.array_equal(mine, ref)))
+        splits.append(mine is ref is None or (both and np.array_equal(_first_seen(mine), _first_seen(ref))))
+    return {"same devices": float(np.mean(labels)), "same split": float(np.mean(splits))}
+
+
+def _first_seen(placement: np.ndarray) -> np.ndarray:
+    """The placement with devices renumbered in the order they first get a table."""
+    _, first = np.unique(placement, return_index=True)
+    rank = np.empty(len(first), np.int64)
+    rank[np.argsort(first)] = np.arange(len(first))
+    return rank[np.unique(placement, return_inverse=True)[1]]
 
 
 def plan_all(methods: dict[str, Planner], tasks: list[Task], sizes: np.ndarray,

@@ -9,10 +9,11 @@ The steps are those of `env.ShardingEnv`, `policy.Policy` and `rl.rollout` in gr
 encodings and device state in float32 as there (memory in float64), and only a device's own
 row recomputed after a table lands on it. Device scores are computed in float64 and rounded
 to float32 before the argmax, so devices in the same state tie exactly and the lowest index
-wins, as in torch. The placements are torch's (tests compare them) except where rounding
-breaks a tie between devices whose sums differ only in the last bit the other way. That
-happens with thousands of repeated tables (on 10,000 tiled pool tables the two plans differ
-but have the same predicted bottleneck).
+wins. The placements are torch's (tests compare them) except where float rounding breaks a
+tie the other way: torch's batched product can score identical empty devices a last bit
+apart (then the plans split the tables alike under other device numbers), and devices whose
+sums differ only in the last bit can tie in one and not the other (with thousands of
+repeated tables: on 10,000 tiled pool tables the plans differ, at the same predicted bottleneck).
 """
 
 import hashlib
