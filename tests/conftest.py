@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from autoshard.params import load_params, merge
+from autoshard.core.params import load_params, merge
 
 ROOT = Path(__file__).resolve().parents[1]
 

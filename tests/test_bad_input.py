@@ -2,10 +2,10 @@
 
 import pytest
 
-from autoshard.errors import ConfigError
-from autoshard.params import Fields, load_params, merge
-from autoshard.pool import build_pool
-from autoshard.tasks import TaskConfig, make_tasks
+from autoshard.core.errors import ConfigError
+from autoshard.core.params import Fields, load_params, merge
+from autoshard.data.pool import build_pool
+from autoshard.data.tasks import TaskConfig, make_tasks
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [
@@ -86,9 +86,9 @@ def test_paper_scale_parameters_are_valid():
     """Dry validation of configs/paper.yaml: every section it touches passes the checks."""
     from pathlib import Path
 
-    from autoshard.evaluation import EvaluateConfig
-    from autoshard.notebook import select, stage_spec
-    from autoshard.synth import PoolConfig
+    from autoshard.data.synth import PoolConfig
+    from autoshard.pipeline.stage import select, stage_spec
+    from autoshard.studies.evaluate import EvaluateConfig
 
     root = Path(__file__).resolve().parents[1]
     paper = merge(load_params(root / "params.yaml"), load_params(root / "configs" / "paper.yaml"))
@@ -106,7 +106,7 @@ def test_paper_scale_parameters_are_valid():
 
 
 def test_overrides_for_dvc_exp_run(tmp_path, capsys):
-    from autoshard.params import main
+    from autoshard.core.params import main
 
     (tmp_path / "o.yaml").write_text("pool:\n  dims: [16, 32]\n  batch_size: 8\nseed: 3\n")
     assert main(["overrides", str(tmp_path / "o.yaml")]) == 0

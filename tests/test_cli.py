@@ -9,13 +9,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from autoshard.cli import main
-from autoshard.costmodel import CostModel, CostModelConfig, save_model
-from autoshard.policy import PolicyConfig
-from autoshard.rl import RLConfig, train
-from autoshard.tables import feature_matrix
-from autoshard.tasks import Task
-from autoshard.usertables import BINS, parse_memory, read_tables
+from autoshard.cli.main import main
+from autoshard.cli.user_tables import BINS, parse_memory, read_tables
+from autoshard.costmodel.model import CostModel, CostModelConfig, save_model
+from autoshard.data.features import feature_matrix
+from autoshard.data.tasks import Task
+from autoshard.rl.policy import PolicyConfig
+from autoshard.rl.ppo import RLConfig, train
 
 TABLES = """name,rows,dim,pooling_factor
 user_id,50000,32,1
@@ -77,8 +77,8 @@ def test_plan_options_and_json_output(files, tmp_path, capsys):
 
 def test_size_lookup_greedy_matches_the_evaluate_stage(tmp_path, smoke_params, monkeypatch):
     """On the study's own pool, the command's heuristic is the evaluate stage's heuristic."""
-    from autoshard.methods import heuristic_plan
-    from autoshard.pool import build_pool, save_pool
+    from autoshard.data.pool import build_pool, save_pool
+    from autoshard.placement.heuristics import heuristic_plan
 
     monkeypatch.chdir(tmp_path)  # no study outputs here: the heuristic needs no model
     pool = build_pool(smoke_params["dataset"], smoke_params["pool"], smoke_params["seed"], progress=False)
@@ -114,7 +114,7 @@ def test_score_measures_a_plan_and_a_torchrec_plan(files, tmp_path, capsys, back
 
 
 def test_compare_runs_every_method(files, capsys):
-    from autoshard.planning import METHODS
+    from autoshard.cli.service import METHODS
 
     assert main(["compare", "--tables", str(files["tables"]), "--devices", "2", "--memory-per-device", "1GiB",
                  "--policy", str(files["policy"]), "--cost-model", str(files["model"]), "--best-of", "3",
@@ -126,7 +126,7 @@ def test_compare_runs_every_method(files, capsys):
 
 
 def test_exported_plan_runs_in_torchrec_with_two_processes(files, tmp_path):
-    from autoshard.torchrec_check import check
+    from autoshard.cli.torchrec_check import check
 
     out, exported = tmp_path / "plan.json", tmp_path / "plan.torchrec.json"
     assert plan(files, out, "--torchrec", str(exported), "--torchrec-device", "cpu", method="size_lookup_greedy") == 0
@@ -139,7 +139,7 @@ def test_exported_plan_runs_in_torchrec_with_two_processes(files, tmp_path):
 
 
 def test_torchrec_check_runs_one_process_per_rank_of_a_cpu_plan(files, tmp_path, capsys):
-    from autoshard import torchrec_check
+    from autoshard.cli import torchrec_check
 
     out, exported = tmp_path / "plan.json", tmp_path / "plan.torchrec.json"
     assert plan(files, out, "--torchrec", str(exported), "--torchrec-device", "cpu", method="size_greedy") == 0
@@ -158,10 +158,11 @@ def test_help_needs_no_torch_and_lists_every_method():
     import subprocess
     import sys
 
-    from autoshard import cli, planning
+    from autoshard.cli import main as cli
+    from autoshard.cli import service as planning
 
     assert cli.METHODS == planning.METHODS
-    code = "import sys; from autoshard.cli import parser; parser(); print('torch' in sys.modules)"
+    code = "import sys; from autoshard.cli.main import parser; parser(); print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
 
 
@@ -296,7 +297,7 @@ def test_plan_runs_without_torch_when_the_numpy_planner_matches(files, tmp_path)
     import subprocess
     import sys
 
-    from autoshard import numpy_planner
+    from autoshard.rl import numpy_planner
 
     root = tmp_path / "models"
     root.mkdir()
@@ -309,7 +310,7 @@ def test_plan_runs_without_torch_when_the_numpy_planner_matches(files, tmp_path)
     numpy_planner.export(models["model"], models["policy"], root / numpy_planner.FILE_NAME)
     for method in ("rl", "cost-greedy", "size_greedy"):
         out = tmp_path / f"{method}.numpy.json"
-        code = ("import sys; from autoshard.cli import main; "
+        code = ("import sys; from autoshard.cli.main import main; "
                 f"rc = main(['plan', '--tables', {str(files['tables'])!r}, '--devices', '2', "
                 f"'--memory-per-device', '1GiB', '--method', {method!r}, '--policy', {str(models['policy'])!r}, "
                 f"'--cost-model', {str(models['model'])!r}, '--out', {str(out)!r}]); "
@@ -334,8 +335,9 @@ def test_plan_bench_times_the_command(files, tmp_path, smoke_params, monkeypatch
     """The benchmark runs the real command on tiled pool tables and reports time and memory."""
     import shutil
 
-    from autoshard import numpy_planner, plan_bench
-    from autoshard.pool import build_pool, save_pool
+    from autoshard.cli import bench as plan_bench
+    from autoshard.data.pool import build_pool, save_pool
+    from autoshard.rl import numpy_planner
 
     monkeypatch.chdir(tmp_path)
     save_pool(build_pool(smoke_params["dataset"], smoke_params["pool"], 0, progress=False), tmp_path / "data/pool")

@@ -5,15 +5,15 @@ import pandas as pd
 import pytest
 import torch
 
-from autoshard.cost_data import measured_shards, single_costs, split_shards
-from autoshard.cost_eval import linear_on_summed_features, mape, r2, tau_similar_size
-from autoshard.cost_training import CostStageConfig, fit
-from autoshard.costmodel import CostModel, CostModelConfig, load_model, save_model
-from autoshard.costs.analytic import AnalyticBackend
-from autoshard.errors import ConfigError
-from autoshard.pool import build_pool
-from autoshard.tables import FEATURE_COLUMNS, feature_matrix
-from autoshard.tasks import make_tasks
+from autoshard.core.errors import ConfigError
+from autoshard.costmodel.dataset import measured_shards, single_costs, split_shards
+from autoshard.costmodel.evaluate import linear_on_summed_features, mape, r2, tau_similar_size
+from autoshard.costmodel.model import CostModel, CostModelConfig, load_model, save_model
+from autoshard.costmodel.train import CostStageConfig, fit
+from autoshard.data.features import FEATURE_COLUMNS, feature_matrix
+from autoshard.data.pool import build_pool
+from autoshard.data.tasks import make_tasks
+from autoshard.measure.analytic import AnalyticBackend
 
 SMALL = CostModelConfig(max_epochs=300, patience=60, batch_size=32, learning_rate=3e-3)
 

@@ -6,18 +6,17 @@ import numpy as np
 import pytest
 import torch
 
-from autoshard.costs import ShardCost, make_backend
-from autoshard.costs.analytic import AnalyticBackend, table_perf
-from autoshard.costs.base import shard_inputs
-from autoshard.costs.comm import analytic_comm, device_stages, measure_comm
-from autoshard.costs.factory import resolve_device
-from autoshard.costs.fbgemm import FbgemmBackend
-from autoshard.costs.timing import TimingConfig
-from autoshard.costs.torch_bag import TorchBackend
-from autoshard.crosscheck import BenchConfig, fbgemm_harness_check
-from autoshard.errors import ConfigError
-from autoshard.pool import build_pool
-from autoshard.profile import ProfileConfig
+from autoshard.core.errors import ConfigError
+from autoshard.data.pool import build_pool
+from autoshard.measure.analytic import AnalyticBackend, table_perf
+from autoshard.measure.backends import make_backend, resolve_device
+from autoshard.measure.base import ShardCost, shard_inputs
+from autoshard.measure.collect import ProfileConfig
+from autoshard.measure.comm import analytic_comm, device_stages, measure_comm
+from autoshard.measure.crosscheck import BenchConfig, fbgemm_harness_check
+from autoshard.measure.fbgemm import FbgemmBackend
+from autoshard.measure.timing import TimingConfig
+from autoshard.measure.torch_bag import TorchBackend
 
 FAST = TimingConfig(warmup=1, runs=3)
 

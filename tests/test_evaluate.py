@@ -13,21 +13,29 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from autoshard.costmodel import CostModel, CostModelConfig
-from autoshard.costs.analytic import AnalyticBackend
-from autoshard.errors import ConfigError
-from autoshard.evaluation import METHODS, EvaluateConfig, SmallConfig, Targets, held_out_tasks, planners, small_tasks
-from autoshard.exact import exact_plan, partition_count, placements
-from autoshard.heuristics import Infeasible, place
-from autoshard.notebook import select, stage_spec
-from autoshard.plans import memory_ok, predicted_bottleneck
-from autoshard.policy import Policy, PolicyConfig
-from autoshard.pool import build_pool
-from autoshard.results import bootstrap_median, summary, targets, with_ratios
-from autoshard.scoring import measure_task, plan_frame, predict_devices, score
-from autoshard.tables import feature_matrix
-from autoshard.tasks import Task, first_fit_decreasing, make_tasks
-from autoshard.torchrec_io import torchrec_plan
+from autoshard.core.errors import ConfigError
+from autoshard.costmodel.model import CostModel, CostModelConfig
+from autoshard.data.features import feature_matrix
+from autoshard.data.pool import build_pool
+from autoshard.data.tasks import Task, first_fit_decreasing, make_tasks
+from autoshard.measure.analytic import AnalyticBackend
+from autoshard.pipeline.stage import select, stage_spec
+from autoshard.placement.exact import exact_plan, partition_count, placements
+from autoshard.placement.heuristics import Infeasible, place
+from autoshard.placement.registry import METHODS
+from autoshard.placement.shards import memory_ok, predicted_bottleneck
+from autoshard.placement.torchrec import torchrec_plan
+from autoshard.rl.policy import Policy, PolicyConfig
+from autoshard.studies.evaluate import (
+    EvaluateConfig,
+    SmallConfig,
+    Targets,
+    held_out_tasks,
+    planners,
+    small_tasks,
+)
+from autoshard.studies.measured import measure_task, plan_frame, predict_devices, score
+from autoshard.studies.stats import bootstrap_median, summary, targets, with_ratios
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -285,8 +293,8 @@ def test_bootstrap_interval_is_seeded_and_brackets_the_median():
 
 
 def test_same_plans_counts_identical_devices_and_identical_splits():
-    from autoshard.evaluation import same_plans
-    from autoshard.heuristics import Infeasible
+    from autoshard.placement.heuristics import Infeasible
+    from autoshard.studies.evaluate import same_plans
 
     tasks = [Task(f"t{k}", "x", "test", (0, 1, 2, 3), 3, 10, 1.0) for k in range(4)]
     reference = [np.array([1, 0, 2, 0]), np.array([0, 1, 2, 2]), np.array([0, 1, 1, 0]), None]

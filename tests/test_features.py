@@ -3,15 +3,8 @@
 import numpy as np
 import pytest
 
-from autoshard.tables import (
-    FEATURE_COLUMNS,
-    REUSE_COLUMNS,
-    access_counts,
-    from_lengths,
-    hot_share,
-    reuse_histogram,
-    table_features,
-)
+from autoshard.data.features import FEATURE_COLUMNS, REUSE_COLUMNS, hot_share, reuse_histogram, table_features
+from autoshard.data.traces import access_counts, from_lengths
 
 
 def test_feature_columns_are_autoshards_21():

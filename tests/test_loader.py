@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from autoshard.errors import ConfigError
-from autoshard.pool import build_pool
-from autoshard.tables import Traces, from_lengths, load_dlrm, load_traces, save_dlrm, save_traces
+from autoshard.core.errors import ConfigError
+from autoshard.data.pool import build_pool
+from autoshard.data.traces import Traces, from_lengths, load_dlrm, load_traces, save_dlrm, save_traces
 
 
 def small_traces(tables: int = 3, batch: int = 8, rows: int = 50, seed: int = 0) -> Traces:

@@ -9,14 +9,14 @@ import pandas as pd
 import pytest
 import yaml
 
-from autoshard.costmodel import load_model
-from autoshard.metrics import read_metrics
-from autoshard.notebook import main, select, stage_spec
-from autoshard.pool import load_pool
-from autoshard.profile import load_profile
-from autoshard.rl import load_policy
-from autoshard.tables import feature_matrix
-from autoshard.tasks import load_tasks
+from autoshard.core.metrics import read_metrics
+from autoshard.costmodel.model import load_model
+from autoshard.data.features import feature_matrix
+from autoshard.data.pool import load_pool
+from autoshard.data.tasks import load_tasks
+from autoshard.measure.collect import load_profile
+from autoshard.pipeline.stage import main, select, stage_spec
+from autoshard.rl.ppo import load_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,17 +6,18 @@ import numpy as np
 import pytest
 import torch
 
-from autoshard import costmodel, numpy_planner
-from autoshard.costmodel import CostModel, CostModelConfig, save_model
-from autoshard.errors import ConfigError
-from autoshard.heuristics import Infeasible
-from autoshard.inference import cost_greedy, policy_plans
-from autoshard.plans import device_shards, predicted_device_costs
-from autoshard.policy import Policy, PolicyConfig
-from autoshard.pool import build_pool
-from autoshard.rl import RLConfig, load_policy, save_checkpoint
-from autoshard.tables import FEATURE_COLUMNS, feature_matrix
-from autoshard.tasks import Task
+from autoshard.core.errors import ConfigError
+from autoshard.costmodel import model as costmodel
+from autoshard.costmodel.model import CostModel, CostModelConfig, save_model
+from autoshard.data.features import FEATURE_COLUMNS, feature_matrix
+from autoshard.data.pool import build_pool
+from autoshard.data.tasks import Task
+from autoshard.placement.heuristics import Infeasible
+from autoshard.placement.shards import device_shards, predicted_device_costs
+from autoshard.rl import numpy_planner
+from autoshard.rl.infer import cost_greedy, policy_plans
+from autoshard.rl.policy import Policy, PolicyConfig
+from autoshard.rl.ppo import RLConfig, load_policy, save_checkpoint
 
 SIZE = FEATURE_COLUMNS.index("size_bytes")
 

@@ -12,11 +12,17 @@ import pandas as pd
 import pytest
 import yaml
 
-from autoshard.costs.analytic import AnalyticBackend
-from autoshard.pool import build_pool, save_pool
-from autoshard.profile import ProfileConfig, collect, load_profile, plan_jobs, run_key
-from autoshard.profile_stats import fusion_gap, repeatability, rounds_needed
-from autoshard.tasks import make_tasks, save_tasks
+from autoshard.data.pool import build_pool, save_pool
+from autoshard.data.tasks import make_tasks, save_tasks
+from autoshard.measure.analysis import fusion_gap, repeatability, rounds_needed
+from autoshard.measure.analytic import AnalyticBackend
+from autoshard.measure.collect import ProfileConfig, collect, load_profile, plan_jobs, run_key
+from autoshard.placement.heuristics import every_plan
+
+
+def every(pool, seed=0):
+    """The study's heuristic plans, as the profile stage passes them."""
+    return lambda task: every_plan(pool.features, task, seed)
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +30,7 @@ def setup(smoke_params):
     pool = build_pool(smoke_params["dataset"], smoke_params["pool"], seed=0, progress=False)
     tasks, train, test = make_tasks(pool.features, smoke_params["tasks"], seed=0)
     cfg = ProfileConfig.from_params(smoke_params["profile"] | {"backend": "analytic"})
-    jobs = plan_jobs(pool, tasks, train, cfg, seed=0, test_tables=test)
+    jobs = plan_jobs(pool, tasks, train, cfg, seed=0, test_tables=test, placements=every(pool))
     return pool, tasks, train, test, cfg, jobs
 
 
@@ -49,7 +55,7 @@ def test_plan(setup):
     assert {j.tables for j in repeats} <= set(first_round)
     for kind in ("random", "heuristic", "test_random", "test_heuristic"):
         assert kinds.count(kind) > 0, kind
-    assert plan_jobs(pool, tasks, train, cfg, seed=0, test_tables=test) == jobs
+    assert plan_jobs(pool, tasks, train, cfg, seed=0, test_tables=test, placements=every(pool)) == jobs
 
 
 class Interrupting(AnalyticBackend):
@@ -94,7 +100,7 @@ def test_half_written_chunk_is_measured_again(tmp_path, setup):
 
 def test_unmeasurable_shard_is_recorded(tmp_path, setup, smoke_params):
     pool, tasks, train, _, _, _ = setup
-    from autoshard.costs import make_backend
+    from autoshard.measure.backends import make_backend
 
     cfg = ProfileConfig.from_params(smoke_params["profile"] | {"memory_limit_gib": 1e-9})
     jobs = plan_jobs(pool, tasks, train, cfg, seed=0)[:3]
@@ -127,7 +133,7 @@ def test_killed_stage_resumes(tmp_path, smoke_params):
     save_tasks(tmp_path / "tasks.json", tasks, train, test, seed=0)
     params = smoke_params | {"profile": smoke_params["profile"] | {"runs": 5}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    cmd = [sys.executable, "-m", "autoshard.profile", "--params", str(tmp_path / "params.yaml"),
+    cmd = [sys.executable, "-m", "autoshard.pipeline.profile", "--params", str(tmp_path / "params.yaml"),
            "--pool", str(tmp_path / "pool"), "--tasks", str(tmp_path / "tasks.json"),
            "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -144,7 +150,7 @@ def test_killed_stage_resumes(tmp_path, smoke_params):
     assert done.returncode == 0, done.stderr
     final = load_profile(tmp_path / "out")
     cfg = ProfileConfig.from_params(params["profile"])
-    planned = plan_jobs(pool, tasks, train, cfg, 0, test_tables=test)
+    planned = plan_jobs(pool, tasks, train, cfg, 0, test_tables=test, placements=every(pool))
     assert final["shard_id"].tolist() == list(range(len(planned)))
     for name, chunk in before.items():
         k = int(Path(name).stem.split("-")[1])
@@ -154,7 +160,7 @@ def test_killed_stage_resumes(tmp_path, smoke_params):
 
 
 def test_cli_reports_bad_params(tmp_path, smoke_params, capsys):
-    from autoshard.profile import main
+    from autoshard.pipeline.profile import main
 
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(smoke_params | {
         "profile": smoke_params["profile"] | {"backend": "tpu"}}))

@@ -1,16 +1,18 @@
 """The report generator: metrics in, tables out; HTML, plot files and README written whole."""
 
+import json
 import re
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pandas as pd
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from autoshard.errors import ConfigError
-from autoshard.metrics import write_metrics
-from autoshard.report import build, headline, main, notebook_stages, targets
+from autoshard.core.errors import ConfigError
+from autoshard.core.metrics import write_metrics
+from autoshard.pipeline.report import build, headline, main, notebook_stages, targets
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,7 +98,7 @@ def test_missing_notebook_fails_cleanly(tmp_path, capsys):
 
 
 def test_transfer_and_ablation_tables_come_from_the_metrics():
-    from autoshard.report import ablation_table, transfer_table
+    from autoshard.pipeline.report import ablation_table, transfer_table
 
     point = {"tasks": 3, "ratio_median": 0.912, "ratio_lo": 0.85, "ratio_hi": 0.97}
     transfer = {"axes": {"tables": {"rl_greedy": {"10": point, "320": point | {"ratio_median": 1.04, "ratio_hi": 1.1}},
@@ -111,3 +113,16 @@ def test_transfer_and_ablation_tables_come_from_the_metrics():
     lines = ablation_table(ablation).splitlines()
     assert [line.split("|")[1].strip() for line in lines[2:]] == ["full method", "MLP state"]
     assert "+0.050" in lines[3] and "[0.930, 0.970]" in lines[3]
+
+
+def test_metrics_are_strict_json(tmp_path):
+    """A value that is not a finite number is written as null: NaN is not JSON."""
+    write_metrics(tmp_path / "m.json", {"median": float("nan"), "inf": np.inf, "ok": np.float32(0.5)})
+    assert json.loads((tmp_path / "m.json").read_text()) == {"median": None, "inf": None, "ok": 0.5}
+
+
+def test_every_committed_metrics_file_is_strict_json():
+    files = sorted((ROOT / "reports" / "metrics").glob("*.json"))
+    assert files
+    for path in files:
+        json.loads(path.read_text(), parse_constant=lambda token, name=path.name: pytest.fail(f"{name}: {token}"))

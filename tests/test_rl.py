@@ -7,18 +7,18 @@ import pandas as pd
 import pytest
 import torch
 
-from autoshard.costmodel import CostModel, CostModelConfig
-from autoshard.env import ShardingEnv, make_batch
-from autoshard.heuristics import Infeasible
-from autoshard.inference import cost_greedy, policy_plans
-from autoshard.plans import memory_ok, predicted_bottleneck
-from autoshard.policy import Policy, PolicyConfig
-from autoshard.pool import build_pool
-from autoshard.rl import RLConfig, load_checkpoint, load_policy, rollout, train
-from autoshard.search import local_search
-from autoshard.speed import synthetic_task
-from autoshard.tables import feature_matrix
-from autoshard.tasks import Task
+from autoshard.costmodel.model import CostModel, CostModelConfig
+from autoshard.data.features import feature_matrix
+from autoshard.data.pool import build_pool
+from autoshard.data.tasks import Task
+from autoshard.placement.heuristics import Infeasible
+from autoshard.placement.search import local_search
+from autoshard.placement.shards import memory_ok, predicted_bottleneck
+from autoshard.placement.speed import synthetic_task
+from autoshard.rl.env import ShardingEnv, make_batch
+from autoshard.rl.infer import cost_greedy, policy_plans
+from autoshard.rl.policy import Policy, PolicyConfig
+from autoshard.rl.ppo import RLConfig, load_checkpoint, load_policy, rollout, train
 
 FAST = RLConfig(iterations=6, tasks_per_batch=8, validate_every=3, checkpoint_every=3, epochs=2, minibatches=2)
 
@@ -151,7 +151,7 @@ def test_training_is_seeded_and_resumes_exactly(tmp_path, world):
 
 
 def test_checkpoint_errors(tmp_path, world):
-    from autoshard.errors import ConfigError
+    from autoshard.core.errors import ConfigError
 
     _, _, model = world
     torch.save({"format": "something else"}, tmp_path / "x.pt")
@@ -164,9 +164,9 @@ def test_checkpoint_errors(tmp_path, world):
 def test_short_training_beats_random_placement(tmp_path, world):
     """A tiny problem with an analytic-cost simulator (a cost model fitted to TorchRec's
     estimates): a short PPO run places tables far better than random devices."""
-    from autoshard.cost_data import measured_shards
-    from autoshard.cost_training import fit
-    from autoshard.costs.analytic import AnalyticBackend
+    from autoshard.costmodel.dataset import measured_shards
+    from autoshard.costmodel.train import fit
+    from autoshard.measure.analytic import AnalyticBackend
 
     pool, features, _ = world
     backend, g = AnalyticBackend(pool), np.random.default_rng(0)
@@ -218,20 +218,21 @@ def test_large_synthetic_task(world):
 def test_refresh_round_measures_plans_and_refits(tmp_path, smoke_params):
     """One refresh round with the analytic backend: the policy's unmeasured device shards are
     measured, the cost model is refitted on the grown profile, and the policy trains on."""
-    from autoshard.costmodel import save_model
-    from autoshard.profile import ProfileConfig, collect, plan_jobs, save_profile
-    from autoshard.refresh import refresh_rounds
-    from autoshard.rl import RLStageConfig, split_validation
-    from autoshard.tasks import make_tasks, save_tasks
+    from autoshard.costmodel.model import save_model
+    from autoshard.data.tasks import make_tasks, save_tasks
+    from autoshard.measure.collect import ProfileConfig, collect, plan_jobs, save_profile
+    from autoshard.rl.ppo import RLStageConfig, split_validation
+    from autoshard.rl.refresh import refresh_rounds
 
     params = smoke_params | {"profile": smoke_params["profile"] | {"backend": "analytic"}}
     pool = build_pool(params["dataset"], params["pool"], seed=0, progress=False)
     tasks, train_tables, test_tables = make_tasks(pool.features, params["tasks"], seed=0)
     save_tasks(tmp_path / "tasks.json", tasks, train_tables, test_tables, seed=0)
     cfg = ProfileConfig.from_params(params["profile"])
-    from autoshard.costs import make_backend
+    from autoshard.measure.backends import make_backend
+    from autoshard.placement.heuristics import every_plan
 
-    jobs = plan_jobs(pool, tasks, train_tables, cfg, 0, test_tables)
+    jobs = plan_jobs(pool, tasks, train_tables, cfg, 0, test_tables, lambda task: every_plan(pool.features, task, 0))
     save_profile(collect(pool, jobs, make_backend(pool, cfg.backend), cfg, tmp_path / "w", progress=False),
                  tmp_path / "profile")
     features = feature_matrix(pool.features)

@@ -1,71 +1,50 @@
-"""dvc.yaml against the code: every stage depends on each `autoshard` module its notebook uses,
-directly or through other modules, so editing one reruns every stage it can change."""
+"""dvc.yaml against the code: every stage depends on exactly the package layers its code imports,
+so editing a module reruns every stage it can change and no other; imports flow one way."""
 
-import ast
-import json
 from pathlib import Path
 
-import pytest
 import yaml
+
+from autoshard.pipeline import deps
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "autoshard"
 STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 
 
-def top_module(dotted: str) -> str | None:
-    """`src/autoshard/<name>.py` or the sub-package folder `src/autoshard/<name>`, if it exists."""
-    head = dotted.split(".")[0]
-    if (PACKAGE / f"{head}.py").is_file():
-        return f"src/autoshard/{head}.py"
-    if (PACKAGE / head).is_dir():
-        return f"src/autoshard/{head}"
-    return None
+def test_code_dependencies_follow_the_layer_rule():
+    """Every stage lists exactly the layers its code imports: none missing, none superfluous."""
+    for stage, spec in STAGES.items():
+        listed = [d for d in spec["deps"] if str(d).startswith("src/")]
+        assert listed == deps.stage_code_deps(stage, spec, ROOT), stage
 
 
-def imported(source: str) -> set[str]:
-    """Dotted names below `autoshard` that `source` imports (`from autoshard import x` gives x)."""
-    out = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "autoshard":
-            rest = node.module.split(".")[1:]
-            out |= {".".join(rest)} if rest else {a.name for a in node.names}
-        elif isinstance(node, ast.Import):
-            out |= {a.name.split(".", 1)[1] for a in node.names if a.name.startswith("autoshard.")}
-        elif isinstance(node, ast.ImportFrom) and node.level:  # relative import inside a sub-package
-            out |= {f"costs.{node.module}"} if node.module else {f"costs.{a.name}" for a in node.names}
-    return out
+def test_the_check_fails_on_a_missing_and_on_a_superfluous_dependency(tmp_path):
+    text = (ROOT / "dvc.yaml").read_text()
+    assert deps.rewrite(text, ROOT) == text
+    missing = text.replace("      - src/autoshard/measure\n", "", 1)
+    extra = text.replace("      - src/autoshard/data\n", "      - src/autoshard/data\n      - src/autoshard/rl\n", 1)
+    for broken in (missing, extra):
+        assert broken != text and deps.rewrite(broken, ROOT) == text
 
 
-def closure(source: str) -> set[str]:
-    """Paths (dvc.yaml style) of every package module reachable from `source`'s imports."""
-    todo, seen = [m for m in imported(source) if top_module(m)], set()
-    while todo:
-        path = top_module(todo.pop())
-        if path is None or path in seen:
-            continue
-        seen.add(path)
-        files = [ROOT / path] if path.endswith(".py") else sorted((ROOT / path).rglob("*.py"))
-        todo += [m for f in files for m in imported(f.read_text())]
-    return seen
+def test_imports_flow_one_way():
+    """core <- data <- measure <- costmodel <- placement <- rl <- studies | cli <- pipeline."""
+    assert deps.layer_violations() == []
 
 
-@pytest.mark.parametrize("stage", [s for s, spec in STAGES.items() if spec["cmd"].startswith("autoshard-notebook")])
-def test_stage_depends_on_every_module_its_notebook_uses(stage):
-    deps = STAGES[stage]["deps"]
-    notebook = next(d for d in deps if d.startswith("notebooks/"))
-    cells = json.loads((ROOT / notebook).read_text())["cells"]
-    source = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-    missing = sorted(closure(source) - set(deps))
-    assert not missing, f"stage {stage} does not depend on {missing}"
+def test_every_module_lives_in_a_layer():
+    flat = [p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"]
+    assert flat == []
+    assert {p.name for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(deps.LAYERS)
+    assert all(not p.read_text().strip() for p in PACKAGE.glob("*/__init__.py"))
 
 
-def test_report_depends_on_its_modules_and_every_notebook_stage():
-    deps = set(STAGES["report"]["deps"])
-    assert closure((PACKAGE / "report.py").read_text()) | {"src/autoshard/report.py"} <= deps
+def test_report_depends_on_every_notebook_stage():
+    report = set(STAGES["report"]["deps"])
     for stage, spec in STAGES.items():
         for out in spec.get("metrics", []):
-            assert next(iter(out)) in deps, f"report does not read {stage}'s metrics"
+            assert next(iter(out)) in report, f"report does not read {stage}'s metrics"
 
 
 def test_only_the_ablation_stage_reads_ablation_parameters():

@@ -5,11 +5,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from autoshard import ablation, transfer
-from autoshard.errors import ConfigError
-from autoshard.params import load_params
-from autoshard.tables import FEATURE_COLUMNS, REUSE_COLUMNS
-from autoshard.tasks import Task, first_fit_decreasing
+from autoshard.core.errors import ConfigError
+from autoshard.core.params import load_params
+from autoshard.data.features import FEATURE_COLUMNS, REUSE_COLUMNS
+from autoshard.data.tasks import Task, first_fit_decreasing
+from autoshard.studies import ablation, transfer
 
 PROFILE = {"backend": "fbgemm", "device": "cpu", "optimizer": "EXACT_SGD", "batch_size": 64, "threads": 1,
            "memory_limit_gib": 1.0}
@@ -137,8 +137,8 @@ def test_ablation_summary_spread_across_seeds():
 def test_paper_scale_transfer_and_ablation_parameters_are_valid():
     from pathlib import Path
 
-    from autoshard.notebook import select, stage_spec
-    from autoshard.params import merge
+    from autoshard.core.params import merge
+    from autoshard.pipeline.stage import select, stage_spec
 
     root = Path(__file__).resolve().parents[1]
     paper = merge(load_params(root / "params.yaml"), load_params(root / "configs" / "paper.yaml"))

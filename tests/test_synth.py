@@ -5,8 +5,8 @@ import hashlib
 import numpy as np
 import pytest
 
-from autoshard.pool import build_pool, load_pool, save_pool
-from autoshard.synth import PoolConfig, scatter, synthesize, zipf_ranks
+from autoshard.data.pool import build_pool, load_pool, save_pool
+from autoshard.data.synth import PoolConfig, scatter, synthesize, zipf_ranks
 
 
 def test_pool_layout_and_pooling_mean(params):

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from autoshard.errors import ConfigError
-from autoshard.pool import build_pool
-from autoshard.tasks import first_fit_decreasing, load_tasks, make_tasks, save_tasks
+from autoshard.core.errors import ConfigError
+from autoshard.data.pool import build_pool
+from autoshard.data.tasks import first_fit_decreasing, load_tasks, make_tasks, save_tasks
 
 
 @pytest.fixture(scope="module")

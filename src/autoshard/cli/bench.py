@@ -1,0 +1,96 @@
+"""Benchmark of `autoshard plan` at scale: the whole command (Python start-up, reading the
+tables, loading the models, placing, writing the plan) as a user runs it, timed end to end,
+with the process's peak memory.
+
+  python -m autoshard.cli.bench [--sizes 856x128 10000x1024] [--repeats 3] [--method rl]
+
+Table lists come from the study's pool (`data/pool`): its tables with their measured features,
+tiled under new names beyond the pool's size. Each device gets twice its even share of the
+total size plus the largest table (as the evaluate stage's timing tasks). Needs the study's
+models (`dvc repro train_rl`).
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from autoshard.data.features import REUSE_COLUMNS
+
+
+def table_list(pool_features: pd.DataFrame, n: int) -> pd.DataFrame:
+    """`n` tables as a CSV frame: the pool's tables in order, repeated under new names."""
+    reps = -(-n // len(pool_features))
+    f = pd.concat([pool_features] * reps, ignore_index=True).iloc[:n]
+    out = pd.DataFrame({"name": [f"t{i}" for i in range(n)], "rows": f["rows"], "dim": f["dim"],
+                        "pooling_factor": f["pooling_factor"]})
+    for i, c in enumerate(REUSE_COLUMNS):
+        out[f"reuse_bin_{i}"] = f[c]
+    return out
+
+
+# The command's own peak (VmHWM of its address space) printed as it exits: ru_maxrss of a child
+# would count this benchmark's memory too, since Linux carries the high-water mark across fork/exec.
+PEAK = ("import atexit, runpy, sys\n"
+        "def peak():\n"
+        "    for line in open('/proc/self/status'):\n"
+        "        if line.startswith('VmHWM:'):\n"
+        "            print('peak_kib', line.split()[1], file=sys.stderr)\n"
+        "atexit.register(peak)\n"
+        "sys.argv = ['autoshard', *sys.argv[1:]]\n"
+        "runpy.run_module('autoshard.cli.main', run_name='__main__')\n")
+
+
+def run_once(argv: list[str]) -> tuple[float, float]:
+    """Wall seconds and peak resident memory (GiB) of one `autoshard` command (its arguments)."""
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", PEAK, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                          text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"autoshard {' '.join(argv)} failed: {done.stderr[-500:]}")
+    kib = [int(line.split()[1]) for line in done.stderr.splitlines() if line.startswith("peak_kib ")]
+    return seconds, kib[-1] / 2**20
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m autoshard.cli.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", nargs="+", default=["856x128", "10000x1024"], help="TABLESxDEVICES")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--method", default="rl")
+    p.add_argument("--pool", type=Path, default=Path("data/pool"))
+    args = p.parse_args(argv)
+    from autoshard.data.pool import load_pool
+
+    features = load_pool(args.pool).features
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="autoshard-bench-") as tmp:
+        for size in args.sizes:
+            n, devices = (int(x) for x in size.split("x"))
+            tables = table_list(features, n)
+            path = Path(tmp) / f"tables_{n}.csv"
+            tables.to_csv(path, index=False)
+            sizes = tables["rows"] * tables["dim"] * 4
+            memory = int(sizes.max() + 2 * sizes.sum() / devices)
+            out = Path(tmp) / "plan.json"
+            cmd = ["plan", "--tables", str(path), "--devices", str(devices), "--memory-per-device", str(memory),
+                   "--method", args.method, "--out", str(out)]
+            runs = [run_once(cmd) for _ in range(args.repeats)]
+            doc = json.loads(out.read_text())
+            rows.append({"tables": n, "devices": devices, "method": args.method, "engine": doc["engine"],
+                         "command_seconds_median": statistics.median(r[0] for r in runs),
+                         "command_seconds_all": [round(r[0], 3) for r in runs],
+                         "placing_seconds_last": doc["sharding_seconds"],
+                         "peak_memory_gib": max(r[1] for r in runs)})
+            print(json.dumps(rows[-1]), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

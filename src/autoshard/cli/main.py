@@ -1,0 +1,225 @@
+"""`autoshard`: shard your own embedding tables with the study's methods.
+
+  autoshard plan    --tables T --devices D --memory-per-device 16GiB [--method rl] --out plan.json
+  autoshard score   --tables T --plan plan.json [--backend fbgemm|torch|analytic]
+  autoshard compare --tables T --devices D --memory-per-device 16GiB [--measure]
+
+Bad input is one line on stderr naming the file, row and field, exit status 2, and no output
+file (outputs are written to a temporary file and renamed on success).
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from autoshard.core.errors import ConfigError
+from autoshard.placement.heuristics import HEURISTICS
+
+METHODS = ("rl", "cost-greedy", "torchrec", *HEURISTICS)  # planning.METHODS, without importing torch for --help
+
+BACKENDS = ("fbgemm", "torch", "analytic")
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tables", required=True, type=Path,
+                   help="CSV or YAML (name, rows, dim, pooling_factor[, zipf_alpha][, reuse_bin_0..16]) "
+                        "or a pool folder")
+    p.add_argument("--weight-bytes", type=int, default=4, choices=(2, 4), help="bytes per weight (4: fp32, 2: fp16)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _task_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--devices", required=True, type=int, help="number of devices (at least 1)")
+    p.add_argument("--memory-per-device", required=True, help="memory of one device: 16GiB, 16 GB, 1.5e10 (bytes)")
+    p.add_argument("--policy", type=Path, help="policy checkpoint (default data/rl/policy.pt)")
+    p.add_argument("--cost-model", type=Path, help="cost model (default data/rl/cost_model.pt)")
+    p.add_argument("--seed", type=int, default=0, help="seed for sampling (best-of-N, the random heuristic)")
+
+
+def _measure_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--backend", default="fbgemm", choices=BACKENDS, help="how device shards are measured")
+    p.add_argument("--batch-size", type=int, default=2048, help="bags per table per measurement")
+    p.add_argument("--runs", type=int, default=5, help="timed runs per shard (median)")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="autoshard", description=__doc__.split("\n")[0],
+                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    sub = top.add_subparsers(dest="command", required=True)
+    plan = sub.add_parser("plan", help="place the tables on devices and write the plan")
+    _common(plan)
+    _task_args(plan)
+    plan.add_argument("--method", default="rl", help=f"one of {', '.join(METHODS)} (default rl)")
+    plan.add_argument("--best-of", type=int, default=1, help="rl: the best of N sampled placements (predicted)")
+    plan.add_argument("--refine", action="store_true", help="rl: refine the placement by local search")
+    plan.add_argument("--out", required=True, type=Path, help="plan file to write (JSON)")
+    plan.add_argument("--torchrec", type=Path, help="also write the plan as a TorchRec sharding plan (JSON)")
+    plan.add_argument("--torchrec-device", default="cuda", choices=("cuda", "cpu"),
+                      help="device type of the TorchRec plan's shards")
+    score = sub.add_parser("score", help="measure a plan's device shards")
+    _common(score)
+    score.add_argument("--plan", required=True, type=Path, help="a plan of `autoshard plan` or its --torchrec file")
+    _measure_args(score)
+    compare = sub.add_parser("compare", help="every method on the same tables")
+    _common(compare)
+    _task_args(compare)
+    compare.add_argument("--best-of", type=int, default=16, help="N for the rl best-of-N row")
+    compare.add_argument("--measure", action="store_true", help="also measure every plan")
+    _measure_args(compare)
+    return top
+
+
+def _print_devices(doc: dict) -> None:
+    frame = pd.DataFrame(doc["per_device"]).drop(columns="names")
+    frame["memory_share"] = frame["memory_share"].map("{:.1%}".format)
+    print(frame.to_string(index=False))
+    predicted = doc["predicted_bottleneck_ms"]
+    print(f"\nmethod {doc['method']}: {len(doc['assignment'])} tables on {doc['devices']} devices in "
+          f"{doc['sharding_seconds']:.3f} s; predicted bottleneck "
+          f"{'n/a (no cost model)' if predicted is None else f'{predicted:.3f} ms'}")
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from autoshard.cli import service as planning
+    from autoshard.cli.user_tables import parse_memory, read_tables
+    from autoshard.core.atomic import atomic_file
+
+    if args.method not in METHODS:
+        raise ConfigError(f"--method: {args.method!r} (expected one of {', '.join(METHODS)})")
+    if args.best_of < 1:
+        raise ConfigError(f"--best-of: {args.best_of} (must be at least 1)")
+    memory = parse_memory(args.memory_per_device)
+    tables = read_tables(args.tables, args.weight_bytes)
+    task = planning.make_task(tables, args.devices, memory)
+    models = planning.load_models(args.method, args.policy, args.cost_model,
+                                  need_torch=args.best_of > 1 or args.refine)
+    options = {"best_of": args.best_of, "refine": args.refine, "seed": args.seed} if args.method == "rl" else {}
+    placement, seconds = planning.timed_place(args.method, tables, task, models, best_of=args.best_of,
+                                              refine=args.refine, seed=planning.seed_for(tables, args.seed))
+    doc = planning.plan_document(args.method, options, tables, task, placement, models, seconds)
+    torchrec_doc = None
+    if args.torchrec is not None:
+        from autoshard.placement.torchrec import plan_to_json, sharding_plan
+
+        plan = sharding_plan(tables.features, tables.names, placement, task.devices, args.torchrec_device)
+        torchrec_doc = plan_to_json(plan, task.devices, args.torchrec_device)
+    with atomic_file(args.out) as tmp:
+        tmp.write_text(json.dumps(doc, indent=1, default=_plain))
+        if torchrec_doc is not None:
+            with atomic_file(args.torchrec) as tmp2:
+                tmp2.write_text(json.dumps(torchrec_doc, indent=1))
+    if args.json:
+        print(json.dumps(doc, default=_plain))
+    else:
+        _print_devices(doc)
+    return 0
+
+
+def _plain(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def _backend(tables, args: argparse.Namespace):
+    from autoshard.data.pool import Pool
+    from autoshard.measure.backends import BackendConfig, make_backend
+    from autoshard.measure.timing import TimingConfig
+
+    if args.batch_size < 1 or args.batch_size > tables.traces.batch_size:
+        raise ConfigError(f"--batch-size: {args.batch_size} (between 1 and the traces' "
+                          f"{tables.traces.batch_size} bags)")
+    if args.runs < 1:
+        raise ConfigError(f"--runs: {args.runs} (must be at least 1)")
+    cfg = BackendConfig(backend=args.backend, device="cpu", optimizer="EXACT_ROWWISE_ADAGRAD",
+                        batch_size=args.batch_size, threads=1, timing=TimingConfig(warmup=1, runs=args.runs),
+                        memory_limit_bytes=64 * 2**30)
+    return make_backend(Pool(features=tables.features, traces=tables.traces), cfg)
+
+
+def measure(tables, placement: np.ndarray, devices: int, args: argparse.Namespace, backend=None) -> pd.DataFrame:
+    """Per device: tables and measured forward, backward and total compute (ms)."""
+    import torch
+
+    torch.set_num_threads(1)
+    backend = backend or _backend(tables, args)
+    rows = []
+    for d in range(devices):
+        shard = [int(t) for t in np.flatnonzero(placement == d)]
+        cost = backend.measure(shard, args.batch_size) if shard else None
+        rows.append({"device": d, "tables": len(shard), "forward_ms": cost.forward_ms if cost else 0.0,
+                     "backward_ms": cost.backward_ms if cost else 0.0, "total_ms": cost.total_ms if cost else 0.0})
+    return pd.DataFrame(rows)
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    from autoshard.cli.service import read_plan
+    from autoshard.cli.user_tables import read_tables
+
+    tables = read_tables(args.tables, args.weight_bytes)
+    placement, devices = read_plan(args.plan, tables)
+    frame = measure(tables, placement, devices, args)
+    bottleneck = float(frame["total_ms"].max())
+    if args.json:
+        print(json.dumps({"plan": str(args.plan), "backend": args.backend, "batch_size": args.batch_size,
+                          "measured_bottleneck_ms": bottleneck, "per_device": frame.to_dict("records")}))
+    else:
+        print(frame.round(3).to_string(index=False))
+        print(f"\nmeasured bottleneck ({args.backend}, batch {args.batch_size}): {bottleneck:.3f} ms")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from autoshard.cli import service as planning
+    from autoshard.cli.user_tables import parse_memory, read_tables
+    from autoshard.data.features import feature_matrix
+    from autoshard.placement.shards import predicted_bottleneck
+
+    memory = parse_memory(args.memory_per_device)
+    tables = read_tables(args.tables, args.weight_bytes)
+    task = planning.make_task(tables, args.devices, memory)
+    models = planning.load_models("rl", args.policy, args.cost_model, need_torch=True)
+    seed = planning.seed_for(tables, args.seed)
+    runs = {m: {"method": m} for m in METHODS if m != "rl"}
+    runs |= {"rl": {"method": "rl"}, f"rl, best of {args.best_of}": {"method": "rl", "best_of": args.best_of},
+             "rl + local search": {"method": "rl", "refine": True}}
+    backend = _backend(tables, args) if args.measure else None
+    rows = []
+    features = feature_matrix(tables.features)
+    for name, run in runs.items():
+        try:
+            placement, seconds = planning.timed_place(run["method"], tables, task, models, seed=seed,
+                                                      best_of=run.get("best_of", 1), refine=run.get("refine", False))
+        except ConfigError as exc:
+            rows.append({"method": name, "status": f"no plan: {exc}"})
+            continue
+        row = {"method": name, "status": "ok", "seconds": seconds,
+               "predicted_ms": predicted_bottleneck(models.cost_model, features, task, placement)}
+        if backend is not None:
+            row["measured_ms"] = float(measure(tables, placement, task.devices, args, backend)["total_ms"].max())
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    if args.json:
+        print(frame.to_json(orient="records"))
+    else:
+        print(frame.round(4).to_string(index=False))
+        print("\npredicted_ms: the cost model's estimate; measured_ms: measured with --backend (with --measure)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    commands = {"plan": cmd_plan, "score": cmd_score, "compare": cmd_compare}
+    try:
+        return commands[args.command](args)
+    except ConfigError as exc:
+        print(f"autoshard {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Every path of the study, relative to the repository root: the one place that names them."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+WORK_FOLDERS = {"profile": "profile-work", "train_rl": "rl-work", "evaluate": "evaluate-work",
+                "transfer": "transfer-work", "ablation": "ablation-work"}
+
+
+@dataclass(frozen=True)
+class Paths:
+    """The study's files under a data folder (DVC-cached) and a reports folder (committed)."""
+
+    data: Path = Path("data")
+    reports: Path = Path("reports")
+
+    @property
+    def pool(self) -> Path:
+        return self.data / "pool"
+
+    @property
+    def tasks(self) -> Path:
+        return self.data / "tasks.json"
+
+    @property
+    def profile(self) -> Path:
+        return self.data / "profile"
+
+    @property
+    def cost_model(self) -> Path:
+        """The cost model fitted by the cost_model stage."""
+        return self.data / "cost_model" / "model.pt"
+
+    @property
+    def rl(self) -> Path:
+        """The train_rl stage's outputs: policy.pt, cost_model.pt (the simulator), planner.npz."""
+        return self.data / "rl"
+
+    def results(self, stage: str) -> Path:
+        """A study stage's data outputs (plans, devices, tables): data/<stage>."""
+        return self.data / stage
+
+    def work(self, stage: str) -> Path:
+        """A stage's resume folder (kept between runs, outside DVC's outputs)."""
+        return self.data / WORK_FOLDERS[stage]
+
+    def metrics(self, stage: str) -> Path:
+        return self.reports / "metrics" / f"{stage}.json"
+
+    def figures(self, stage: str) -> Path:
+        return self.reports / "figures" / stage

@@ -1,0 +1,141 @@
+"""How well cost estimators predict measured shard costs, and how well they rank shards.
+
+Estimators compared on the same test shards: the sum of the tables' measured single costs,
+a linear regression on summed (normalised) table features, TorchRec's analytic estimate (as
+is, and scaled by one factor fitted on the training shards), and the neural model.
+"""
+
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy.stats import kendalltau
+
+from autoshard.costmodel.model import CostModel, transform
+from autoshard.measure.analytic import AnalyticBackend
+
+SIZE_BINS = [0, 1, 2, 4, 8, 16, 32, 10**9]
+
+
+def mape(pred: np.ndarray, measured: np.ndarray) -> float:
+    return float(np.mean(np.abs(pred - measured) / measured))
+
+
+def r2(pred: np.ndarray, measured: np.ndarray) -> float:
+    return float(1 - np.sum((measured - pred) ** 2) / np.sum((measured - measured.mean()) ** 2))
+
+
+def tau_similar_size(pred: np.ndarray, measured: np.ndarray, num_tables: np.ndarray) -> float:
+    """Kendall's tau within groups of shards of similar size (1, 2, 3-4, 5-8, ... tables),
+    averaged with each group weighted by its number of pairs: does the estimator rank
+    shards a planner must choose between the same way the measurements do?"""
+    groups = pd.cut(num_tables, SIZE_BINS)
+    total, weight = 0.0, 0
+    for key in groups.unique():
+        sel = np.asarray(groups == key)
+        n = int(sel.sum())
+        if n < 3:
+            continue
+        tau = kendalltau(pred[sel], measured[sel]).statistic
+        if np.isfinite(tau):
+            total += tau * n * (n - 1) / 2
+            weight += n * (n - 1) // 2
+    return total / weight if weight else float("nan")
+
+
+def scores(pred: np.ndarray, shards: pd.DataFrame) -> dict[str, float]:
+    """MAPE, R2 and similar-size Kendall's tau (NaN for an empty test set)."""
+    if len(shards) == 0:
+        return {"mape": float("nan"), "r2": float("nan"), "tau_similar_size": float("nan")}
+    measured = shards["total_ms"].to_numpy()
+    return {"mape": mape(pred, measured), "r2": r2(pred, measured),
+            "tau_similar_size": tau_similar_size(pred, measured, shards["num_tables"].to_numpy())}
+
+
+Estimator = Callable[[pd.DataFrame], np.ndarray]
+
+
+def sum_of_singles(single_ms: pd.Series, train: pd.DataFrame | None = None) -> Estimator:
+    """Predict a shard's cost as the sum of its tables' measured single-table costs; scaled
+    by one least-squares factor fitted on `train` if given (fusion makes the sum too high)."""
+    def raw(shards: pd.DataFrame) -> np.ndarray:
+        return shards["tables"].map(lambda t: float(single_ms.loc[list(t)].sum())).to_numpy()
+
+    return raw if train is None else _rescaled(raw, train)
+
+
+def linear_on_summed_features(features: np.ndarray, train_tables: np.ndarray,
+                              train: pd.DataFrame) -> Estimator:
+    """Least squares of cost on the shard's summed standardised features (log-scaled like the
+    model's), its table count and an intercept; standardised with train-pool statistics."""
+    x = transform(torch.as_tensor(np.asarray(features, dtype=np.float64))).numpy()
+    ref = x[np.asarray(train_tables)]
+    std = ref.std(axis=0)
+    x = (x - ref.mean(axis=0)) / np.where(std > 1e-8, std, 1.0)
+
+    def design(shards: pd.DataFrame) -> np.ndarray:
+        summed = np.stack([x[list(t)].sum(axis=0) for t in shards["tables"]])
+        return np.column_stack([summed, shards["num_tables"], np.ones(len(shards))])
+
+    coef, *_ = np.linalg.lstsq(design(train), train["total_ms"].to_numpy(), rcond=None)
+    return lambda shards: design(shards) @ coef
+
+
+def analytic(backend: AnalyticBackend, batch_size: int, train: pd.DataFrame | None = None) -> Estimator:
+    """TorchRec's estimate; scaled by one least-squares factor fitted on `train` if given."""
+    def raw(shards: pd.DataFrame) -> np.ndarray:
+        return np.array([backend.measure(list(t), batch_size).total_ms for t in shards["tables"]])
+
+    return raw if train is None else _rescaled(raw, train)
+
+
+def _rescaled(estimate: Estimator, train: pd.DataFrame) -> Estimator:
+    """`estimate` times the one factor that fits `train` best (least squares)."""
+    a, y = estimate(train), train["total_ms"].to_numpy()
+    scale = float(a @ y / (a @ a))
+    return lambda shards: scale * estimate(shards)
+
+
+def neural(model: CostModel, features: np.ndarray) -> Estimator:
+    return lambda shards: model.predict_ms(features, shards["tables"].tolist())
+
+
+def compare(estimators: dict[str, Estimator], test_sets: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """One row per (estimator, test set): MAPE, R2, Kendall's tau over similar-size shards."""
+    rows = []
+    for name, estimate in estimators.items():
+        for set_name, shards in test_sets.items():
+            rows.append({"estimator": name, "test set": set_name, "shards": len(shards),
+                         **scores(estimate(shards), shards)})
+    return pd.DataFrame(rows)
+
+
+def prediction_speed(model: CostModel, features: np.ndarray, shards: int = 10_000,
+                     max_tables: int = 20, repeats: int = 5, seed: int = 0) -> dict[str, float]:
+    """Median seconds to predict `shards` random shards of 1..max_tables tables in one call."""
+    import time
+
+    g = np.random.default_rng(seed)
+    batch = [g.choice(len(features), g.integers(1, max_tables + 1), replace=False).tolist()
+             for _ in range(shards)]
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        model.predict_ms(features, batch)
+        times.append(time.perf_counter() - start)
+    return {"shards": shards, "median_seconds": float(np.median(times)),
+            "threads": torch.get_num_threads()}
+
+
+def predictions_frame(estimators: dict[str, Estimator], test_sets: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """Long table of every estimator's prediction for every test shard (for figures)."""
+    frames = []
+    for name, estimate in estimators.items():
+        for set_name, shards in test_sets.items():
+            pred = estimate(shards)
+            frames.append(pd.DataFrame({
+                "estimator": name, "test set": set_name, "num_tables": shards["num_tables"],
+                "measured_ms": shards["total_ms"], "predicted_ms": pred,
+                "abs_pct_error": np.abs(pred - shards["total_ms"]) / shards["total_ms"] * 100}))
+    return pd.concat(frames, ignore_index=True)

@@ -1,0 +1,147 @@
+"""The neural multi-table cost model (AutoShard), with DreamShard's per-stage heads as an option.
+
+A shared table encoder (21 -> 128 -> 32, ReLU) encodes every table of a shard; the encodings
+are summed (so the order of tables never matters and any shard size works); a head
+(32 -> 64 -> outputs) predicts the fused shard cost: one output (`heads: total`, AutoShard)
+or forward and backward compute (`heads: stages`, DreamShard's split). Outputs are
+softplus(head) x `scale` ms, `scale` being the median training cost, so a head that is close
+to linear in the summed encodings (costs that add up) is easy to learn. Features are
+log-scaled where they span orders of magnitude and standardised with statistics of the
+train-pool tables; both are stored in the model as buffers.
+"""
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from autoshard.core.checkpoints import load_tagged, save_tagged
+from autoshard.core.errors import ConfigError
+from autoshard.core.params import Fields
+from autoshard.data.features import FEATURE_COLUMNS, LOG_COLUMNS
+from autoshard.data.features import check_features as check_feature_array
+
+FORMAT = "autoshard-cost-model/1"
+HEADS = {"total": ("total_ms",), "stages": ("forward_ms", "backward_ms")}
+LOSSES = ("mse", "log_mse")
+
+
+@dataclass(frozen=True)
+class CostModelConfig:
+    """The network and its training (the `cost_model` section, less the study's own keys)."""
+
+    heads: str = "total"
+    loss: str = "log_mse"
+    hidden: int = 128
+    encoding: int = 32
+    head_hidden: int = 64
+    learning_rate: float = 3e-3
+    weight_decay: float = 1e-4
+    batch_size: int = 64
+    max_epochs: int = 800
+    patience: int = 100
+
+    @classmethod
+    def from_fields(cls, f: Fields) -> "CostModelConfig":
+        return cls(heads=f.text("heads", tuple(HEADS)), loss=f.text("loss", LOSSES),
+                   hidden=f.integer("hidden"), encoding=f.integer("encoding"),
+                   head_hidden=f.integer("head_hidden"),
+                   learning_rate=f.number("learning_rate", lo=0, lo_open=True),
+                   weight_decay=f.number("weight_decay", lo=0), batch_size=f.integer("batch_size"),
+                   max_epochs=f.integer("max_epochs"), patience=f.integer("patience"))
+
+
+def transform(x: torch.Tensor) -> torch.Tensor:
+    """log1p of rows, pooling factor and size; the rest as they are."""
+    out = x.clone()
+    for name in LOG_COLUMNS:
+        i = FEATURE_COLUMNS.index(name)
+        out[..., i] = torch.log1p(out[..., i])
+    return out
+
+
+def check_features(x: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """Features as a float32 tensor (N, 21); see `tables.check_features`."""
+    return torch.from_numpy(check_feature_array(x))
+
+
+class CostModel(nn.Module):
+    """Shard cost from the sum of its tables' encodings."""
+
+    def __init__(self, cfg: CostModelConfig, mean: torch.Tensor, std: torch.Tensor,
+                 scale: torch.Tensor | float = 1.0):
+        super().__init__()
+        self.cfg = cfg
+        width = len(FEATURE_COLUMNS)
+        self.encoder = nn.Sequential(nn.Linear(width, cfg.hidden), nn.ReLU(),
+                                     nn.Linear(cfg.hidden, cfg.encoding), nn.ReLU())
+        self.head = nn.Sequential(nn.Linear(cfg.encoding, cfg.head_hidden), nn.ReLU(),
+                                  nn.Linear(cfg.head_hidden, len(HEADS[cfg.heads])))
+        self.register_buffer("mean", mean.float())
+        self.register_buffer("std", std.float())
+        self.register_buffer("scale", torch.as_tensor(scale, dtype=torch.float32).reshape(()))
+
+    @classmethod
+    def fitted_to(cls, cfg: CostModelConfig, train_features: np.ndarray, scale: float = 1.0) -> "CostModel":
+        """A fresh model normalised with `train_features` (zero spread -> 1) and an output `scale` (ms)."""
+        x = transform(check_features(train_features))
+        std = x.std(dim=0, unbiased=False)
+        return cls(cfg, x.mean(dim=0), torch.where(std > 1e-8, std, torch.ones_like(std)), scale)
+
+    def encode(self, features: torch.Tensor) -> torch.Tensor:
+        """Encodings (N, encoding) of raw table features (N, 21)."""
+        return self.encoder((transform(features) - self.mean) / self.std)
+
+    def head_ms(self, pooled: torch.Tensor) -> torch.Tensor:
+        """Each head's cost (..., heads) in ms from summed encodings (..., encoding)."""
+        return nn.functional.softplus(self.head(pooled)) * self.scale
+
+    def cost_ms(self, pooled: torch.Tensor) -> torch.Tensor:
+        """Total predicted cost (ms) of non-empty shards from their summed encodings."""
+        return self.head_ms(pooled).sum(-1)
+
+    def forward(self, features: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Cost per head (S, heads) in ms of shards given as padded table indices (S, T), -1 = none."""
+        enc = self.encode(features)
+        padded = torch.cat([enc, enc.new_zeros(1, enc.shape[1])])
+        return self.head_ms(padded[index].sum(dim=1))
+
+    @torch.no_grad()
+    def predict_ms(self, features: np.ndarray | torch.Tensor, shards: Sequence[Sequence[int]]) -> np.ndarray:
+        """Predicted total cost (ms) of each shard; `features` are the pool's raw features."""
+        x = check_features(features)
+        index = pad_shards(shards, len(x))
+        return self(x, index).sum(-1).numpy()
+
+
+def pad_shards(shards: Sequence[Sequence[int]], num_tables: int) -> torch.Tensor:
+    """Shards as a (S, longest) index tensor padded with -1, checked against the pool."""
+    longest = max((len(s) for s in shards), default=0)
+    index = torch.full((len(shards), max(1, longest)), -1, dtype=torch.long)
+    for i, shard in enumerate(shards):
+        if len(shard) == 0:
+            raise ConfigError(f"shard {i}: empty")
+        ids = torch.as_tensor(list(shard), dtype=torch.long)
+        if ids.min() < 0 or ids.max() >= num_tables:
+            raise ConfigError(f"shard {i}: table ids must be in [0, {num_tables}), got {list(shard)}")
+        index[i, : len(ids)] = ids
+    return index
+
+
+def save_model(model: CostModel, path) -> None:
+    """State dict, config and format tag in one file, written at once."""
+    save_tagged(path, FORMAT, {"config": asdict(model.cfg), "feature_columns": FEATURE_COLUMNS,
+                               "state_dict": model.state_dict()})
+
+
+def load_model(path) -> CostModel:
+    """Load a model written by `save_model` (weights_only=True: no code runs on load)."""
+    payload = load_tagged(path, FORMAT, "cost model", "cost_model")
+    if payload["feature_columns"] != FEATURE_COLUMNS:
+        raise ConfigError(f"{path}: built for other table features than this version's")
+    state = payload["state_dict"]
+    model = CostModel(CostModelConfig(**payload["config"]), state["mean"], state["std"], state["scale"])
+    model.load_state_dict(state)
+    return model.eval()

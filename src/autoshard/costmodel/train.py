@@ -1,0 +1,111 @@
+"""Fitting the cost model: Adam on MSE of ms or of log-cost, early stopping on validation."""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from autoshard.core.params import Fields
+from autoshard.core.seeding import one_thread
+from autoshard.costmodel.model import HEADS, CostModel, CostModelConfig, check_features, pad_shards
+
+
+@dataclass(frozen=True)
+class CostStageConfig:
+    """The `cost_model` section: the network, the data split, and the study's extras."""
+
+    model: CostModelConfig
+    val_share: float
+    test_share: float
+    learning_curve: tuple[float, ...]
+    compare_stage_heads: bool
+
+    @classmethod
+    def from_params(cls, values: dict) -> "CostStageConfig":
+        f = Fields("cost_model", values)
+        cfg = cls(model=CostModelConfig.from_fields(f),
+                  val_share=f.number("val_share", lo=0, hi=0.5, lo_open=True),
+                  test_share=f.number("test_share", lo=0, hi=0.5, lo_open=True),
+                  learning_curve=tuple(f.numbers("learning_curve", lo=0.01, hi=1.0)),
+                  compare_stage_heads=f.boolean("compare_stage_heads"))
+        f.done()
+        return cfg
+
+
+@dataclass
+class Fitted:
+    model: CostModel
+    history: pd.DataFrame  # epoch, train_loss, val_loss
+    best_epoch: int
+
+
+def _targets(shards: pd.DataFrame, cfg: CostModelConfig) -> torch.Tensor:
+    return torch.tensor(shards[list(HEADS[cfg.heads])].to_numpy(dtype=np.float32))
+
+
+def _loss(pred: torch.Tensor, target: torch.Tensor, kind: str, scale: torch.Tensor) -> torch.Tensor:
+    if kind == "log_mse":
+        return torch.mean((torch.log(pred.clamp_min(1e-9)) - torch.log(target)) ** 2)
+    return torch.mean(((pred - target) / scale) ** 2)
+
+
+def fit(cfg: CostModelConfig, features: np.ndarray, train_tables: np.ndarray, train: pd.DataFrame,
+        val: pd.DataFrame, seed: int, progress: bool = True) -> Fitted:
+    """Train a model on `train` shards; keep the weights of the best validation epoch."""
+    with one_thread():
+        return _fit(cfg, features, train_tables, train, val, seed, progress)
+
+
+def _fit(cfg: CostModelConfig, features: np.ndarray, train_tables: np.ndarray, train: pd.DataFrame,
+         val: pd.DataFrame, seed: int, progress: bool) -> Fitted:
+    torch.manual_seed(seed)
+    x = check_features(features)
+    scale = float(np.median(train[list(HEADS[cfg.heads])].to_numpy()))
+    model = CostModel.fitted_to(cfg, features[np.asarray(train_tables)], scale)
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate,
+                                 weight_decay=cfg.weight_decay)
+    index, target = pad_shards(train["tables"].tolist(), len(x)), _targets(train, cfg)
+    val_index, val_target = pad_shards(val["tables"].tolist(), len(x)), _targets(val, cfg)
+    g = torch.Generator().manual_seed(seed)
+    best, best_epoch, history = float("inf"), 0, []
+    best_state = {k: v.clone() for k, v in model.state_dict().items()}
+    for epoch in tqdm(range(cfg.max_epochs), desc="fit cost model", disable=not progress):
+        model.train()
+        losses = []
+        for batch in torch.randperm(len(index), generator=g).split(cfg.batch_size):
+            loss = _loss(model(x, index[batch]), target[batch], cfg.loss, model.scale)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        model.eval()
+        with torch.no_grad():
+            val_loss = _loss(model(x, val_index), val_target, cfg.loss, model.scale).item()
+        history.append({"epoch": epoch, "train_loss": float(np.mean(losses)), "val_loss": val_loss})
+        if val_loss < best:
+            best, best_epoch = val_loss, epoch
+            best_state = {k: v.clone() for k, v in model.state_dict().items()}
+        elif epoch - best_epoch >= cfg.patience:
+            break
+    model.load_state_dict(best_state)
+    return Fitted(model.eval(), pd.DataFrame(history), best_epoch)
+
+
+def learning_curve(cfg: CostModelConfig, features: np.ndarray, train_tables: np.ndarray,
+                   splits: dict[str, pd.DataFrame], fractions: list[float], seed: int) -> pd.DataFrame:
+    """Test error of models fitted on growing shares of the training shards (same seed)."""
+    from autoshard.costmodel.dataset import test_sets
+    from autoshard.costmodel.evaluate import mape
+
+    rows = []
+    for fraction in fractions:
+        train = splits["train"].sample(frac=fraction, random_state=seed) if fraction < 1 else splits["train"]
+        fitted = fit(cfg, features, train_tables, train, splits["val"], seed, progress=False)
+        row = {"fraction": fraction, "train_shards": len(train)}
+        for name, shards in test_sets(splits).items():
+            pred = fitted.model.predict_ms(features, shards["tables"].tolist())
+            row[f"{name} MAPE"] = mape(pred, shards["total_ms"].to_numpy())
+        rows.append(row)
+    return pd.DataFrame(rows)

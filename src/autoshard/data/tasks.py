@@ -1,0 +1,190 @@
+"""Sharding tasks: T tables of the pool on D devices with a memory cap per device.
+
+Two protocols, as in the papers:
+- `autoshard`: train tasks draw from the train half of the pool; test tasks mix a ratio r
+  of unseen tables (from the test half) with seen ones, one group of tasks per r.
+- `dreamshard`: train tasks from the train pool, test tasks from the test pool.
+Every task is checked feasible: first-fit-decreasing must find a placement under the cap.
+"""
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from autoshard.core.atomic import atomic_file
+from autoshard.core.errors import ConfigError, invalid
+from autoshard.core.params import Fields
+from autoshard.core.seeding import rng
+
+PROTOCOLS = ("autoshard", "dreamshard")
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Task:
+    """One sharding problem. `tables` are pool table ids."""
+
+    name: str
+    protocol: str
+    split: str
+    tables: tuple[int, ...]
+    devices: int
+    memory_bytes: int
+    unseen_ratio: float
+
+
+@dataclass(frozen=True)
+class ProtocolConfig:
+    name: str
+    tables: int
+    devices: int
+    memory_bytes: int
+    train_tasks: int
+    test_tasks: int
+    unseen_ratios: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """The `tasks` section of params.yaml."""
+
+    train_share: float
+    max_draws: int
+    protocols: tuple[ProtocolConfig, ...]
+
+    @classmethod
+    def from_params(cls, values: dict) -> "TaskConfig":
+        f = Fields("tasks", values)
+        train_share = f.number("train_share", lo=0, hi=1, lo_open=True)
+        max_draws = f.integer("max_draws")
+        protocols = []
+        for name in PROTOCOLS:
+            p = f.sub(name)
+            ratios = tuple(p.numbers("unseen_ratios", lo=0, hi=1)) if name == "autoshard" else (1.0,)
+            protocols.append(ProtocolConfig(
+                name=name, tables=p.integer("tables"), devices=p.integer("devices"),
+                memory_bytes=int(p.number("memory_per_device_gib", lo=0, lo_open=True) * GIB),
+                train_tasks=p.integer("train_tasks", lo=0), test_tasks=p.integer("test_tasks", lo=0),
+                unseen_ratios=ratios))
+            p.done()
+        f.done()
+        return cls(train_share=train_share, max_draws=max_draws, protocols=tuple(protocols))
+
+
+def split_pool(num_tables: int, train_share: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded split of table ids into disjoint, sorted train and test pools."""
+    order = rng(seed, "tasks", "split").permutation(num_tables)
+    cut = int(round(train_share * num_tables))
+    if cut < 1 or cut >= num_tables:
+        raise invalid("tasks.train_share", train_share,
+                      f"leaves an empty train or test pool of {num_tables} tables")
+    return np.sort(order[:cut]), np.sort(order[cut:])
+
+
+def first_fit_decreasing(sizes: np.ndarray, devices: int, capacity: int) -> np.ndarray | None:
+    """A placement (device per table) under `capacity`, largest first, or None if FFD fails."""
+    load = np.zeros(devices, dtype=np.int64)
+    placement = np.full(len(sizes), -1, dtype=np.int64)
+    for i in np.argsort(-np.asarray(sizes), kind="stable"):
+        fits = np.flatnonzero(load + sizes[i] <= capacity)
+        if fits.size == 0:
+            return None
+        placement[i] = fits[0]
+        load[fits[0]] += sizes[i]
+    return placement
+
+
+def make_tasks(features: pd.DataFrame, tasks: dict, seed: int
+               ) -> tuple[list[Task], np.ndarray, np.ndarray]:
+    """All tasks of both protocols, and the train and test pools they draw from."""
+    cfg = TaskConfig.from_params(tasks)
+    sizes = features["size_bytes"].to_numpy()
+    train, test = split_pool(len(features), cfg.train_share, seed)
+    out = []
+    for p in cfg.protocols:
+        _check_protocol(p, sizes, len(train), len(test))
+        groups = [("train", 0.0, p.train_tasks)]
+        groups += [("test", r, p.test_tasks) for r in p.unseen_ratios]
+        for split, ratio, count in groups:
+            for k in range(count):
+                g = rng(seed, "tasks", p.name, split, f"{ratio:.4f}", k)
+                unseen = int(round(ratio * p.tables)) if split == "test" else 0
+                tables = draw_feasible(g, p, train, test, unseen, sizes, cfg.max_draws)
+                suffix = f"r{ratio:.2f}/" if p.name == "autoshard" and split == "test" else ""
+                out.append(Task(name=f"{p.name}/{split}/{suffix}{k:03d}", protocol=p.name,
+                                split=split, tables=tables, devices=p.devices,
+                                memory_bytes=p.memory_bytes, unseen_ratio=unseen / p.tables))
+    return out, train, test
+
+
+def _check_protocol(p: ProtocolConfig, sizes: np.ndarray, n_train: int, n_test: int) -> None:
+    field = f"tasks.{p.name}"
+    if p.memory_bytes < sizes.max():
+        raise invalid(f"{field}.memory_per_device_gib", p.memory_bytes / GIB,
+                      f"smaller than the largest table, {sizes.max() / GIB:.4f} GiB")
+    if p.tables > n_train:
+        raise invalid(f"{field}.tables", p.tables, f"more than the {n_train} tables of the train pool")
+    most_unseen = round(max(p.unseen_ratios) * p.tables)
+    if most_unseen > n_test:
+        raise invalid(f"{field}.tables", p.tables,
+                      f"needs {most_unseen} unseen tables, the test pool has {n_test}")
+
+
+def draw_feasible(g: np.random.Generator, p: ProtocolConfig, train: np.ndarray, test: np.ndarray,
+                  unseen: int, sizes: np.ndarray, max_draws: int, field: str | None = None) -> tuple[int, ...]:
+    """Sorted table ids: `unseen` from `test`, the rest from `train`, redrawn until first-fit-
+    decreasing places them under the cap; `field` names the cap in the error when none does."""
+    for _ in range(max_draws):
+        tables = np.concatenate([g.choice(train, p.tables - unseen, replace=False),
+                                 g.choice(test, unseen, replace=False)])
+        if first_fit_decreasing(sizes[tables], p.devices, p.memory_bytes) is not None:
+            return tuple(int(t) for t in sorted(tables))
+    raise invalid(field or f"tasks.{p.name}.memory_per_device_gib", p.memory_bytes / GIB,
+                  f"no feasible task of {p.tables} tables on {p.devices} devices "
+                  f"in {max_draws} draws")
+
+
+def save_tasks(path: str | Path, tasks: list[Task], train: np.ndarray, test: np.ndarray,
+               seed: int) -> None:
+    """Write the task file (JSON) at once."""
+    doc = {"seed": seed, "train_tables": train.tolist(), "test_tables": test.tolist(),
+           "tasks": [asdict(t) | {"tables": list(t.tables)} for t in tasks]}
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def load_tasks(path: str | Path) -> tuple[list[Task], np.ndarray, np.ndarray]:
+    """Read a task file written by `save_tasks`: the tasks, the train and the test pool."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+        tasks = [Task(**(t | {"tables": tuple(t["tables"])})) for t in doc["tasks"]]
+        return tasks, np.array(doc["train_tables"]), np.array(doc["test_tables"])
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: task file not found (run `dvc repro synthesize`)") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(f"{path}: not a task file ({exc.__class__.__name__}: {exc})") from None
+
+
+def task_summary(tasks: list[Task], features: pd.DataFrame) -> pd.DataFrame:
+    """One row per (protocol, split, unseen ratio): counts, sizes and memory headroom."""
+    sizes = features["size_bytes"].to_numpy()
+    rows = [{"protocol": t.protocol, "split": t.split, "unseen_ratio": t.unseen_ratio,
+             "tables": len(t.tables), "devices": t.devices,
+             "memory_per_device_MiB": t.memory_bytes / 2**20,
+             "memory_fill": sizes[list(t.tables)].sum() / (t.devices * t.memory_bytes)}
+            for t in tasks]
+    return (pd.DataFrame(rows)
+            .groupby(["protocol", "split", "unseen_ratio", "tables", "devices",
+                      "memory_per_device_MiB"], as_index=False)
+            .agg(tasks=("memory_fill", "size"), mean_memory_fill=("memory_fill", "mean"),
+                 max_memory_fill=("memory_fill", "max")))
+
+def shards(placement: np.ndarray, tables: tuple[int, ...] | list[int], devices: int
+           ) -> list[tuple[int, ...]]:
+    """The pool table ids on each device, sorted."""
+    ids = np.asarray(tables)
+    return [tuple(sorted(int(t) for t in ids[placement == d])) for d in range(devices)]

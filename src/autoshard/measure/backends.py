@@ -1,0 +1,63 @@
+"""Build a cost backend from the `profile` parameters."""
+
+from dataclasses import dataclass
+
+import torch
+
+from autoshard.core.errors import invalid
+from autoshard.core.params import Fields
+from autoshard.data.pool import Pool
+from autoshard.measure.analytic import AnalyticBackend
+from autoshard.measure.base import CostBackend
+from autoshard.measure.fbgemm import OPTIMIZERS, FbgemmBackend
+from autoshard.measure.timing import TimingConfig
+from autoshard.measure.torch_bag import TorchBackend
+
+BACKENDS = ("fbgemm", "torch", "analytic")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass(frozen=True)
+class BackendConfig:
+    """How shards are measured: backend, device, batch, threads and the timing protocol."""
+
+    backend: str
+    device: str
+    optimizer: str
+    batch_size: int
+    threads: int
+    timing: TimingConfig
+    memory_limit_bytes: int
+
+    @classmethod
+    def from_fields(cls, f: Fields) -> "BackendConfig":
+        return cls(
+            backend=f.text("backend", BACKENDS),
+            device=resolve_device(f.text("device", DEVICES), f.name("device")),
+            optimizer=f.text("optimizer", OPTIMIZERS),
+            batch_size=f.integer("batch_size"),
+            threads=f.integer("threads"),
+            timing=TimingConfig(warmup=f.integer("warmup", lo=0), runs=f.integer("runs")),
+            memory_limit_bytes=int(f.number("memory_limit_gib", lo=0, lo_open=True) * 2**30),
+        )
+
+
+def resolve_device(device: str, field: str = "profile.device") -> str:
+    """`auto` becomes `cuda` when a CUDA GPU is present, else `cpu`; `cuda` needs a GPU."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise invalid(field, device, "no CUDA GPU is available on this machine")
+    return device
+
+
+def make_backend(pool: Pool, cfg: BackendConfig) -> CostBackend:
+    """The backend named by `cfg.backend`, on `cfg.device`."""
+    device = torch.device(cfg.device)
+    if cfg.backend == "fbgemm":
+        return FbgemmBackend(pool, device, cfg.optimizer, cfg.timing, cfg.memory_limit_bytes)
+    if cfg.backend == "torch":
+        return TorchBackend(pool, device, cfg.timing, cfg.memory_limit_bytes)
+    if cfg.backend == "analytic":
+        return AnalyticBackend(pool, cfg.device)
+    raise invalid("profile.backend", cfg.backend, f"expected one of {', '.join(BACKENDS)}")

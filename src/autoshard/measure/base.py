@@ -1,0 +1,75 @@
+"""The backend protocol, the cost record, and the shard inputs every backend shares."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from autoshard.core.errors import ConfigError
+from autoshard.data.traces import Traces
+
+
+@dataclass(frozen=True)
+class ShardCost:
+    """Compute cost of one shard on one device, in milliseconds (median and IQR over runs)."""
+
+    forward_ms: float
+    backward_ms: float
+    forward_iqr_ms: float = 0.0
+    backward_iqr_ms: float = 0.0
+
+    @property
+    def total_ms(self) -> float:
+        return self.forward_ms + self.backward_ms
+
+
+class ShardTooLarge(RuntimeError):
+    """The shard does not fit the device's memory: recorded as unmeasurable, not a crash."""
+
+
+class CostBackend(Protocol):
+    """Measures (or estimates) a shard's forward and backward compute on one device."""
+
+    name: str
+    device: str
+
+    def measure(self, tables: Sequence[int], batch_size: int) -> ShardCost: ...
+
+
+def check_shard(tables: Sequence[int], num_tables: int) -> list[int]:
+    """The shard's table ids as ints; errors name the offending value."""
+    ids = [int(t) for t in tables]
+    if not ids:
+        raise ConfigError("shard: [] (empty: a shard needs at least one table)")
+    bad = [t for t in ids if not 0 <= t < num_tables]
+    if bad:
+        raise ConfigError(f"shard: table {bad[0]} is not in the pool of {num_tables} tables")
+    return ids
+
+
+def check_batch(batch_size: int, traces: Traces) -> None:
+    if not 1 <= batch_size <= traces.batch_size:
+        raise ConfigError(f"profile.batch_size: {batch_size} (the traces hold "
+                          f"{traces.batch_size} bags per table)")
+
+
+def shard_inputs(traces: Traces, tables: Sequence[int], batch_size: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat indices and table-major offsets (T*B+1) of the first `batch_size` bags of each table."""
+    check_batch(batch_size, traces)
+    ids = check_shard(tables, traces.num_tables)
+    b = traces.batch_size
+    parts = [np.asarray(traces.indices[traces.offsets[t * b]:traces.offsets[t * b + batch_size]])
+             for t in ids]
+    lengths = np.stack([np.asarray(traces.lengths[t, :batch_size]) for t in ids])
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths.reshape(-1), out=offsets[1:])
+    indices = np.concatenate(parts).astype(np.int64)
+    return torch.from_numpy(indices), torch.from_numpy(offsets)
+
+
+def shard_bytes(rows: Sequence[int], dims: Sequence[int], weight_bytes: int) -> int:
+    """Weights plus row-wise optimizer state (one float per row) of a shard."""
+    return int(sum(r * d * weight_bytes + r * 4 for r, d in zip(rows, dims, strict=True)))

@@ -1,0 +1,140 @@
+"""All-to-all communication of a placement: DreamShard's forward and backward comm stages.
+
+Table-wise sharding with a data-parallel batch: device d computes the pooled embeddings of
+its tables for the whole batch B, then the forward all-to-all sends each device its B/D rows
+(B/D x width_d values to each peer); the backward all-to-all returns the gradients.
+
+Measured: `measure_comm` starts D processes with `torchrun` (gloo on CPU, nccl on CUDA);
+each runs `all_to_all_single` with the placement's split sizes and reports per-rank medians.
+Analytic: TorchRec's table-wise comm estimate (output bytes / all-to-all bandwidth), used
+when only one process is asked for.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from autoshard.core.errors import ConfigError
+from autoshard.measure.analytic import table_perf
+from autoshard.measure.base import ShardCost
+from autoshard.measure.timing import DEFAULT_TIMING, TimingConfig
+
+STAGES = ["forward_compute_ms", "forward_comm_ms", "backward_comm_ms", "backward_compute_ms"]
+
+
+def analytic_comm(dims_per_device: Sequence[Sequence[int]], pooling_per_device: Sequence[Sequence[float]],
+                  batch_size: int, device: str = "cpu") -> list[tuple[float, float]]:
+    """(forward, backward) all-to-all ms per device from TorchRec's table-wise estimate."""
+    world = len(dims_per_device)
+    per_rank = max(1, batch_size // world)
+    out = []
+    for dims, pfs in zip(dims_per_device, pooling_per_device, strict=True):
+        perfs = [table_perf(int(d), round(float(p), 6), per_rank, world, device)
+                 for d, p in zip(dims, pfs, strict=True)]
+        out.append((sum(p.fwd_comms for p in perfs), sum(p.bwd_comms for p in perfs)))
+    return out
+
+
+def measure_comm(dims_per_device: Sequence[Sequence[int]], batch_size: int, device: str = "cpu",
+                 timing: TimingConfig = DEFAULT_TIMING, timeout_s: float = 600) -> list[tuple[float, float]]:
+    """(forward, backward) all-to-all ms per device, measured across D torchrun processes."""
+    world = len(dims_per_device)
+    if world < 2:
+        raise ConfigError(f"comm.processes: {world} (measuring all-to-all needs at least 2)")
+    if batch_size < world:
+        raise ConfigError(f"batch_size: {batch_size} (smaller than the {world} devices)")
+    with tempfile.TemporaryDirectory(prefix="autoshard-comm-") as tmp:
+        spec = Path(tmp) / "spec.json"
+        out = Path(tmp) / "out.json"
+        spec.write_text(json.dumps({"widths": [int(sum(d)) for d in dims_per_device],
+                                    "batch_size": batch_size, "device": device,
+                                    "warmup": timing.warmup, "runs": timing.runs}))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc_per_node={world}", "-m", "autoshard.measure.comm", str(spec), str(out)]
+        env = os.environ | {"OMP_NUM_THREADS": "1"}
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
+        if done.returncode != 0 or not out.exists():
+            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            raise RuntimeError(f"all-to-all measurement failed: {' | '.join(tail)}")
+        return [tuple(x) for x in json.loads(out.read_text())]
+
+
+def device_stages(compute: Sequence[ShardCost], comm: Sequence[tuple[float, float]]) -> pd.DataFrame:
+    """DreamShard's four stages per device; the placement's cost is the max of their sums."""
+    rows = [{"device": d, "forward_compute_ms": c.forward_ms, "forward_comm_ms": f,
+             "backward_comm_ms": b, "backward_compute_ms": c.backward_ms}
+            for d, (c, (f, b)) in enumerate(zip(compute, comm, strict=True))]
+    table = pd.DataFrame(rows)
+    table["total_ms"] = table[STAGES].sum(axis=1)
+    return table
+
+
+def _worker(spec_path: str, out_path: str) -> None:
+    """One torchrun process: time the forward and backward all-to-all of its device."""
+    import torch.distributed as dist
+
+    spec = json.loads(Path(spec_path).read_text())
+    cuda = spec["device"] == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    rows = spec["batch_size"] // world
+    widths = spec["widths"]
+    mine = widths[rank]
+    # Forward: send rows x mine to every rank; receive rows x widths[j] from each rank j.
+    fwd_in = torch.randn(rows * world * mine, device=device)
+    fwd_out = torch.empty(rows * sum(widths), device=device)
+    fwd_split = ([rows * mine] * world, [rows * w for w in widths])
+    times: dict[str, list[float]] = {"fwd": [], "bwd": []}
+    for i in range(spec["warmup"] + spec["runs"]):
+        for name, (inp, out, (send, recv)) in {
+            "fwd": (fwd_in, fwd_out, fwd_split),
+            "bwd": (fwd_out, fwd_in, (fwd_split[1], fwd_split[0])),
+        }.items():
+            dist.barrier()
+            if cuda:
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            dist.all_to_all_single(out, inp, output_split_sizes=recv, input_split_sizes=send)
+            if cuda:
+                torch.cuda.synchronize(device)
+            if i >= spec["warmup"]:
+                times[name].append((time.perf_counter() - t0) * 1e3)
+    medians = (statistics.median(times["fwd"]), statistics.median(times["bwd"]))
+    gathered = [None] * world
+    dist.all_gather_object(gathered, medians)
+    if rank == 0:
+        Path(out_path).write_text(json.dumps(gathered))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], sys.argv[2])
+
+
+def plan_stages(backend, features: pd.DataFrame, shards: Sequence[Sequence[int]], batch_size: int,
+                measure: bool, timing: TimingConfig = DEFAULT_TIMING) -> pd.DataFrame:
+    """Four stages per device of a placement given as pool table ids per device.
+
+    Compute comes from `backend`; communication is measured across one process per device
+    when `measure` is true, else TorchRec's analytic estimate. Column `comm` says which.
+    """
+    compute = [backend.measure(s, batch_size) for s in shards]
+    dims = [features.loc[list(s), "dim"].tolist() for s in shards]
+    if measure:
+        comm = measure_comm(dims, batch_size, backend.device, timing)
+    else:
+        pfs = [features.loc[list(s), "pooling_factor"].tolist() for s in shards]
+        comm = analytic_comm(dims, pfs, batch_size, backend.device)
+    return device_stages(compute, comm).assign(comm="measured" if measure else "analytic")

@@ -1,0 +1,75 @@
+"""FBGEMM backend: the shard as one fused table-batched embedding (TBE) operator.
+
+`SplitTableBatchedEmbeddingBagsCodegen` with the optimizer fused into the backward pass,
+fed with the pool's real traces. CPU: weights in host memory, fp32. CUDA: weights on the
+device, fp16 (as in AutoShard), timed with CUDA events after an L2 flush.
+"""
+
+from collections.abc import Sequence
+
+import torch
+
+from autoshard.core.errors import ConfigError
+from autoshard.data.pool import Pool
+from autoshard.measure.base import ShardCost, ShardTooLarge, shard_bytes, shard_inputs
+from autoshard.measure.timing import DEFAULT_TIMING, TimingConfig, time_steps
+
+OPTIMIZERS = ("EXACT_ROWWISE_ADAGRAD", "EXACT_SGD", "EXACT_ADAGRAD")
+
+
+class FbgemmBackend:
+    name = "fbgemm"
+
+    def __init__(self, pool: Pool, device: torch.device, optimizer: str = "EXACT_ROWWISE_ADAGRAD",
+                 timing: TimingConfig = DEFAULT_TIMING, memory_limit_bytes: int = 8 * 2**30):
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+        if optimizer not in OPTIMIZERS:
+            raise ConfigError(f"profile.optimizer: {optimizer!r} (expected one of {', '.join(OPTIMIZERS)}"
+                              "; the others are refused by FBGEMM's CPU kernels)")
+        self.pool = pool
+        self.torch_device = device
+        self.device = device.type
+        self.optimizer = getattr(EmbOptimType, optimizer)
+        self.timing = timing
+        self.memory_limit_bytes = memory_limit_bytes
+        self.weight_bytes = 2 if device.type == "cuda" else 4
+
+    def _operator(self, rows: list[int], dims: list[int]):
+        from fbgemm_gpu.split_embedding_configs import SparseType
+        from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+        from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+            ComputeDevice,
+            SplitTableBatchedEmbeddingBagsCodegen,
+        )
+
+        cuda = self.torch_device.type == "cuda"
+        location = EmbeddingLocation.DEVICE if cuda else EmbeddingLocation.HOST
+        compute = ComputeDevice.CUDA if cuda else ComputeDevice.CPU
+        specs = [(r, d, location, compute) for r, d in zip(rows, dims, strict=True)]
+        return SplitTableBatchedEmbeddingBagsCodegen(
+            specs, optimizer=self.optimizer, pooling_mode=PoolingMode.SUM,
+            weights_precision=SparseType.FP16 if cuda else SparseType.FP32,
+            learning_rate=0.01, device=self.torch_device)
+
+    def measure(self, tables: Sequence[int], batch_size: int) -> ShardCost:
+        indices, offsets = shard_inputs(self.pool.traces, tables, batch_size)
+        f = self.pool.features.iloc[list(tables)]
+        rows, dims = f["rows"].astype(int).tolist(), f["dim"].astype(int).tolist()
+        if shard_bytes(rows, dims, self.weight_bytes) > self.memory_limit_bytes:
+            raise ShardTooLarge(f"shard of {len(rows)} tables needs more than "
+                                f"{self.memory_limit_bytes / 2**30:.1f} GiB")
+        try:
+            op = self._operator(rows, dims)
+            indices, offsets = indices.to(self.torch_device), offsets.to(self.torch_device)
+            grad = output_grad(batch_size, sum(dims), self.torch_device)
+            return time_steps(lambda: op(indices, offsets), lambda out: out.backward(grad),
+                              self.timing, self.torch_device)
+        except (torch.OutOfMemoryError, MemoryError) as exc:
+            raise ShardTooLarge(str(exc).splitlines()[0]) from None
+
+
+def output_grad(batch_size: int, width: int, device: torch.device) -> torch.Tensor:
+    """A fixed pseudo-random fp32 output gradient (its values do not change the kernels' work)."""
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(batch_size, width, generator=g).to(device)

@@ -1,0 +1,63 @@
+"""Torch backend: the shard as one `nn.EmbeddingBag` per table, run together.
+
+For a machine with torch but no matching FBGEMM build (for example a CUDA machine). Forward
+runs every table's bag and concatenates the pooled outputs, as a model would; backward
+includes the optimizer step (sparse Adagrad), which FBGEMM fuses into its backward.
+"""
+
+from collections.abc import Sequence
+
+import torch
+
+from autoshard.data.pool import Pool
+from autoshard.measure.base import ShardCost, ShardTooLarge, shard_bytes, shard_inputs
+from autoshard.measure.fbgemm import output_grad
+from autoshard.measure.timing import DEFAULT_TIMING, TimingConfig, time_steps
+
+
+class TorchBackend:
+    name = "torch"
+
+    def __init__(self, pool: Pool, device: torch.device, timing: TimingConfig = DEFAULT_TIMING,
+                 memory_limit_bytes: int = 8 * 2**30):
+        self.pool = pool
+        self.torch_device = device
+        self.device = device.type
+        self.timing = timing
+        self.memory_limit_bytes = memory_limit_bytes
+
+    def measure(self, tables: Sequence[int], batch_size: int) -> ShardCost:
+        indices, offsets = shard_inputs(self.pool.traces, tables, batch_size)
+        f = self.pool.features.iloc[list(tables)]
+        rows, dims = f["rows"].astype(int).tolist(), f["dim"].astype(int).tolist()
+        if shard_bytes(rows, dims, 4) > self.memory_limit_bytes:
+            raise ShardTooLarge(f"shard of {len(rows)} tables needs more than "
+                                f"{self.memory_limit_bytes / 2**30:.1f} GiB")
+        try:
+            return self._time(rows, dims, indices, offsets, batch_size)
+        except (torch.OutOfMemoryError, MemoryError) as exc:
+            raise ShardTooLarge(str(exc).splitlines()[0]) from None
+
+    def _time(self, rows, dims, indices, offsets, batch_size) -> ShardCost:
+        dev = self.torch_device
+        bags = torch.nn.ModuleList(
+            torch.nn.EmbeddingBag(r, d, mode="sum", sparse=True, device=dev)
+            for r, d in zip(rows, dims, strict=True))
+        optimizer = torch.optim.Adagrad(bags.parameters(), lr=0.01)
+        # Per table: its slice of the flat indices and its B offsets, rebased to 0.
+        inputs = []
+        for t in range(len(rows)):
+            start, end = offsets[t * batch_size], offsets[(t + 1) * batch_size]
+            inputs.append((indices[start:end].to(dev),
+                           (offsets[t * batch_size:(t + 1) * batch_size] - start).to(dev)))
+        grad = output_grad(batch_size, sum(dims), dev)
+
+        def forward() -> torch.Tensor:
+            return torch.cat([bag(i, o) for bag, (i, o) in zip(bags, inputs, strict=True)], dim=1)
+
+        def backward(out: torch.Tensor) -> None:
+            out.backward(grad)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return time_steps(forward, backward, self.timing, dev)

@@ -1,0 +1,149 @@
+"""Which code each stage runs: the package layers its notebook imports, found by following the
+imports. dvc.yaml lists exactly these (a test compares them), so editing a module reruns every
+stage it can change and no other.
+
+`python -m autoshard.pipeline.deps` checks dvc.yaml; `--write` rewrites its code dependencies.
+
+Layers, in data-flow order; a module imports only from its own layer or layers before it
+(`cli` sits beside `studies`: neither imports the other):
+core < data < measure < costmodel < placement < rl < studies | cli < pipeline.
+"""
+
+import argparse
+import ast
+import json
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+LAYERS = ("core", "data", "measure", "costmodel", "placement", "rl", "studies", "cli", "pipeline")
+RANK = {**{layer: i for i, layer in enumerate(LAYERS)}, "cli": LAYERS.index("studies")}
+PACKAGE = Path(__file__).resolve().parents[1]
+# Every stage notebook opens with the stage context; depending on the whole pipeline folder would
+# rerun every stage whenever the report changes.
+STAGE_RUNNER = "src/autoshard/pipeline/stage.py"
+
+
+def imported_modules(source: str) -> set[str]:
+    """Dotted names below `autoshard` that `source` imports (`from autoshard.rl import env` gives rl.env)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "autoshard":
+            rest = node.module.split(".")[1:]
+            base = ".".join(rest)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}" if base else alias.name
+                out.add(sub if _module_file(sub) else base)
+        elif isinstance(node, ast.Import):
+            out |= {a.name.split(".", 1)[1] for a in node.names if a.name.startswith("autoshard.")}
+    return {m for m in out if m}
+
+
+def _module_file(dotted: str) -> Path | None:
+    path = PACKAGE.joinpath(*dotted.split("."))
+    if path.with_suffix(".py").is_file():
+        return path.with_suffix(".py")
+    if (path / "__init__.py").is_file():
+        return path / "__init__.py"
+    return None
+
+
+def module_closure(source: str) -> set[str]:
+    """Every package module reachable from `source`'s imports (dotted names)."""
+    todo, seen = list(imported_modules(source)), set()
+    while todo:
+        name = todo.pop()
+        file = _module_file(name)
+        if name in seen or file is None:
+            continue
+        seen.add(name)
+        todo += imported_modules(file.read_text())
+    return seen
+
+
+def notebook_source(path: Path) -> str:
+    cells = json.loads(Path(path).read_text())["cells"]
+    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+def code_deps(source: str) -> list[str]:
+    """dvc.yaml dependencies for code that `source` runs: its layer folders, and the stage
+    runner alone for the pipeline layer."""
+    layers = {m.split(".")[0] for m in module_closure(source)}
+    out = [f"src/autoshard/{layer}" for layer in LAYERS if layer in layers and layer != "pipeline"]
+    if "pipeline" in layers:
+        out.append(STAGE_RUNNER)
+    return out
+
+
+def layer_violations() -> list[str]:
+    """`module -> import` pairs that import from a later layer (or across studies and cli)."""
+    bad = []
+    for file in sorted(PACKAGE.rglob("*.py")):
+        parts = file.relative_to(PACKAGE).with_suffix("").parts
+        if len(parts) < 2:
+            continue
+        layer = parts[0]
+        for name in imported_modules(file.read_text()):
+            target = name.split(".")[0]
+            crosses = {layer, target} == {"studies", "cli"}
+            if RANK.get(target, -1) > RANK[layer] or crosses:
+                bad.append(f"{'.'.join(parts)} -> {name}")
+    return bad
+
+
+def stage_code_deps(stage: str, spec: dict, root: Path) -> list[str]:
+    """The code a stage of dvc.yaml runs: its notebook's layers, or for a `python -m` stage its
+    module and that module's layers."""
+    notebooks = [d for d in spec.get("deps", []) if str(d).startswith("notebooks/")]
+    if notebooks:
+        return code_deps(notebook_source(root / notebooks[0]))
+    module = spec["cmd"].split("-m ", 1)[1].split()[0]
+    file = "src/" + module.replace(".", "/") + ".py"
+    return [file, *code_deps((root / file).read_text())]
+
+
+def rewrite(text: str, root: Path) -> str:
+    """dvc.yaml's text with every stage's `src/autoshard` dependencies replaced by the rule's."""
+    stages = yaml.safe_load(text)["stages"]
+    lines = text.splitlines(keepends=True)
+    out, stage, in_deps = [], None, False
+    for line in lines:
+        header = re.match(r"^  (\w+):\s*$", line)
+        if header:
+            stage, in_deps = header.group(1), False
+        if stage in stages and re.match(r"^    deps:\s*$", line):
+            out.append(line)
+            out += [f"      - {d}\n" for d in stage_code_deps(stage, stages[stage], root)]
+            in_deps = True
+            continue
+        if in_deps and re.match(r"^      - src/autoshard", line):
+            continue
+        if in_deps and not line.startswith("      - "):
+            in_deps = False
+        out.append(line)
+    return "".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autoshard.pipeline.deps", description=__doc__.split("\n")[0])
+    parser.add_argument("--dvc-file", type=Path, default=Path("dvc.yaml"))
+    parser.add_argument("--write", action="store_true", help="rewrite the code dependencies in place")
+    args = parser.parse_args(argv)
+    text = args.dvc_file.read_text()
+    wanted = rewrite(text, args.dvc_file.resolve().parent)
+    if wanted == text:
+        print(f"{args.dvc_file}: code dependencies follow the layer rule")
+        return 0
+    if args.write:
+        args.dvc_file.write_text(wanted)
+        print(f"{args.dvc_file}: code dependencies rewritten")
+        return 0
+    print(f"{args.dvc_file}: code dependencies differ from the layer rule (run with --write)", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

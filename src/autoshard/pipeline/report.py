@@ -1,0 +1,227 @@
+"""The report stage: every executed notebook as self-contained HTML, the key curves as DVC
+plot files, and `reports/README.md` with the headline results generated from the metrics
+files (never typed), the figures, the environment and each stage's wall time.
+
+Run as `python -m autoshard.pipeline.report` (what `dvc.yaml` does).
+"""
+
+import argparse
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from autoshard.core.atomic import atomic_dir, atomic_file
+from autoshard.core.errors import ConfigError
+from autoshard.core.metrics import read_metrics
+from autoshard.placement.registry import METHODS
+
+
+def notebook_stages(dvc_file: str | Path) -> list[tuple[str, str]]:
+    """(stage, notebook stem) of every notebook stage in `dvc.yaml`, in pipeline order."""
+    stages = yaml.safe_load(Path(dvc_file).read_text())["stages"]
+    out = []
+    for name, spec in stages.items():
+        notebooks = [d for d in spec.get("deps", []) if str(d).startswith("notebooks/")]
+        if notebooks:
+            out.append((name, Path(notebooks[0]).stem))
+    return out
+
+
+def render_html(notebook: Path, out: Path) -> None:
+    """The executed notebook as one HTML file with its figures embedded and code hidden (the
+    notebook itself, with its code, sits next to it in `reports/notebooks/`)."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(template_name="lab", exclude_input=True, exclude_input_prompt=True,
+                            exclude_output_prompt=True)
+    body, _ = exporter.from_notebook_node(nbformat.read(notebook, as_version=4))
+    out.write_text(body, encoding="utf-8")
+
+
+def _interval(row: pd.Series) -> str:
+    return f"{row['ratio_median']:.3f} [{row['ratio_lo']:.3f}, {row['ratio_hi']:.3f}]"
+
+
+def headline(evaluate: dict) -> str:
+    """Markdown: per protocol, each method's measured median ratio to the best heuristic with
+    its 95% interval, win rate, mean measured bottleneck and median sharding time."""
+    parts = []
+    for protocol, methods in evaluate["results"].items():
+        table = pd.DataFrame.from_dict(methods, orient="index")
+        table = table.loc[sorted(table.index, key=lambda m: METHODS.index(m) if m in METHODS else len(METHODS))]
+        shown = pd.DataFrame({
+            "plans": table["plans"].astype(int),
+            "ratio to best heuristic, median [95% CI]": table.apply(_interval, axis=1),
+            "win rate": table["win_rate"].map("{:.0%}".format),
+            "mean bottleneck (ms, measured)": table["mean_ms"].map("{:.2f}".format),
+            "predicted ratio (median)": table["predicted_ratio_median"].map("{:.3f}".format),
+            "sharding time (s, median)": table["seconds_median"].map("{:.4f}".format)})
+        if protocol == "small":
+            shown["gap to optimum (predicted, median)"] = table["predicted_gap_median"].map("{:.2%}".format)
+        parts.append(f"**{protocol}** ({int(table['plans'].max())} tasks)\n\n"
+                     + shown.rename_axis("method").to_markdown())
+    return "\n\n".join(parts)
+
+
+def targets(evaluate: dict) -> str:
+    """Markdown: the evaluate stage's targets, met or not."""
+    table = pd.DataFrame(evaluate["targets"])
+    table["value"] = table["value"].map("{:.3f}".format)
+    table["met"] = table["met"].map({True: "met", False: "**not met**"})
+    return table[["protocol", "method", "statistic", "value", "target", "met"]].to_markdown(index=False)
+
+
+def transfer_table(transfer: dict) -> str:
+    """Markdown: per transfer axis and point, the policy's and the cost-model greedy's measured
+    median ratio to the best heuristic with its 95% interval."""
+    rows = []
+    for axis, methods in transfer["axes"].items():
+        for method, points in methods.items():
+            for value, row in points.items():
+                rows.append({"axis": axis, "value": float(value), "method": method, "cell": _interval(pd.Series(row)),
+                             "tasks": int(row["tasks"])})
+    if not rows:
+        return "(no transfer results)"
+    frame = pd.DataFrame(rows)
+    table = frame.pivot_table(index=["axis", "value"], columns="method", values="cell", aggfunc="first")
+    table["tasks"] = frame.groupby(["axis", "value"])["tasks"].min()
+    table.index = [f"{axis} = {value:g}" for axis, value in table.index]
+    return table.rename_axis("point").to_markdown()
+
+
+def ablation_table(ablation: dict) -> str:
+    """Markdown: per ablation variant, the mean over seeds of the measured median ratio to the
+    best heuristic, its spread across seeds, and the change against the full method."""
+    table = pd.DataFrame(ablation["variants"])
+    shown = pd.DataFrame({
+        "variant": table["label"],
+        "ratio (mean of seeds)": table["mean"].map("{:.3f}".format),
+        "std across seeds": table["std"].map("{:.3f}".format),
+        "range": table.apply(lambda r: f"[{r['min']:.3f}, {r['max']:.3f}]", axis=1),
+        "vs full method": table["vs_full"].map("{:+.3f}".format) if "vs_full" in table else "n/a"})
+    return shown.to_markdown(index=False, disable_numparse=True)
+
+
+def stage_times(metrics_dir: Path, stages: list[tuple[str, str]]) -> str:
+    """Markdown: the wall time each stage's notebook recorded in its metrics file."""
+    rows = []
+    for stage, _ in stages:
+        path = metrics_dir / f"{stage}.json"
+        if path.exists():
+            seconds = read_metrics(path).get("seconds")
+            rows.append({"stage": stage, "wall time (s)": f"{seconds:.0f}" if seconds is not None else "n/a"})
+    if rows:
+        total = sum(float(r["wall time (s)"]) for r in rows if r["wall time (s)"] != "n/a")
+        rows.append({"stage": "**all notebook stages**", "wall time (s)": f"{total:.0f}"})
+    return pd.DataFrame(rows).to_markdown(index=False)
+
+
+def environment() -> dict[str, str]:
+    """Where the study ran: CPU, cores, GPU, library versions, torch threads."""
+    import torch
+
+    versions = {}
+    for module in ("torch", "fbgemm_gpu", "torchrec", "pandas", "dvc", "papermill"):
+        try:
+            versions[module] = __import__(module).__version__
+        except ImportError:
+            versions[module] = "absent"
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    return {"cpu": platform.processor() or platform.machine(), "cores": str(os.cpu_count()), "gpu": gpu,
+            "python": platform.python_version(), "torch threads": str(torch.get_num_threads()), **versions}
+
+
+def plot_files(data_dir: Path, plots: Path) -> None:
+    """Wide CSVs of the key curves for `dvc plots show`: sharding time against the number of
+    tables, and each method's median measured ratio per protocol."""
+    speed = pd.read_csv(data_dir / "evaluate" / "speed.csv")
+    speed.pivot(index="tables", columns="method", values="seconds").reset_index().to_csv(
+        plots / "sharding_time.csv", index=False)
+    ratios = pd.read_csv(data_dir / "evaluate" / "plans.csv")
+    ratios.groupby(["protocol", "method"], sort=False)["ratio"].median().unstack("protocol").reset_index().to_csv(
+        plots / "ratios.csv", index=False)
+
+
+def readme(reports: Path, stages: list[tuple[str, str]]) -> str:
+    """The text of `reports/README.md`."""
+    metrics = reports / "metrics"
+    lines = ["# AutoShard study: results", "",
+             "Generated by the `report` stage from the metrics files of the last `dvc repro`; nothing here is "
+             "typed by hand. Ratios compare each method's **measured** bottleneck (the slowest device's fused "
+             "forward + backward) with the best heuristic's on the same task; lower is better. Predicted numbers "
+             "are the cost model's and say so.", ""]
+    if (metrics / "evaluate.json").exists():
+        evaluate = read_metrics(metrics / "evaluate.json")
+        lines += ["## Headline: every method on held-out tasks", "", headline(evaluate), "",
+                  "### Targets", "", targets(evaluate), ""]
+    if (metrics / "transfer.json").exists():
+        lines += ["## Transfer: the trained policy on other task shapes, not fine-tuned", "",
+                  "Measured median ratio to the best heuristic [95% bootstrap CI over tasks]; the unseen-ratio "
+                  "axis is the evaluate stage's AutoShard protocol.", "",
+                  transfer_table(read_metrics(metrics / "transfer.json")), ""]
+    if (metrics / "ablation.json").exists():
+        ablation = read_metrics(metrics / "ablation.json")
+        lines += ["## Ablation: each part of the method, retrained without it", "",
+                  f"Short runs ({ablation['iterations']} iterations), seeds {ablation['seeds']}, "
+                  f"{ablation['test_tasks']} test tasks ({', '.join(ablation['protocols'])}); the measured median "
+                  "ratio to the best heuristic per seed, then its mean and spread across seeds. A change smaller "
+                  "than the spread is not a finding.", "", ablation_table(ablation), ""]
+    lines += ["## Notebooks", ""]
+    for stage, stem in stages:
+        if (reports / "html" / f"{stem}.html").exists():
+            lines.append(f"- `{stage}`: [{stem}.html](html/{stem}.html) (code hidden; with code: "
+                         f"[notebooks/{stem}.ipynb](notebooks/{stem}.ipynb))")
+    lines += ["", "## Figures", ""]
+    for stage, _ in stages:
+        for figure in sorted((reports / "figures" / stage).glob("*.png")):
+            lines.append(f"![{stage}: {figure.stem}](figures/{stage}/{figure.name})")
+    lines += ["", "## Wall time per stage", "",
+              "As each notebook recorded it in the run that produced these outputs; a stage that resumed from its "
+              "checkpoints (`profile`, `train_rl`, `evaluate`, `transfer`, `ablation`) shows only the resumed "
+              "part. The sum leaves out DVC's own work and the kernels' start-up.", "",
+              stage_times(metrics, stages), "",
+              "## Environment", "", pd.Series(environment()).rename("value").rename_axis("").to_markdown(), ""]
+    return "\n".join(lines)
+
+
+def build(reports: str | Path, data_dir: str | Path, dvc_file: str | Path) -> None:
+    """Render the HTML, the plot files and the README under `reports` (each written whole)."""
+    reports = Path(reports)
+    stages = notebook_stages(dvc_file)
+    missing = [stem for _, stem in stages if not (reports / "notebooks" / f"{stem}.ipynb").exists()]
+    if missing:
+        raise ConfigError(f"reports/notebooks: {missing[0]}.ipynb is missing (run its stage first)")
+    with atomic_dir(reports / "html") as html:
+        for _, stem in stages:
+            render_html(reports / "notebooks" / f"{stem}.ipynb", html / f"{stem}.html")
+    with atomic_dir(reports / "plots") as plots:
+        plot_files(Path(data_dir), plots)
+    text = readme(reports, stages)
+    with atomic_file(reports / "README.md") as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m autoshard.pipeline.report", description=__doc__.split("\n")[0])
+    parser.add_argument("--reports", type=Path, default=Path("reports"))
+    parser.add_argument("--data", type=Path, default=Path("data"))
+    parser.add_argument("--dvc-file", type=Path, default=Path("dvc.yaml"))
+    args = parser.parse_args(argv)
+    try:
+        build(args.reports, args.data, args.dvc_file)
+    except ConfigError as exc:
+        print(f"report: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps({"written": [str(args.reports / "README.md"), str(args.reports / "html"),
+                                  str(args.reports / "plots")]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""Every placement method of the study under one id, used alike by the stages, the reports and
+the `autoshard` command, with its kind (what it is compared as) and what it needs."""
+
+from dataclasses import dataclass
+
+from autoshard.placement.heuristics import HEURISTICS
+
+
+@dataclass(frozen=True)
+class Method:
+    """A placement method: `id` everywhere; `kind` heuristic | baseline | rl | optimum;
+    `needs` the trained files it reads (cost model, policy)."""
+
+    id: str
+    kind: str
+    needs: tuple[str, ...] = ()
+    summary: str = ""
+
+
+_METHODS = (
+    *(Method(h, "heuristic", summary="the prototypes' heuristic, respecting memory") for h in HEURISTICS),
+    Method("torchrec", "baseline", summary="TorchRec's EmbeddingShardingPlanner, table-wise"),
+    Method("cost_greedy", "baseline", ("cost_model",),
+           summary="largest predicted table first onto the device with the lowest predicted cost after it"),
+    Method("rl_greedy", "rl", ("cost_model", "policy"), summary="the trained policy, greedy"),
+    Method("rl_best_of_n", "rl", ("cost_model", "policy"),
+           summary="the best of N sampled placements by predicted bottleneck"),
+    Method("rl_local_search", "rl", ("cost_model", "policy"),
+           summary="the greedy policy's placement refined by local search on the cost model"),
+    Method("exact", "optimum", ("cost_model",), summary="exhaustive search under the cost model (small tasks)"),
+)
+REGISTRY: dict[str, Method] = {m.id: m for m in _METHODS}
+METHODS: tuple[str, ...] = tuple(REGISTRY)
+KIND: dict[str, str] = {m.id: m.kind for m in _METHODS}
+RL_METHODS: tuple[str, ...] = tuple(m.id for m in _METHODS if m.kind == "rl")
+
+
+def ids(kind: str) -> tuple[str, ...]:
+    """The ids of every method of one kind, in registry order."""
+    return tuple(m.id for m in _METHODS if m.kind == kind)

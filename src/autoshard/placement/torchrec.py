@@ -1,0 +1,125 @@
+"""TorchRec's planner as a baseline: plan a task table-wise on a meta-device EmbeddingBagCollection.
+
+No GPU is needed: the tables live on the `meta` device, the topology declares D CUDA devices
+with the task's memory cap each (no extra reservation), and every table is constrained to
+table-wise sharding, the fused kernel (the whole table in device memory, as every other
+method assumes) and its pooling factor. The tables get the pool's weight precision, so
+TorchRec counts the same bytes per table as the pool's `size_bytes`. The plan is read back as a table -> device map.
+"""
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from autoshard.core.errors import ConfigError
+from autoshard.data.tasks import Task
+
+
+def table_name(table: int) -> str:
+    return f"table_{table}"
+
+
+def torchrec_plan(features: pd.DataFrame, task: Task, batch_size: int) -> np.ndarray:
+    """Device per entry of `task.tables` chosen by TorchRec's `EmbeddingShardingPlanner`."""
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+    from torchrec.distributed.types import ShardingType
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    for name in ("torchrec", "torchrec.distributed.planner"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    rows = features.iloc[list(task.tables)]
+    configs = embedding_configs(rows, [table_name(t) for t in task.tables])
+    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    # FUSED keeps every table whole in device memory (no UVM cache spilling to host memory).
+    constraints = {table_name(t): ParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value],
+                                                       compute_kernels=[EmbeddingComputeKernel.FUSED.value],
+                                                       pooling_factors=[float(r.pooling_factor)])
+                   for t, r in zip(task.tables, rows.itertuples(), strict=True)}
+    topology = Topology(world_size=task.devices, compute_device="cuda", hbm_cap=task.memory_bytes)
+    # No reserve beyond the tables themselves: the same memory cap as every other method.
+    planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints,
+                                       batch_size=max(1, batch_size // task.devices),
+                                       storage_reservation=FixedPercentageStorageReservation(0.0))
+    try:
+        plan = planner.plan(ebc, [EmbeddingBagCollectionSharder()])
+    except Exception as exc:  # noqa: BLE001 - the planner's own errors are many and specific
+        raise ConfigError(f"task {task.name}: TorchRec's planner found no plan ({exc.__class__.__name__}: "
+                          f"{str(exc).splitlines()[0][:200]})") from None
+    shardings = plan.plan[""]
+    placement = np.array([shardings[table_name(t)].ranks[0] for t in task.tables], dtype=np.int64)
+    return placement
+
+
+TORCHREC_FORMAT = "autoshard-torchrec-plan/1"
+
+
+def embedding_configs(features: pd.DataFrame, names: list[str]) -> list:
+    """TorchRec `EmbeddingBagConfig`s of the tables (one feature per table, named as the table)."""
+    from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
+
+    weight_bytes = features["size_bytes"] / (features["rows"] * features["dim"])
+    types = {4: DataType.FP32, 2: DataType.FP16}
+    return [EmbeddingBagConfig(name=n, embedding_dim=int(r.dim), num_embeddings=int(r.rows), feature_names=[n],
+                               data_type=types.get(int(round(w)), DataType.FP32))
+            for n, r, w in zip(names, features.itertuples(), weight_bytes, strict=True)]
+
+
+def sharding_plan(features: pd.DataFrame, names: list[str], placement: np.ndarray, devices: int,
+                  device_type: str = "cuda"):
+    """TorchRec's `ShardingPlan` for an `EmbeddingBagCollection` of these tables (module path ""):
+    each table whole on its device, built with `construct_module_sharding_plan` and `table_wise`."""
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
+    from torchrec.distributed.types import ShardingPlan
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    ebc = EmbeddingBagCollection(tables=embedding_configs(features, names), device=torch.device("meta"))
+    per_table = {n: table_wise(rank=int(d), compute_kernel=EmbeddingComputeKernel.FUSED.value)
+                 for n, d in zip(names, placement, strict=True)}
+    module_plan = construct_module_sharding_plan(ebc, per_table, local_size=devices, world_size=devices,
+                                                 device_type=device_type)
+    return ShardingPlan(plan={"": module_plan})
+
+
+def plan_to_json(plan, world_size: int, device_type: str) -> dict:
+    """A `ShardingPlan` of table-wise shards as plain JSON (no pickles: loading it runs no code)."""
+    modules = {}
+    for path, module_plan in plan.plan.items():
+        modules[path] = {name: {"sharding_type": p.sharding_type, "compute_kernel": p.compute_kernel,
+                                "ranks": list(p.ranks),
+                                "shards": [{"offsets": list(s.shard_offsets), "sizes": list(s.shard_sizes),
+                                            "placement": str(s.placement)} for s in p.sharding_spec.shards]}
+                         for name, p in module_plan.items()}
+    return {"format": TORCHREC_FORMAT, "world_size": world_size, "device_type": device_type, "modules": modules}
+
+
+def load_sharding_plan(path: str | Path):
+    """The TorchRec `ShardingPlan` saved by `autoshard plan --torchrec`, to hand to
+    `DistributedModelParallel(module, plan=...)` (the module: an `EmbeddingBagCollection`)."""
+    import json
+
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
+    from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
+
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: not a TorchRec plan written by autoshard ({exc.__class__.__name__})") from None
+    if not isinstance(doc, dict) or doc.get("format") != TORCHREC_FORMAT:
+        raise ConfigError(f"{path}: not a TorchRec plan written by autoshard (format {TORCHREC_FORMAT!r})")
+    plan = {}
+    for module, params in doc["modules"].items():
+        plan[module] = EmbeddingModuleShardingPlan({
+            name: ParameterSharding(
+                sharding_type=p["sharding_type"], compute_kernel=p["compute_kernel"], ranks=list(p["ranks"]),
+                sharding_spec=EnumerableShardingSpec([ShardMetadata(shard_offsets=s["offsets"], shard_sizes=s["sizes"],
+                                                                    placement=s["placement"]) for s in p["shards"]]))
+            for name, p in params.items()})
+    return ShardingPlan(plan=plan)

@@ -1,0 +1,130 @@
+"""The sharding MDP, batched: many tasks of T tables on D devices step at once as tensors.
+
+Tables are placed one per step, largest predicted single-table cost first. A device that
+cannot hold the current table is masked out, so a placement never exceeds the memory cap;
+if no device can hold a table the task is infeasible and `step`'s caller gets `Infeasible`,
+never a silent overflow. Device costs come from the cost model: the head applied to the
+sum of the encodings of the device's tables (the cost model is the simulator).
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from autoshard.costmodel.model import CostModel, check_features
+from autoshard.data.features import FEATURE_COLUMNS
+from autoshard.data.tasks import Task
+from autoshard.placement.heuristics import Infeasible
+
+
+@dataclass
+class Batch:
+    """Static description of a batch of tasks with the same T and D, in placement order."""
+
+    tasks: list[Task]
+    tables: torch.Tensor      # (B, T) pool ids, in placement order
+    features: torch.Tensor    # (B, T, 21) raw features
+    encodings: torch.Tensor   # (B, T, E) cost-model encodings (no gradient)
+    sizes: torch.Tensor       # (B, T) bytes
+    capacity: torch.Tensor    # (B,) bytes per device
+    single_cost: torch.Tensor  # (B, T) predicted cost of each table alone (ms)
+    devices: int
+
+    @property
+    def size(self) -> int:
+        return self.tables.shape[0]
+
+    @property
+    def steps(self) -> int:
+        return self.tables.shape[1]
+
+    def reference(self) -> torch.Tensor:
+        """A per-task cost scale: the ideal balanced load, sum of single costs / D."""
+        return self.single_cost.sum(1) / self.devices
+
+
+@torch.no_grad()
+def make_batch(model: CostModel, features: np.ndarray, tasks: Sequence[Task]) -> Batch:
+    """Encode the tasks' tables and order each task's tables by predicted single cost, largest first."""
+    if not tasks:
+        raise ValueError("make_batch needs at least one task")
+    shapes = {(len(t.tables), t.devices) for t in tasks}
+    if len(shapes) != 1:
+        raise ValueError(f"a batch needs tasks of one shape (tables, devices), got {sorted(shapes)}")
+    ids = torch.tensor([list(t.tables) for t in tasks], dtype=torch.long)
+    used, inverse = torch.unique(ids, return_inverse=True)  # encode only the tasks' tables
+    x = check_features(np.asarray(features)[used.numpy()])
+    enc = model.encode(x)
+    single = model.cost_ms(enc)
+    order = torch.argsort(single[inverse], dim=1, descending=True, stable=True)
+    ids, inverse = torch.gather(ids, 1, order), torch.gather(inverse, 1, order)
+    sizes = torch.as_tensor(np.asarray(features)[:, FEATURE_COLUMNS.index("size_bytes")], dtype=torch.float64)[ids]
+    return Batch(tasks=list(tasks), tables=ids, features=x[inverse], encodings=enc[inverse],
+                 sizes=sizes, capacity=torch.tensor([float(t.memory_bytes) for t in tasks],
+                                                    dtype=torch.float64),
+                 single_cost=single[inverse], devices=tasks[0].devices)
+
+
+class ShardingEnv:
+    """Batched environment over one `Batch`; `reset`, then `step` T times."""
+
+    def __init__(self, model: CostModel, batch: Batch):
+        self.model, self.batch = model, batch
+        self.reset()
+
+    def reset(self) -> None:
+        b, d, e = self.batch.size, self.batch.devices, self.batch.encodings.shape[2]
+        self.t = 0
+        self.device_sum = torch.zeros(b, d, e)
+        self.device_mem = torch.zeros(b, d, dtype=torch.float64)
+        self.device_cost = torch.zeros(b, d)
+        self.placement = torch.full((b, self.batch.steps), -1, dtype=torch.long)
+
+    @property
+    def done(self) -> bool:
+        return self.t >= self.batch.steps
+
+    def mask(self) -> torch.Tensor:
+        """(B, D) devices that can hold the current table; raises if some task has none."""
+        fits = self.device_mem + self.batch.sizes[:, self.t, None] <= self.batch.capacity[:, None]
+        stuck = ~fits.any(1)
+        if stuck.any():
+            i = int(torch.nonzero(stuck)[0])
+            task = self.batch.tasks[i]
+            raise Infeasible(f"task {task.name}: table {int(self.batch.tables[i, self.t])} "
+                             f"fits on no device at step {self.t}")
+        return fits
+
+    @torch.no_grad()
+    def step(self, actions: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """Place the current table of every task on `actions` (B,) — which must be allowed.
+        `mask` is this step's `mask()` when the caller already has it."""
+        fits = self.mask() if mask is None else mask
+        rows = torch.arange(self.batch.size)
+        if not fits[rows, actions].all():
+            raise ValueError("an action chose a device without room for the table")
+        self.device_sum[rows, actions] += self.batch.encodings[:, self.t]
+        self.device_mem[rows, actions] += self.batch.sizes[:, self.t]
+        self.device_cost[rows, actions] = self.model.cost_ms(self.device_sum[rows, actions])
+        self.placement[:, self.t] = actions
+        self.t += 1
+
+    def bottleneck(self) -> torch.Tensor:
+        """Predicted cost of the slowest device (B,)."""
+        return self.device_cost.max(1).values
+
+    def reward(self, kind: str) -> torch.Tensor:
+        """Terminal reward: `bottleneck` (minus bottleneck / reference scale, DreamShard) or
+        `balance` (min/max of device costs, AutoShard)."""
+        if kind == "bottleneck":
+            return -self.bottleneck() / self.batch.reference()
+        if kind == "balance":
+            return self.device_cost.min(1).values / self.bottleneck().clamp_min(1e-9)
+        raise ValueError(f"rl.reward: {kind!r} (expected bottleneck or balance)")
+
+    def pool_placement(self) -> list[dict[int, int]]:
+        """Per task: pool table id -> device."""
+        return [dict(zip(self.batch.tables[i].tolist(), self.placement[i].tolist(), strict=True))
+                for i in range(self.batch.size)]

@@ -1,0 +1,330 @@
+"""Training the sharding policy with PPO (or A2C) on the estimated MDP, CleanRL style.
+
+Every hyper-parameter is a field of `RLConfig` (the `rl` section of params.yaml). One
+iteration: pick a task shape (protocol) in turn, sample a batch of its training tasks,
+roll the policy out on all of them at once, score the finished placements with the cost
+model (terminal reward), compute GAE advantages, and update the policy for a few epochs
+on minibatches of whole episodes. Checkpoints hold everything needed to resume bit-exactly.
+"""
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from autoshard.core.checkpoints import load_tagged, save_tagged
+from autoshard.core.errors import ConfigError
+from autoshard.core.params import Fields
+from autoshard.core.seeding import one_thread
+from autoshard.costmodel.model import CostModel
+from autoshard.data.tasks import Task
+from autoshard.rl.env import Batch, ShardingEnv, make_batch
+from autoshard.rl.policy import Policy, PolicyConfig
+
+FORMAT = "autoshard-policy/1"
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    reward: str = "bottleneck"       # bottleneck (DreamShard) | balance (AutoShard)
+    algorithm: str = "ppo"           # ppo | a2c (one epoch, no clipping)
+    iterations: int = 500
+    tasks_per_batch: int = 32
+    learning_rate: float = 1e-3
+    epochs: int = 4
+    minibatches: int = 4
+    clip: float = 0.2
+    gamma: float = 1.0
+    gae_lambda: float = 0.95
+    entropy_coef: float = 0.001
+    value_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    validate_every: int = 20
+    checkpoint_every: int = 50
+
+    @classmethod
+    def from_fields(cls, f: Fields) -> "RLConfig":
+        p = f.sub("policy")
+        policy = PolicyConfig.from_fields(p)
+        p.done()
+        return cls(policy=policy, reward=f.text("reward", ("bottleneck", "balance")),
+                   algorithm=f.text("algorithm", ("ppo", "a2c")), iterations=f.integer("iterations"),
+                   tasks_per_batch=f.integer("tasks_per_batch"),
+                   learning_rate=f.number("learning_rate", lo=0, lo_open=True),
+                   epochs=f.integer("epochs"), minibatches=f.integer("minibatches"),
+                   clip=f.number("clip", lo=0, lo_open=True), gamma=f.number("gamma", lo=0, hi=1),
+                   gae_lambda=f.number("gae_lambda", lo=0, hi=1),
+                   entropy_coef=f.number("entropy_coef", lo=0), value_coef=f.number("value_coef", lo=0),
+                   max_grad_norm=f.number("max_grad_norm", lo=0, lo_open=True),
+                   validate_every=f.integer("validate_every"),
+                   checkpoint_every=f.integer("checkpoint_every"))
+
+
+@dataclass
+class Trajectory:
+    """One batched episode: what the update needs to re-evaluate every decision."""
+
+    batch: Batch
+    actions: torch.Tensor   # (B, T)
+    reward: torch.Tensor    # (B,)
+    bottleneck: torch.Tensor  # (B,) predicted bottleneck (ms)
+    # what the update re-evaluates; None when the rollout was not recorded (inference)
+    logp: torch.Tensor | None = None      # (B, T)
+    values: torch.Tensor | None = None    # (B, T)
+    masks: torch.Tensor | None = None     # (B, T, D)
+    costs: torch.Tensor | None = None     # (B, T, D) predicted device costs before each step
+    memory: torch.Tensor | None = None    # (B, T, D) device memory before each step
+
+
+@torch.no_grad()
+def rollout(policy: Policy, model: CostModel, batch: Batch, mode: str = "sample",
+            reward: str = "bottleneck", generator: torch.Generator | None = None, record: bool = True
+            ) -> Trajectory:
+    """Place every table of every task in the batch; `mode` is `sample` or `greedy`. Without
+    `record` only the placements and their scores are kept: the per-step (B, T, D) tensors the
+    update needs take gigabytes at 10,000 tables on 1,024 devices."""
+    env = ShardingEnv(model, batch)
+    enc = policy.table_encodings(batch.features, batch.encodings)
+    states = policy.states(enc)
+    b, t, d = batch.size, batch.steps, batch.devices
+    rows = torch.arange(b)
+    device_enc = torch.zeros(b, d, enc.shape[-1])
+    reference, per_device = batch.reference(), t / d
+    steps: dict[str, list[torch.Tensor]] = {k: [] for k in ("logp", "values", "masks", "costs", "memory")}
+    for step in range(t):
+        mask = env.mask()
+        feats = policy.action_features(device_enc, env.device_cost, env.device_mem, batch.capacity,
+                                       reference, per_device)
+        logits, value = policy(states[:, step], feats, mask, value=mode != "greedy")
+        if mode == "greedy":
+            action, value = logits.argmax(-1), torch.zeros(b)
+        else:
+            action = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(-1)
+        if record:
+            logp = torch.log_softmax(logits, -1)[rows, action]
+            for k, v in (("logp", logp), ("values", value), ("masks", mask),
+                         ("costs", env.device_cost.clone()), ("memory", env.device_mem.clone())):
+                steps[k].append(v)
+        device_enc[rows, action] += enc[:, step]
+        env.step(action, mask)
+    stacked = {k: torch.stack(v, dim=1) for k, v in steps.items() if v}
+    return Trajectory(batch=batch, actions=env.placement.clone(), reward=env.reward(reward),
+                      bottleneck=env.bottleneck(), **stacked)
+
+
+def evaluate(policy: Policy, traj: Trajectory, index: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Log-probabilities, entropies and values (B', T) of the recorded decisions, with gradients."""
+    batch = traj.batch
+    enc = policy.table_encodings(batch.features[index], batch.encodings[index])
+    states = policy.states(enc)
+    actions = traj.actions[index]
+    onehot = torch.nn.functional.one_hot(actions, batch.devices).to(enc.dtype)   # (B', T, D)
+    placed = onehot[..., None] * enc[:, :, None, :]                              # (B', T, D, E)
+    device_enc = placed.cumsum(dim=1) - placed                                   # before each step
+    feats = policy.action_features(device_enc, traj.costs[index], traj.memory[index],
+                                   batch.capacity[index, None], batch.reference()[index, None],
+                                   batch.steps / batch.devices)
+    logits, values = policy(states, feats, traj.masks[index])
+    logp_all = torch.log_softmax(logits, -1)
+    logp = logp_all.gather(-1, actions[..., None]).squeeze(-1)
+    probs = logp_all.exp()
+    entropy = -(probs * logp_all.masked_fill(~traj.masks[index], 0.0)).sum(-1)
+    return logp, entropy, values
+
+
+def advantages(traj: Trajectory, gamma: float, lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE with the terminal reward only; returns (advantages, returns), both (B, T)."""
+    b, t = traj.values.shape
+    rewards = torch.zeros(b, t)
+    rewards[:, -1] = traj.reward
+    adv = torch.zeros(b, t)
+    last = torch.zeros(b)
+    for step in reversed(range(t)):
+        next_value = traj.values[:, step + 1] if step + 1 < t else torch.zeros(b)
+        delta = rewards[:, step] + gamma * next_value - traj.values[:, step]
+        last = delta + gamma * lam * last
+        adv[:, step] = last
+    return adv, adv + traj.values
+
+
+def update(policy: Policy, optimizer: torch.optim.Optimizer, traj: Trajectory, cfg: RLConfig,
+           generator: torch.Generator) -> dict[str, float]:
+    """PPO (clipped) or A2C update on one batch of episodes; returns mean losses."""
+    adv, returns = advantages(traj, cfg.gamma, cfg.gae_lambda)
+    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    epochs = cfg.epochs if cfg.algorithm == "ppo" else 1
+    stats = {"policy_loss": [], "value_loss": [], "entropy": [], "approx_kl": []}
+    for _ in range(epochs):
+        order = torch.randperm(traj.batch.size, generator=generator)
+        for index in order.chunk(min(cfg.minibatches, traj.batch.size)):
+            logp, entropy, values = evaluate(policy, traj, index)
+            ratio = torch.exp(logp - traj.logp[index])
+            if cfg.algorithm == "ppo":
+                clipped = torch.clamp(ratio, 1 - cfg.clip, 1 + cfg.clip)
+                policy_loss = -torch.min(ratio * adv[index], clipped * adv[index]).mean()
+            else:
+                policy_loss = -(logp * adv[index]).mean()
+            value_loss = 0.5 * ((values - returns[index]) ** 2).mean()
+            loss = policy_loss + cfg.value_coef * value_loss - cfg.entropy_coef * entropy.mean()
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+            stats["policy_loss"].append(policy_loss.item())
+            stats["value_loss"].append(value_loss.item())
+            stats["entropy"].append(entropy.mean().item())
+            stats["approx_kl"].append(((ratio - 1) - torch.log(ratio)).mean().item())
+    return {k: float(np.mean(v)) for k, v in stats.items()}
+
+
+def group_by_shape(tasks: list[Task]) -> list[list[Task]]:
+    """Tasks grouped by (tables, devices), in a fixed order, for batching."""
+    groups: dict[tuple[int, int], list[Task]] = {}
+    for task in tasks:
+        groups.setdefault((len(task.tables), task.devices), []).append(task)
+    return [groups[k] for k in sorted(groups)]
+
+
+def save_checkpoint(path: str | Path, policy: Policy, optimizer: torch.optim.Optimizer, cfg: RLConfig,
+                    iteration: int, generator: torch.Generator, history: list[dict]) -> None:
+    save_tagged(path, FORMAT, {"rl_config": asdict(cfg), "state_dict": policy.state_dict(),
+                               "optimizer": optimizer.state_dict(), "iteration": iteration,
+                               "generator": generator.get_state(), "history": history})
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    """A checkpoint written by `save_checkpoint` (weights_only=True), checked."""
+    return load_tagged(path, FORMAT, "policy checkpoint", "train_rl")
+
+
+def config_from_checkpoint(payload: dict) -> RLConfig:
+    values = dict(payload["rl_config"])
+    values["policy"] = PolicyConfig(**values["policy"])
+    return RLConfig(**values)
+
+
+def load_policy(path: str | Path, cost_model: CostModel) -> Policy:
+    """The trained policy of a checkpoint, ready for inference."""
+    payload = load_checkpoint(path)
+    policy = Policy(config_from_checkpoint(payload).policy, cost_model)
+    policy.load_state_dict(payload["state_dict"])
+    return policy.eval()
+
+
+def train(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task], cfg: RLConfig,
+          seed: int, checkpoint: str | Path, validate=None, progress: bool = True,
+          init: Policy | None = None) -> tuple[Policy, pd.DataFrame]:
+    """Train (or resume from `checkpoint`) for `cfg.iterations`; returns the policy and history.
+
+    `validate(policy) -> dict` is called every `cfg.validate_every` iterations; its values
+    join the history rows. `init` is a policy to continue from (a refresh round) instead of
+    fresh weights. Runs on one thread, so a seed gives the same policy every time.
+    """
+    with one_thread():
+        return _train(cost_model, features, train_tasks, cfg, seed, checkpoint, validate, progress, init)
+
+
+def _train(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task], cfg: RLConfig, seed: int,
+           checkpoint: str | Path, validate, progress: bool, init: Policy | None) -> tuple[Policy, pd.DataFrame]:
+    torch.manual_seed(seed)
+    policy = Policy(cfg.policy, cost_model)
+    if init is not None:
+        policy.load_state_dict(init.state_dict())
+    optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate, eps=1e-5)
+    generator = torch.Generator().manual_seed(seed)
+    history: list[dict] = []
+    start = 0
+    checkpoint = Path(checkpoint)
+    if checkpoint.exists():
+        payload = load_checkpoint(checkpoint)
+        if payload["rl_config"] != asdict(cfg):
+            raise ConfigError(f"{checkpoint}: written with other rl parameters; delete it to start over")
+        policy.load_state_dict(payload["state_dict"])
+        optimizer.load_state_dict(payload["optimizer"])
+        generator.set_state(payload["generator"])
+        history, start = list(payload["history"]), int(payload["iteration"])
+    groups = group_by_shape(train_tasks)
+    batches = [make_batch(cost_model, features, g) for g in groups]
+    for it in tqdm(range(start, cfg.iterations), desc="train policy", initial=start,
+                   total=cfg.iterations, disable=not progress):
+        full = batches[it % len(batches)]
+        pick = torch.randint(full.size, (cfg.tasks_per_batch,), generator=generator)
+        batch = _subset(full, pick)
+        policy.eval()
+        traj = rollout(policy, cost_model, batch, "sample", cfg.reward, generator)
+        policy.train()
+        row = {"iteration": it, "shape": f"{batch.steps}x{batch.devices}",
+               "reward": float(traj.reward.mean()),
+               "bottleneck_over_reference": float((traj.bottleneck / batch.reference()).mean()),
+               **update(policy, optimizer, traj, cfg, generator)}
+        if validate is not None and ((it + 1) % cfg.validate_every == 0 or it + 1 == cfg.iterations):
+            policy.eval()
+            row |= validate(policy)
+        history.append({k: v.item() if isinstance(v, np.generic) else v for k, v in row.items()})
+        if (it + 1) % cfg.checkpoint_every == 0 or it + 1 == cfg.iterations:
+            save_checkpoint(checkpoint, policy, optimizer, cfg, it + 1, generator, history)
+    return policy.eval(), pd.DataFrame(history)
+
+
+def _subset(batch: Batch, index: torch.Tensor) -> Batch:
+    return Batch(tasks=[batch.tasks[i] for i in index.tolist()], tables=batch.tables[index],
+                 features=batch.features[index], encodings=batch.encodings[index],
+                 sizes=batch.sizes[index], capacity=batch.capacity[index],
+                 single_cost=batch.single_cost[index], devices=batch.devices)
+
+
+@dataclass(frozen=True)
+class RLStageConfig:
+    """The `rl` section: training hyper-parameters plus the stage's evaluation settings."""
+
+    train: RLConfig
+    validation_tasks: int
+    best_of: int
+    refresh_rounds: int
+    refresh_iterations: int
+
+    @classmethod
+    def from_params(cls, values: dict) -> "RLStageConfig":
+        f = Fields("rl", values)
+        cfg = cls(train=RLConfig.from_fields(f), validation_tasks=f.integer("validation_tasks"),
+                  best_of=f.integer("best_of"),
+                  refresh_rounds=f.integer("refresh_rounds", lo=0),
+                  refresh_iterations=f.integer("refresh_iterations"))
+        f.done()
+        return cfg
+
+
+def split_validation(tasks: list[Task], per_shape: int) -> tuple[list[Task], list[Task]]:
+    """Training tasks minus the last `per_shape` of each shape, and those held out for validation."""
+    train, val = [], []
+    for group in group_by_shape([t for t in tasks if t.split == "train"]):
+        if len(group) <= per_shape:
+            raise ConfigError(f"rl.validation_tasks: {per_shape} (leaves no training task of "
+                              f"{len(group[0].tables)} tables on {group[0].devices} devices)")
+        train += group[:-per_shape]
+        val += group[-per_shape:]
+    return train, val
+
+
+def run_key(cfg: RLStageConfig | RLConfig, cost_model: CostModel, tasks: list[Task]) -> str:
+    """Identifies a training run: its parameters, the cost model's weights, the training tasks and
+    the training code, so a checkpoint is only ever resumed by the same run."""
+    import hashlib
+    import inspect
+    import json
+
+    from autoshard.rl import env, policy
+
+    digest = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode())
+    for tensor in cost_model.state_dict().values():
+        digest.update(tensor.numpy().tobytes())
+    digest.update("|".join(t.name for t in tasks).encode())
+    for module in (env, policy):
+        digest.update(inspect.getsource(module).encode())
+    digest.update(inspect.getsource(_train).encode() + inspect.getsource(update).encode())
+    return digest.hexdigest()[:16]

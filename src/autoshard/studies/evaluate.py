@@ -1,0 +1,249 @@
+"""What the evaluate stage compares: its parameters, the test tasks, and every method's plans.
+
+A method is a planner, `Task -> placement` (a device per `task.tables` entry), so heuristics,
+TorchRec's planner, the cost-model greedy, the RL sharder and the exact search are called
+and timed alike. A method that finds no plan for a task (TorchRec's planner counts optimizer
+state and may refuse a tight cap) yields None there, with the reason recorded.
+"""
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from autoshard.core.errors import ConfigError, invalid
+from autoshard.core.params import Fields
+from autoshard.core.seeding import one_thread, rng
+from autoshard.costmodel.model import CostModel
+from autoshard.data.features import FEATURE_COLUMNS
+from autoshard.data.tasks import Task, first_fit_decreasing
+from autoshard.measure.backends import BACKENDS, DEVICES, BackendConfig, resolve_device
+from autoshard.measure.fbgemm import OPTIMIZERS
+from autoshard.measure.timing import TimingConfig
+from autoshard.placement.exact import exact_plan
+from autoshard.placement.heuristics import HEURISTICS, Infeasible, heuristic_plan
+from autoshard.placement.registry import KIND
+from autoshard.placement.shards import memory_ok
+from autoshard.placement.torchrec import torchrec_plan
+from autoshard.rl import numpy_planner
+from autoshard.rl.infer import cost_greedy, policy_plans
+from autoshard.rl.policy import Policy
+
+Planner = Callable[[Task], np.ndarray]
+
+
+
+@dataclass(frozen=True)
+class SmallConfig:
+    """Tiny test tasks whose optimum under the cost model is found by exhaustive search."""
+
+    tasks: int
+    tables: tuple[int, int]
+    devices: tuple[int, int]
+    memory_slack: float  # cap = slack x (total size / devices), at least the largest table
+
+
+@dataclass(frozen=True)
+class Targets:
+    rl: float           # RL greedy's median measured ratio to the best heuristic
+    refined: float      # the same with local search
+    optimum_gap: float  # RL's median predicted gap to the optimum on small tasks
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    """The `evaluate` section, with the profile's backend settings used to measure plans."""
+
+    autoshard_per_ratio: int
+    dreamshard_tasks: int
+    small: SmallConfig
+    best_of: int
+    backend: BackendConfig
+    bootstrap: int
+    noise_tasks: int
+    speed_tables: tuple[int, ...]
+    speed_devices: int
+    speed_repeats: int
+    speed_budget_s: float  # a method slower than this at one size is not timed at larger ones
+    targets: Targets
+
+    @classmethod
+    def from_params(cls, evaluate: dict, profile: dict, rl: dict) -> "EvaluateConfig":
+        """From the `evaluate` section, the profile's backend settings and `rl.best_of`."""
+        f = Fields("evaluate", evaluate)
+        p = Fields("profile", profile)
+        r = Fields("rl", rl)
+        best_of = r.integer("best_of")
+        r.done()
+        s = f.sub("small")
+        small = SmallConfig(tasks=s.integer("tasks", lo=0), tables=_range(s, "tables"), devices=_range(s, "devices"),
+                            memory_slack=s.number("memory_slack", lo=1.0))
+        s.done()
+        t = f.sub("targets")
+        targets = Targets(rl=t.number("rl", lo=0, lo_open=True), refined=t.number("refined", lo=0, lo_open=True),
+                          optimum_gap=t.number("optimum_gap", lo=0))
+        t.done()
+        backend = measuring_backend(p, f)
+        cfg = cls(autoshard_per_ratio=f.integer("autoshard_tasks_per_ratio", lo=0),
+                  dreamshard_tasks=f.integer("dreamshard_tasks", lo=0), small=small, best_of=best_of,
+                  backend=backend, bootstrap=f.integer("bootstrap", lo=100), noise_tasks=f.integer("noise_tasks", lo=0),
+                  speed_tables=tuple(f.integers("speed_tables")), speed_devices=f.integer("speed_devices"),
+                  speed_repeats=f.integer("speed_repeats"),
+                  speed_budget_s=f.number("speed_budget_s", lo=0, lo_open=True),
+                  targets=targets)
+        f.done()
+        return cfg
+
+
+def measuring_backend(profile: Fields, timing: Fields) -> BackendConfig:
+    """The profile's backend settings (backend, device, optimizer, batch size, threads, memory
+    limit) with the `warmup` and `runs` of `timing`: how plans are measured. Checks both."""
+    p = profile
+    backend = BackendConfig(
+        backend=p.text("backend", BACKENDS), device=resolve_device(p.text("device", DEVICES), p.name("device")),
+        optimizer=p.text("optimizer", OPTIMIZERS), batch_size=p.integer("batch_size"), threads=p.integer("threads"),
+        timing=TimingConfig(warmup=timing.integer("warmup", lo=0), runs=timing.integer("runs")),
+        memory_limit_bytes=int(p.number("memory_limit_gib", lo=0, lo_open=True) * 2**30))
+    p.done()
+    return backend
+
+
+def _range(f: Fields, key: str) -> tuple[int, int]:
+    values = f.integers(key)
+    if len(values) != 2 or values[0] > values[1]:
+        raise invalid(f.name(key), values, "expected [low, high] with low <= high")
+    return values[0], values[1]
+
+
+def held_out_tasks(tasks: list[Task], cfg: EvaluateConfig) -> list[Task]:
+    """The first test tasks of each group: per unseen ratio for AutoShard's protocol, and
+    DreamShard's; every group must hold as many as asked."""
+    out = []
+    groups: dict[tuple[str, float], list[Task]] = {}
+    for t in tasks:
+        if t.split == "test":
+            groups.setdefault((t.protocol, t.unseen_ratio), []).append(t)
+    for (protocol, ratio), group in groups.items():
+        n = cfg.autoshard_per_ratio if protocol == "autoshard" else cfg.dreamshard_tasks
+        field = "autoshard_tasks_per_ratio" if protocol == "autoshard" else "dreamshard_tasks"
+        if n > len(group):
+            raise invalid(f"evaluate.{field}", n, f"only {len(group)} {protocol} test tasks "
+                          f"(unseen ratio {ratio:g}) exist; see tasks.{protocol}.test_tasks")
+        out += group[:n]
+    return out
+
+
+def small_tasks(features: pd.DataFrame, test_tables: np.ndarray, cfg: SmallConfig, seed: int) -> list[Task]:
+    """Seeded tiny tasks of unseen (test-pool) tables, each placeable under its cap."""
+    sizes = features["size_bytes"].to_numpy()
+    out = []
+    for k in range(cfg.tasks):
+        g = rng(seed, "evaluate", "small", k)
+        n = int(g.integers(cfg.tables[0], cfg.tables[1] + 1))
+        devices = int(g.integers(cfg.devices[0], cfg.devices[1] + 1))
+        if n > len(test_tables):
+            raise invalid("evaluate.small.tables", list(cfg.tables), f"the test pool has {len(test_tables)} tables")
+        tables = np.sort(g.choice(test_tables, n, replace=False))
+        cap = int(max(sizes[tables].max(), cfg.memory_slack * sizes[tables].sum() / devices))
+        while first_fit_decreasing(sizes[tables], devices, cap) is None:
+            cap = int(cap * 1.1) + 1
+        out.append(Task(name=f"small/{k:03d}", protocol="small", split="test", tables=tuple(int(t) for t in tables),
+                        devices=devices, memory_bytes=cap, unseen_ratio=1.0))
+    return out
+
+
+def planners(pool_features: pd.DataFrame, features: np.ndarray, model: CostModel, policy: Policy,
+             best_of: int, batch_size: int, seed: int) -> dict[str, Planner]:
+    """Every method as a planner (the exact search is for small tasks only)."""
+    def heuristic(name: str) -> Planner:
+        return lambda t: heuristic_plan(name, pool_features, t, seed)
+
+    def sample_seed(t: Task) -> int:
+        return int(rng(seed, "evaluate", "best_of", t.name).integers(2**31))
+
+    return {**{m: heuristic(m) for m in HEURISTICS},
+            "torchrec": lambda t: torchrec_plan(pool_features, t, batch_size),
+            "cost_greedy": lambda t: cost_greedy(model, features, [t])[0],
+            "rl_greedy": lambda t: policy_plans(policy, model, features, [t])[0],
+            "rl_best_of_n": lambda t: policy_plans(policy, model, features, [t], best_of, seed=sample_seed(t))[0],
+            "rl_local_search": lambda t: policy_plans(policy, model, features, [t], refine=True)[0],
+            "exact": lambda t: exact_plan(model, features, t)}
+
+
+def numpy_greedy(planner: numpy_planner.Planner, features: np.ndarray) -> Planner:
+    """Greedy RL placement by the NumPy planner: what `autoshard plan` runs, without torch."""
+    sizes = features[:, FEATURE_COLUMNS.index("size_bytes")]
+
+    def place(t: Task) -> np.ndarray:
+        ids = list(t.tables)
+        return planner.place("rl", features[ids], sizes[ids], t.devices, t.memory_bytes, t.name)
+    return place
+
+
+def same_plans(reference: list[np.ndarray | None], planner: Planner, tasks: list[Task]) -> dict[str, float]:
+    """Share of `tasks` on which `planner` makes the same placement as `reference` (or, like it,
+    none): with the very same device numbers, and as the same split of the tables whatever the
+    devices are called (the devices are identical, so the two plans then cost the same)."""
+    labels, splits = [], []
+    for ref, task in zip(reference, tasks, strict=True):
+        try:
+            mine = planner(task)
+        except Infeasible:
+            mine = None
+        both = mine is not None and ref is not None
+        labels.append(mine is ref is None or (both and np.array_equal(mine, ref)))
+        splits.append(mine is ref is None or (both and np.array_equal(_first_seen(mine), _first_seen(ref))))
+    return {"same devices": float(np.mean(labels)), "same split": float(np.mean(splits))}
+
+
+def _first_seen(placement: np.ndarray) -> np.ndarray:
+    """The placement with devices renumbered in the order they first get a table."""
+    _, first = np.unique(placement, return_index=True)
+    rank = np.empty(len(first), np.int64)
+    rank[np.argsort(first)] = np.arange(len(first))
+    return rank[np.unique(placement, return_inverse=True)[1]]
+
+
+def plan_all(methods: dict[str, Planner], tasks: list[Task], sizes: np.ndarray,
+             progress: bool = True) -> tuple[dict[str, list[np.ndarray | None]], pd.DataFrame]:
+    """Each method's plan of each task (None: no plan), and a frame of (task, method, seconds,
+    status); timed on one thread. The exact search runs on small tasks only. A plan that breaks
+    the memory cap is a bug, not a result, and raises."""
+    from tqdm.auto import tqdm
+
+    plans: dict[str, list[np.ndarray | None]] = {m: [] for m in methods}
+    rows = []
+    with one_thread():
+        for task in tqdm(tasks, desc="planning", disable=not progress):
+            for name, planner in methods.items():
+                plan, status, seconds = None, "ok", float("nan")
+                if name == "exact" and task.protocol != "small":
+                    status = "not run (small tasks only)"
+                else:
+                    start = time.perf_counter()
+                    try:
+                        plan = np.asarray(planner(task), dtype=np.int64)
+                    except ConfigError as exc:
+                        status = f"no plan: {exc}"
+                    seconds = time.perf_counter() - start
+                if plan is not None and not memory_ok(task, plan, sizes):
+                    raise RuntimeError(f"{name} broke the memory cap of task {task.name}")
+                plans[name].append(plan)
+                rows.append({"task": task.name, "method": name, "seconds": seconds, "status": status})
+    return plans, pd.DataFrame(rows)
+
+
+def repeat_subset(ratios: pd.DataFrame, tasks: list[Task], plans: dict[str, list[np.ndarray | None]],
+                  per_protocol: int) -> tuple[list[Task], dict[str, list[np.ndarray | None]]]:
+    """The first `per_protocol` tasks of each protocol with only their RL greedy plan and their
+    best heuristic's plan (by measurement), for measuring them a second time."""
+    chosen = [t for p in dict.fromkeys(t.protocol for t in tasks)
+              for t in [t for t in tasks if t.protocol == p][:per_protocol]]
+    heuristic = ratios[ratios["method"].map(KIND) == "heuristic"]
+    best = heuristic.loc[heuristic.groupby("task")["measured_ms"].idxmin()].set_index("task")["method"]
+    index = {t.name: i for i, t in enumerate(tasks)}
+    keep = {m: [plans[m][index[t.name]] if m == "rl_greedy" or best.get(t.name) == m else None for t in chosen]
+            for m in ("rl_greedy", *HEURISTICS)}
+    return chosen, keep

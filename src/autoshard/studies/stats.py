@@ -1,0 +1,104 @@
+"""The evaluate stage's statistics: ratios to the best heuristic per task, bootstrap intervals,
+win rates, gaps to the optimum and the targets, from the per-plan frame of `scoring`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from autoshard.core.seeding import rng
+from autoshard.placement.registry import KIND, METHODS
+from autoshard.studies.evaluate import Targets
+
+
+def bootstrap_median(values: np.ndarray, resamples: int, seed: int, *keys: str) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of the median of `values` (tasks resampled)."""
+    values = np.asarray(values, dtype=float)
+    values = values[~np.isnan(values)]
+    if len(values) == 0:
+        return float("nan"), float("nan")
+    draws = rng(seed, "bootstrap", *keys).integers(0, len(values), size=(resamples, len(values)))
+    medians = np.median(values[draws], axis=1)
+    return float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))
+
+
+
+def with_ratios(plans: pd.DataFrame) -> pd.DataFrame:
+    """`plans` plus, per task, each plan's ratio to the best heuristic's plan (the lowest
+    among the heuristics) for the measured, with-communication and predicted bottlenecks,
+    and to the exact optimum where one was found."""
+    out = plans.copy()
+    heuristic = out[out["method"].map(KIND) == "heuristic"].groupby("task")
+    for column, name in [("measured_ms", "ratio"), ("with_comm_ms", "ratio_with_comm"),
+                         ("predicted_ms", "predicted_ratio")]:
+        out[name] = out[column] / out["task"].map(heuristic[column].min())
+    optimum = out[out["method"] == "exact"].set_index("task")
+    out["measured_vs_optimum"] = out["measured_ms"] / out["task"].map(optimum["measured_ms"])
+    out["predicted_gap"] = out["predicted_ms"] / out["task"].map(optimum["predicted_ms"]) - 1
+    return out
+
+
+
+def summary(ratios: pd.DataFrame, resamples: int, seed: int) -> pd.DataFrame:
+    """One row per (protocol, method): plans found, mean and median measured bottleneck,
+    median ratio to the best heuristic with its 95% bootstrap interval, win rate against it,
+    the same ratio with communication and as predicted, gap to the optimum, memory, time."""
+    rows = []
+    for (protocol, method), g in ratios.groupby(["protocol", "method"], sort=False):
+        lo, hi = bootstrap_median(g["ratio"].to_numpy(), resamples, seed, protocol, method)
+        rows.append({
+            "protocol": protocol, "method": method, "kind": KIND[method], "plans": len(g),
+            "mean_ms": g["measured_ms"].mean(), "median_ms": g["measured_ms"].median(),
+            "ratio_median": g["ratio"].median(), "ratio_lo": lo, "ratio_hi": hi,
+            "win_rate": float((g["ratio"] < 1).mean()),
+            "ratio_with_comm_median": g["ratio_with_comm"].median(),
+            "predicted_ratio_median": g["predicted_ratio"].median(),
+            "predicted_gap_median": g["predicted_gap"].median(), "predicted_gap_max": g["predicted_gap"].max(),
+            "measured_vs_optimum_median": g["measured_vs_optimum"].median(),
+            "memory_share_max": g["memory_share"].max(), "seconds_median": g["seconds"].median()})
+    out = pd.DataFrame(rows)
+    order = {m: i for i, m in enumerate(METHODS)}
+    return out.sort_values(["protocol", "method"], key=lambda s: s.map(order) if s.name == "method" else s,
+                           ignore_index=True)
+
+
+
+def targets(table: pd.DataFrame, goal: Targets) -> pd.DataFrame:
+    """The issue's targets against the results: met or not, per protocol."""
+    rows = []
+    for protocol, g in table.groupby("protocol", sort=False):
+        by = g.set_index("method")
+        checks = [("rl_greedy", "ratio_median", goal.rl, "measured median ratio to the best heuristic"),
+                  ("rl_local_search", "ratio_median", goal.refined, "measured median ratio to the best heuristic")]
+        if protocol == "small":  # tiny tasks: the goal is the optimum, not the heuristics
+            checks = [(m, "predicted_gap_median", goal.optimum_gap, "predicted median gap to the optimum")
+                       for m in ("rl_greedy", "rl_best_of_n", "rl_local_search")]
+        for method, column, target, what in checks:
+            if method in by.index:
+                value = float(by.loc[method, column])
+                rows.append({"protocol": protocol, "method": method, "statistic": what, "value": value,
+                             "target": f"<= {target:g}", "met": bool(value <= target)})
+    return pd.DataFrame(rows)
+
+
+
+def noise(first: pd.DataFrame, again: pd.DataFrame) -> pd.DataFrame:
+    """Plans measured twice (`again` holds task, method, measured_ms of the second time): both
+    bottlenecks, the relative change, and the change of the RL plan's ratio to the heuristic's."""
+    both = first[["task", "protocol", "method", "measured_ms"]].merge(again, on=["task", "method"],
+                                                                      suffixes=("", "_again"))
+    both["relative_change"] = both["measured_ms_again"] / both["measured_ms"] - 1
+    rl = both[both["method"] == "rl_greedy"].set_index("task")
+    other = both[both["method"] != "rl_greedy"].set_index("task")
+    ratio = (rl["measured_ms"] / other["measured_ms"]).rename("ratio")
+    ratio_again = (rl["measured_ms_again"] / other["measured_ms_again"]).rename("ratio_again")
+    both = both.merge(pd.concat([ratio, ratio_again], axis=1), left_on="task", right_index=True, how="left")
+    return both[["task", "protocol", "method", "measured_ms", "measured_ms_again", "relative_change", "ratio",
+                 "ratio_again"]]
+
+
+
+def device_errors(devices: pd.DataFrame) -> pd.Series:
+    """Absolute relative error of the cost model on the measured, non-empty device shards."""
+    busy = devices[devices["tables"] > 0]
+    return (busy["predicted_ms"] / busy["compute_ms"] - 1).abs()

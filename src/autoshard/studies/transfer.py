@@ -1,0 +1,128 @@
+"""The transfer study: the trained policy, not fine-tuned, on tasks unlike its training tasks.
+
+Three axes, each changing one thing about the task: the number of tables (on a fixed number of
+devices), the number of devices (with a fixed number of tables), and the share of tables the
+policy never saw (AutoShard's protocol, read from the evaluate stage's measured plans, which
+hold exactly those tasks). Tasks are drawn per point (tables, devices) from a seeded stream
+keyed by the point, so a point shared by two axes is one set of tasks, measured once. Every
+plan is measured with the profile's backend, and each method is compared with the best
+heuristic on the same task, as in the evaluate stage.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from autoshard.core.errors import invalid
+from autoshard.core.params import Fields
+from autoshard.core.seeding import rng
+from autoshard.data.tasks import GIB, ProtocolConfig, Task, draw_feasible
+from autoshard.measure.backends import BackendConfig
+from autoshard.placement.heuristics import HEURISTICS
+from autoshard.studies.evaluate import measuring_backend
+from autoshard.studies.stats import bootstrap_median
+
+METHODS = (*HEURISTICS, "cost_greedy", "rl_greedy")
+COMPARED = ("rl_greedy", "cost_greedy")  # the methods whose ratios the study reports
+AXES = ("tables", "devices", "unseen_ratio")
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """The `transfer` section, with the evaluate stage's timing and the profile's backend."""
+
+    tasks_per_point: int
+    memory_bytes: int
+    unseen_ratio: float           # share of unseen tables on the tables and devices axes
+    tables: tuple[int, ...]       # axis 1 ...
+    tables_devices: int           # ... on this many devices
+    devices: tuple[int, ...]      # axis 2 ...
+    devices_tables: int           # ... with this many tables
+    max_draws: int
+    bootstrap: int
+    backend: BackendConfig
+
+    @classmethod
+    def from_params(cls, transfer: dict, evaluate: dict, profile: dict) -> "TransferConfig":
+        """From the `transfer` section, `evaluate.warmup`/`runs` and the profile's backend settings."""
+        f = Fields("transfer", transfer)
+        timing = Fields("evaluate", evaluate)
+        backend = measuring_backend(Fields("profile", profile), timing)
+        timing.done()
+        cfg = cls(tasks_per_point=f.integer("tasks_per_point"),
+                  memory_bytes=int(f.number("memory_per_device_gib", lo=0, lo_open=True) * GIB),
+                  unseen_ratio=f.number("unseen_ratio", lo=0, hi=1),
+                  tables=tuple(f.integers("tables")), tables_devices=f.integer("tables_devices"),
+                  devices=tuple(f.integers("devices")), devices_tables=f.integer("devices_tables"),
+                  max_draws=f.integer("max_draws"), bootstrap=f.integer("bootstrap", lo=100), backend=backend)
+        f.done()
+        return cfg
+
+    def points(self) -> pd.DataFrame:
+        """One row per (axis, value) measured here, with the task shape (tables, devices) it uses."""
+        rows = [{"axis": "tables", "value": t, "tables": t, "devices": self.tables_devices} for t in self.tables]
+        rows += [{"axis": "devices", "value": d, "tables": self.devices_tables, "devices": d} for d in self.devices]
+        return pd.DataFrame(rows)
+
+
+def transfer_tasks(features: pd.DataFrame, train: np.ndarray, test: np.ndarray, cfg: TransferConfig,
+                   seed: int) -> tuple[list[Task], pd.DataFrame]:
+    """The distinct tasks of all points, and a frame (axis, value, task) saying which axis point
+    each belongs to. A shape that cannot be drawn is an error naming the parameter."""
+    sizes = features["size_bytes"].to_numpy()
+    points = cfg.points()
+    tasks: dict[str, Task] = {}
+    rows = []
+    for point in points.itertuples():
+        field = f"transfer.{point.axis}"
+        unseen = int(round(cfg.unseen_ratio * point.tables))
+        if unseen > len(test) or point.tables - unseen > len(train):
+            raise invalid(field, point.value, f"{point.tables} tables ({unseen} unseen) do not fit the pools "
+                                              f"of {len(train)} seen and {len(test)} unseen tables")
+        if point.devices > point.tables:
+            raise invalid(field, point.value, f"more devices than the {point.tables} tables")
+        shape = ProtocolConfig(name="transfer", tables=point.tables, devices=point.devices,
+                               memory_bytes=cfg.memory_bytes, train_tasks=0, test_tasks=cfg.tasks_per_point,
+                               unseen_ratios=(cfg.unseen_ratio,))
+        for k in range(cfg.tasks_per_point):
+            name = f"transfer/{point.tables}x{point.devices}/{k:03d}"
+            if name not in tasks:
+                g = rng(seed, "transfer", point.tables, point.devices, f"{cfg.unseen_ratio:.4f}", k)
+                tables = draw_feasible(g, shape, train, test, unseen, sizes, cfg.max_draws,
+                                       "transfer.memory_per_device_gib")
+                tasks[name] = Task(name=name, protocol="transfer", split="test", tables=tables,
+                                   devices=point.devices, memory_bytes=cfg.memory_bytes,
+                                   unseen_ratio=unseen / point.tables)
+            rows.append({"axis": point.axis, "value": point.value, "task": name})
+    return list(tasks.values()), pd.DataFrame(rows)
+
+
+def from_evaluate(plans: pd.DataFrame) -> pd.DataFrame:
+    """The unseen-ratio axis: the evaluate stage's measured AutoShard-protocol plans, one row per
+    (task, method) with axis `unseen_ratio` and the ratio as value."""
+    rows = plans[(plans["protocol"] == "autoshard") & plans["method"].isin(METHODS)].copy()
+    rows["axis"], rows["value"] = "unseen_ratio", rows["unseen_ratio"]
+    return rows
+
+
+def summary(ratios: pd.DataFrame, resamples: int, seed: int) -> pd.DataFrame:
+    """Per (axis, value, compared method): tasks, median measured ratio to the best heuristic
+    with its 95% bootstrap interval, win rate, median predicted ratio, mean measured bottleneck."""
+    rows = []
+    compared = ratios[ratios["method"].isin(COMPARED)]
+    for (axis, value, method), g in compared.groupby(["axis", "value", "method"], sort=True):
+        lo, hi = bootstrap_median(g["ratio"].to_numpy(), resamples, seed, "transfer", axis, f"{value:g}", method)
+        rows.append({"axis": axis, "value": value, "method": method, "tasks": len(g),
+                     "ratio_median": g["ratio"].median(), "ratio_lo": lo, "ratio_hi": hi,
+                     "win_rate": float((g["ratio"] < 1).mean()),
+                     "predicted_ratio_median": g["predicted_ratio"].median(),
+                     "mean_ms": g["measured_ms"].mean()})
+    return pd.DataFrame(rows)
+
+
+def best_heuristics(ratios: pd.DataFrame) -> pd.DataFrame:
+    """How often each heuristic is the measured best, per axis: which reference the ratios use."""
+    heuristic = ratios[ratios["method"].isin(HEURISTICS)]
+    best = heuristic.loc[heuristic.groupby(["axis", "task"])["measured_ms"].idxmin()]
+    return best.groupby(["axis", "method"]).size().unstack("method", fill_value=0)

@@ -1,0 +1,34 @@
+"""params.yaml is the one source of defaults: every dataclass default that names a parameter
+equals its value there (or the dataclass has no default)."""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from autoshard.core.params import load_params
+from autoshard.costmodel.model import CostModelConfig
+from autoshard.measure.timing import TimingConfig
+from autoshard.rl.policy import PolicyConfig
+from autoshard.rl.ppo import RLConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+PARAMS = load_params(ROOT / "params.yaml")
+
+
+@pytest.mark.parametrize("config, section", [
+    (RLConfig, ("rl",)), (PolicyConfig, ("rl", "policy")), (CostModelConfig, ("cost_model",)),
+    (TimingConfig, ("profile",)),
+], ids=lambda x: getattr(x, "__name__", ".".join(x) if isinstance(x, tuple) else x))
+def test_dataclass_defaults_equal_params_yaml(config, section):
+    values = PARAMS
+    for key in section:
+        values = values[key]
+    compared = 0
+    for f in dataclasses.fields(config):
+        if f.name not in values or isinstance(values[f.name], dict):
+            continue
+        if f.default is not dataclasses.MISSING:
+            assert f.default == values[f.name], f"{config.__name__}.{f.name}: {f.default!r} vs params.yaml"
+            compared += 1
+    assert compared > 0, "nothing compared: the test lost track of the parameters"
