@@ -34,7 +34,7 @@ from autoshard.studies.evaluate import (
     planners,
     small_tasks,
 )
-from autoshard.studies.measured import measure_task, plan_frame, predict_devices, score
+from autoshard.studies.measured import META, measure_task, plan_frame, predict_devices, score
 from autoshard.studies.stats import bootstrap_median, summary, targets, with_ratios
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -225,8 +225,10 @@ def test_config_and_task_selection(smoke_params, world):
 def test_bad_evaluate_parameters_name_the_field(smoke_params):
     with pytest.raises(ConfigError, match=r"evaluate.small.tables: \[9, 4\]"):
         config(smoke_params, small=smoke_params["evaluate"]["small"] | {"tables": [9, 4]})
-    with pytest.raises(ConfigError, match="evaluate.runs: 0"):
-        config(smoke_params, runs=0)
+    with pytest.raises(ConfigError, match="evaluate.timing.runs: 0"):
+        config(smoke_params, timing=smoke_params["evaluate"]["timing"] | {"runs": 0})
+    with pytest.raises(ConfigError, match="evaluate.timing.drift_limit: 0"):
+        config(smoke_params, timing=smoke_params["evaluate"]["timing"] | {"drift_limit": 0})
     cfg = config(smoke_params, dreamshard_tasks=999)
     with pytest.raises(ConfigError, match="evaluate.dreamshard_tasks: 999"):
         held_out_tasks([Task("d", "dreamshard", "test", (0,), 1, 1, 1.0)], cfg)
@@ -248,13 +250,14 @@ def test_scoring_measures_each_shard_once_and_resumes(world, tmp_path, smoke_par
     plans = {"one": [np.array([0, 0, 1, 1])], "same": [np.array([1, 1, 0, 0])], "other": [np.array([0, 1, 0, 1])]}
     backend = Counting(pool)
     costs = measure_task(backend, task, [p[0] for p in plans.values()], 64, tmp_path, seed=0)
-    assert Counting.calls == 4 and len(costs) == 4  # {0,1} {2,3} {0,2} {1,3}
+    # {0,1} {2,3} {0,2} {1,3}, and the calibration shard before and after the one round
+    assert Counting.calls == 4 + 2 and len(costs) == 4 + 1 and costs[META] == [{"drift": 0.0, "attempts": 1}]
     measure_task(backend, task, [p[0] for p in plans.values()], 64, tmp_path, seed=0)
-    assert Counting.calls == 4, "a finished task is read back, not measured again"
+    assert Counting.calls == 6, "a finished task is read back, not measured again"
     cfg = config(smoke_params)
     devices = score(backend, pool.features, [task], plans, replace(cfg.backend, batch_size=64), tmp_path, 0,
                     progress=False)
-    assert Counting.calls == 4 and len(devices) == 6
+    assert Counting.calls == 6 and len(devices) == 6
     devices["predicted_ms"] = predict_devices(devices, model, features)
     seconds = pd.DataFrame({"task": "a/b", "method": list(plans), "seconds": 0.1})
     per_plan = plan_frame(devices, [task], seconds).set_index("method")

@@ -13,7 +13,7 @@ from autoshard.studies import ablation, transfer
 
 PROFILE = {"backend": "fbgemm", "device": "cpu", "optimizer": "EXACT_SGD", "batch_size": 64, "threads": 1,
            "memory_limit_gib": 1.0}
-TIMING = {"warmup": 0, "runs": 1}
+TIMING = {"timing": {"warmup": 0, "runs": 1, "rounds": 1, "drift_limit": 0.5, "retries": 0}}
 
 
 def transfer_config(params, **changes):

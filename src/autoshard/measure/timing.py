@@ -16,9 +16,17 @@ from autoshard.measure.base import ShardCost
 
 @dataclass(frozen=True)
 class TimingConfig:
+    """One measurement: `warmup` untimed runs, then `runs` timed ones (median, IQR). Plans are
+    measured in `rounds` interleaved rounds (see `measure.interleaved`): a batch of shards is
+    measured again when a calibration shard timed between rounds drifts past `drift_limit`,
+    at most `retries` times."""
+
     warmup: int = 2
     runs: int = 7
     flush_mb: int = 128  # CUDA only: bytes written between runs to evict the L2 cache
+    rounds: int = 1
+    drift_limit: float = 0.1
+    retries: int = 0
 
 
 DEFAULT_TIMING = TimingConfig()

@@ -75,15 +75,14 @@ class AblationConfig:
     @classmethod
     def from_params(cls, ablation: dict, rl: dict, profile: dict, evaluate: dict) -> "AblationConfig":
         """From the `ablation` section, the `rl` section (the full variant's settings), the
-        profile's backend settings and `evaluate.warmup`/`runs` (how plans are measured)."""
+        profile's backend settings and `evaluate.timing` (how plans are measured)."""
         f = Fields("ablation", ablation)
         variants = tuple(f.names("variants", VARIANTS))
         protocols = tuple(f.names("protocols", PROTOCOLS))
         stage = RLStageConfig.from_params(rl)
         keys = ("backend", "device", "optimizer", "batch_size", "threads", "memory_limit_gib")
-        timing = Fields("evaluate", evaluate)
+        timing = Fields("evaluate", evaluate).sub("timing")
         backend = measuring_backend(Fields("profile", {k: profile[k] for k in keys if k in profile}), timing)
-        timing.done()
         cfg = cls(variants=variants, seeds=f.integer("seeds"), protocols=protocols,
                   iterations=f.integer("iterations"), tasks_per_batch=f.integer("tasks_per_batch"),
                   test_tasks=f.integer("test_tasks"), refresh_rounds=f.integer("refresh_rounds"),

@@ -85,7 +85,7 @@ class EvaluateConfig:
         targets = Targets(rl=t.number("rl", lo=0, lo_open=True), refined=t.number("refined", lo=0, lo_open=True),
                           optimum_gap=t.number("optimum_gap", lo=0))
         t.done()
-        backend = measuring_backend(p, f)
+        backend = measuring_backend(p, f.sub("timing"))
         cfg = cls(autoshard_per_ratio=f.integer("autoshard_tasks_per_ratio", lo=0),
                   dreamshard_tasks=f.integer("dreamshard_tasks", lo=0), small=small, best_of=best_of,
                   backend=backend, bootstrap=f.integer("bootstrap", lo=100), noise_tasks=f.integer("noise_tasks", lo=0),
@@ -99,14 +99,18 @@ class EvaluateConfig:
 
 def measuring_backend(profile: Fields, timing: Fields) -> BackendConfig:
     """The profile's backend settings (backend, device, optimizer, batch size, threads, memory
-    limit) with the `warmup` and `runs` of `timing`: how plans are measured. Checks both."""
+    limit) with the protocol of `timing` (`evaluate.timing`): how plans are measured. Checks both."""
     p = profile
     backend = BackendConfig(
         backend=p.text("backend", BACKENDS), device=resolve_device(p.text("device", DEVICES), p.name("device")),
         optimizer=p.text("optimizer", OPTIMIZERS), batch_size=p.integer("batch_size"), threads=p.integer("threads"),
-        timing=TimingConfig(warmup=timing.integer("warmup", lo=0), runs=timing.integer("runs")),
+        timing=TimingConfig(warmup=timing.integer("warmup", lo=0), runs=timing.integer("runs"),
+                            rounds=timing.integer("rounds"),
+                            drift_limit=timing.number("drift_limit", lo=0, lo_open=True),
+                            retries=timing.integer("retries", lo=0)),
         memory_limit_bytes=int(p.number("memory_limit_gib", lo=0, lo_open=True) * 2**30))
     p.done()
+    timing.done()
     return backend
 
 

@@ -1,9 +1,11 @@
 """Score plans by measuring them: every device shard of every plan, with the cost backend.
 
-Per task, the distinct shards of all methods' plans are measured once each, in a seeded
-shuffled order (so no method is systematically measured first or last while the machine
-warms up or drifts), and saved to `<work>/<task>.json` when the task is done: an interrupted
-run resumes with the tasks it finished. Shards measured once are reused for any plan that
+Per task, the distinct shards of all methods' plans are measured as one batch in interleaved
+rounds, each in a seeded shuffled order, with a calibration shard timed between rounds (see
+`measure.interleaved`): no method is systematically measured first or last while the machine
+warms up or drifts, and a batch measured while the machine changed is measured again. Each
+task is saved to `<work>/<task>.json` when done: an interrupted run resumes with the tasks it
+finished. Shards measured once are reused for any plan that
 holds them. Communication is TorchRec's analytic all-to-all estimate, labelled as such.
 """
 
@@ -23,11 +25,13 @@ from autoshard.costmodel.model import CostModel
 from autoshard.data.pool import Pool
 from autoshard.data.tasks import Task
 from autoshard.measure.backends import BackendConfig
-from autoshard.measure.base import CostBackend, ShardTooLarge
+from autoshard.measure.base import CostBackend
 from autoshard.measure.comm import analytic_comm
+from autoshard.measure.interleaved import FIELDS, measure_batch
+from autoshard.measure.timing import TimingConfig
 from autoshard.placement.shards import device_shards
 
-COST_FIELDS = ("forward_ms", "backward_ms", "forward_iqr_ms", "backward_iqr_ms")
+META = "_batches"  # per task file: the calibration drift and attempts of each measured batch
 
 
 def _key(shard: Sequence[int]) -> str:
@@ -39,22 +43,22 @@ def _task_file(work: Path, task: Task, tag: str) -> Path:
 
 
 def measure_task(backend: CostBackend, task: Task, plans: Sequence[np.ndarray | None], batch_size: int,
-                 work: Path, seed: int, tag: str = "") -> dict[str, list[float]]:
-    """Measured costs of the distinct shards of `plans` (one task), keyed by sorted table ids;
-    unmeasurable shards map to NaNs. Reads what an earlier run saved, saves what is new."""
+                 work: Path, seed: int, tag: str = "", timing: TimingConfig | None = None) -> dict:
+    """Measured costs of the distinct shards of `plans` (one task), keyed by sorted table ids:
+    the fields of `interleaved.FIELDS` then the CV across rounds (NaNs for an unmeasurable
+    shard), and under `META` the calibration drift and attempts of each batch measured. Reads
+    what an earlier run saved, measures what is new in interleaved rounds, saves it."""
+    timing = timing or TimingConfig()
     path = _task_file(work, task, tag)
     known = json.loads(path.read_text()) if path.exists() else {}
-    wanted = {_key(s) for p in plans if p is not None for s in device_shards(task, p) if s}
-    todo = sorted(wanted - set(known))
+    shards = [s for p in plans if p is not None for s in device_shards(task, p) if s]
+    todo = sorted({_key(s) for s in shards} - set(known) - {META})
     if not todo:
         return known
-    for i in rng(seed, "evaluate", "order", task.name, tag).permutation(len(todo)):
-        tables = [int(t) for t in todo[i].split(",")]
-        try:
-            cost = backend.measure(tables, batch_size)
-            known[todo[i]] = [getattr(cost, f) for f in COST_FIELDS]
-        except ShardTooLarge:
-            known[todo[i]] = [float("nan")] * len(COST_FIELDS)
+    g = rng(seed, "evaluate", "order", task.name, tag, len(known))
+    batch = measure_batch(backend, [[int(t) for t in k.split(",")] for k in todo], shards[0], batch_size, timing, g)
+    known.update(zip(todo, batch.costs, strict=True))
+    known.setdefault(META, []).append({"drift": batch.drift, "attempts": batch.attempts})
     work.mkdir(parents=True, exist_ok=True)
     with atomic_file(path) as tmp:
         tmp.write_text(json.dumps(known, sort_keys=True))
@@ -72,11 +76,11 @@ def device_frame(pool_features: pd.DataFrame, task: Task, method: str, plan: np.
     sizes = pool_features["size_bytes"].to_numpy()
     rows = []
     for d, shard in enumerate(shards):
-        cost = costs[_key(shard)] if shard else [0.0] * len(COST_FIELDS)
+        cost = costs[_key(shard)] if shard else [0.0] * len(FIELDS) + [float("nan")]
         rows.append({"task": task.name, "protocol": task.protocol, "method": method, "device": d,
                      "shard": _key(shard), "tables": len(shard), "memory_bytes": int(sizes[shard].sum()),
                      "forward_compute_ms": cost[0], "backward_compute_ms": cost[1],
-                     "forward_iqr_ms": cost[2], "backward_iqr_ms": cost[3],
+                     "forward_iqr_ms": cost[2], "backward_iqr_ms": cost[3], "cv": cost[4],
                      "forward_comm_ms": comm[d][0], "backward_comm_ms": comm[d][1]})
     return pd.DataFrame(rows)
 
@@ -99,9 +103,12 @@ def score(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Task],
     for i, task in enumerate(tqdm(tasks, desc=f"measuring plans{' (' + tag + ')' if tag else ''}",
                                   disable=not progress)):
         task_plans = {m: p[i] for m, p in plans.items() if p[i] is not None}
-        costs = measure_task(backend, task, list(task_plans.values()), cfg.batch_size, Path(work), seed, tag)
-        frames += [device_frame(pool_features, task, m, p, costs, cfg.batch_size, backend.device)
-                   for m, p in task_plans.items()]
+        costs = measure_task(backend, task, list(task_plans.values()), cfg.batch_size, Path(work), seed, tag,
+                             cfg.timing)
+        batches = costs.get(META, [])
+        frames += [device_frame(pool_features, task, m, p, costs, cfg.batch_size, backend.device).assign(
+            drift=max((b["drift"] for b in batches), default=0.0),
+            remeasured=any(b["attempts"] > 1 for b in batches)) for m, p in task_plans.items()]
     out = pd.concat(frames, ignore_index=True)
     out["compute_ms"] = out["forward_compute_ms"] + out["backward_compute_ms"]
     out["with_comm_ms"] = out["compute_ms"] + out["forward_comm_ms"] + out["backward_comm_ms"]

@@ -45,11 +45,10 @@ class TransferConfig:
 
     @classmethod
     def from_params(cls, transfer: dict, evaluate: dict, profile: dict) -> "TransferConfig":
-        """From the `transfer` section, `evaluate.warmup`/`runs` and the profile's backend settings."""
+        """From the `transfer` section, `evaluate.timing` and the profile's backend settings."""
         f = Fields("transfer", transfer)
-        timing = Fields("evaluate", evaluate)
+        timing = Fields("evaluate", evaluate).sub("timing")
         backend = measuring_backend(Fields("profile", profile), timing)
-        timing.done()
         cfg = cls(tasks_per_point=f.integer("tasks_per_point"),
                   memory_bytes=int(f.number("memory_per_device_gib", lo=0, lo_open=True) * GIB),
                   unseen_ratio=f.number("unseen_ratio", lo=0, hi=1),

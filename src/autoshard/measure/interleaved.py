@@ -1,0 +1,68 @@
+"""Measuring a batch of shards so that a busy machine cannot bias it silently.
+
+Each shard is measured once per round, in a freshly shuffled order every round, so slow phases
+of the machine (another process on the other core, frequency changes) spread over all shards
+instead of landing on a few. A shard's cost is the median over rounds of its per-round medians,
+and the spread across rounds (coefficient of variation of the total) is recorded with it: that
+is the repeatability of every measurement, not of a sample. A calibration shard is timed before
+the first round and after each one; when it drifts more than `drift_limit` from its first
+timing, the machine changed under the batch and the whole batch is measured again (at most
+`retries` times; the drift of the kept attempt is reported either way).
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoshard.measure.base import CostBackend, ShardCost, ShardTooLarge
+from autoshard.measure.timing import TimingConfig
+
+FIELDS = ("forward_ms", "backward_ms", "forward_iqr_ms", "backward_iqr_ms")
+
+
+@dataclass
+class Batch:
+    """Per shard: the median over rounds of each field of FIELDS, then the CV across rounds
+    (NaN with one round; every value NaN for a shard too large to measure)."""
+
+    costs: list[list[float]]
+    drift: float     # max |calibration / first calibration - 1| over the kept attempt
+    attempts: int    # 1 when the first attempt held
+
+
+def _total(cost: ShardCost) -> float:
+    return cost.forward_ms + cost.backward_ms
+
+
+def measure_batch(backend: CostBackend, shards: Sequence[Sequence[int]], calibration: Sequence[int],
+                  batch_size: int, timing: TimingConfig, g: np.random.Generator) -> Batch:
+    """Measure `shards` in `timing.rounds` interleaved rounds with calibration between them."""
+    for attempt in range(1, timing.retries + 2):  # noqa: B007 (the last value is reported)
+        reference = _total(backend.measure(list(calibration), batch_size))
+        per_round = np.full((len(shards), timing.rounds, len(FIELDS)), np.nan)
+        too_large = np.zeros(len(shards), dtype=bool)
+        drift = 0.0
+        for r in range(timing.rounds):
+            for i in g.permutation(len(shards)):
+                if too_large[i]:
+                    continue
+                try:
+                    cost = backend.measure(list(shards[i]), batch_size)
+                except ShardTooLarge:
+                    too_large[i] = True
+                    continue
+                per_round[i, r] = [getattr(cost, f) for f in FIELDS]
+            again = _total(backend.measure(list(calibration), batch_size))
+            drift = max(drift, abs(again / reference - 1.0))
+        if drift <= timing.drift_limit:
+            break
+    costs = []
+    for i in range(len(shards)):
+        if too_large[i]:
+            costs.append([float("nan")] * (len(FIELDS) + 1))
+            continue
+        totals = per_round[i, :, 0] + per_round[i, :, 1]
+        cv = float(np.std(totals, ddof=1) / np.mean(totals)) if timing.rounds > 1 else float("nan")
+        costs.append([float(v) for v in np.median(per_round[i], axis=0)] + [cv])
+    return Batch(costs=costs, drift=float(drift), attempts=attempt)
