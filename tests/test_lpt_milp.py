@@ -3,13 +3,17 @@
 import itertools
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from autoshard.errors import ConfigError
 from autoshard.heuristics import Infeasible
 from autoshard.placement.lpt import lpt, makespan
+from autoshard.placement.measured import per_table, planners
 from autoshard.placement.milp import solve
+from autoshard.tasks import Task
 
 
 def brute_force(costs: np.ndarray, sizes: np.ndarray, devices: int, capacity: int) -> float:
@@ -126,3 +130,21 @@ def test_milp_out_of_time_keeps_a_valid_plan_and_bound():
 def test_milp_raises_infeasible_when_nothing_fits():
     with pytest.raises(Infeasible, match="no placement exists"):
         solve(np.ones(3), np.array([6, 6, 6]), 2, 10)
+
+
+def test_measured_planners_on_tasks():
+    singles = pd.Series([3.0, 1.0, 2.0, 2.0, 4.0, 5.0], index=[0, 1, 2, 2, 3, 4])  # table 2 measured twice
+    costs = per_table(singles, 6)
+    assert costs[2] == 2.0 and np.isnan(costs[5])
+    sizes = np.array([10, 10, 10, 10, 10, 10])
+    methods = planners(costs, sizes, milp_seconds=5)
+    task = Task(name="t", protocol="p", split="test", tables=(0, 1, 2, 3, 4), devices=2, memory_bytes=30,
+                unseen_ratio=0.0)
+    for name, planner in methods.items():
+        placement = planner(task)
+        assert len(placement) == 5 and np.bincount(placement, minlength=2).max() <= 3, name
+    assert makespan(costs[:5], methods["milp"](task), 2) == 8.0  # {5, 3} and {4, 2, 1}
+    unmeasured = Task(name="u", protocol="p", split="test", tables=(0, 5), devices=2, memory_bytes=30,
+                      unseen_ratio=0.0)
+    with pytest.raises(ConfigError, match=r"task u: no single-table measurement of tables \[5\]"):
+        methods["lpt_measured"](unmeasured)
