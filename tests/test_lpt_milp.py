@@ -127,6 +127,13 @@ def test_milp_out_of_time_keeps_a_valid_plan_and_bound():
     assert np.bincount(res.placement, weights=sizes, minlength=6).max() <= capacity
 
 
+def test_milp_node_limit_is_repeatable():
+    g = np.random.default_rng(3)
+    costs, sizes = g.lognormal(0, 0.8, 40), g.integers(10, 100, 40)
+    first, again = (solve(costs, sizes, 4, int(sizes.sum() / 3), rel_gap=0, node_limit=50) for _ in range(2))
+    assert np.array_equal(first.placement, again.placement) and first.lower_bound == again.lower_bound
+
+
 def test_milp_raises_infeasible_when_nothing_fits():
     with pytest.raises(Infeasible, match="no placement exists"):
         solve(np.ones(3), np.array([6, 6, 6]), 2, 10)
