@@ -1,0 +1,39 @@
+"""The baselines on measured single-table costs, as evaluate planners (`Task -> placement`).
+
+The per-table cost is the linear surrogate a practitioner has after profiling each table
+alone: `lpt_measured` places by LPT on it, `milp` solves the min-max placement on it exactly
+(within a time limit).
+"""
+
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+from autoshard.errors import ConfigError
+from autoshard.placement.lpt import lpt
+from autoshard.placement.milp import solve
+from autoshard.tasks import Task
+
+
+def per_table(singles: pd.Series, num_tables: int) -> np.ndarray:
+    """Cost per pool table id (0..num_tables-1): the median of its single-table measurements
+    (`singles` is indexed by table id and may repeat one); NaN where none was measured."""
+    by_table = singles.groupby(level=0).median()
+    return by_table.reindex(range(num_tables)).to_numpy(dtype=float)
+
+
+def planners(costs: np.ndarray, sizes: np.ndarray, milp_seconds: float, seed: int = 0
+             ) -> dict[str, Callable[[Task], np.ndarray]]:
+    """`lpt_measured` and `milp` over per-pool-table `costs` and `sizes` (bytes); a task with
+    an unmeasured table gets no plan from either (a `ConfigError` naming the tables)."""
+    def task_costs(t: Task) -> np.ndarray:
+        c = costs[list(t.tables)]
+        if np.isnan(c).any():
+            missing = [t.tables[i] for i in np.flatnonzero(np.isnan(c))]
+            raise ConfigError(f"task {t.name}: no single-table measurement of tables {missing}")
+        return c
+
+    return {"lpt_measured": lambda t: lpt(task_costs(t), sizes[list(t.tables)], t.devices, t.memory_bytes),
+            "milp": lambda t: solve(task_costs(t), sizes[list(t.tables)], t.devices, t.memory_bytes,
+                                    time_limit=milp_seconds, seed=seed).placement}

@@ -1,0 +1,147 @@
+"""Paired comparison of two methods over the same tasks.
+
+Two methods' bottlenecks on one task share that task's difficulty, so the study compares them
+task by task: the log ratio method/reference per task, its median with a bootstrap interval
+that resamples tasks (within strata, such as the unseen ratio, when the protocol has them),
+a Wilcoxon signed-rank test, how often the two placements are the very same split of the
+tables, and the smallest effect the measurement noise lets this many tasks detect.
+"""
+
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from autoshard.seeding import rng
+
+KEYS = ("tasks", "median_ratio", "ci_low", "ci_high", "p_value", "identical_share", "mde")
+
+
+def canonical(placement: np.ndarray) -> tuple[int, ...]:
+    """`placement` with devices renumbered in the order they first get a table: two placements
+    are the same split of the tables (identical devices, so the same cost) iff these are equal."""
+    first: dict[int, int] = {}
+    return tuple(first.setdefault(int(d), len(first)) for d in placement)
+
+
+def same_split(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    """True when both placements put the same tables together (or neither method has a plan)."""
+    if a is None or b is None:
+        return a is None and b is None
+    return len(a) == len(b) and canonical(a) == canonical(b)
+
+
+def minimum_detectable_effect(noise_sd: float, tasks: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest true ratio change (as a fraction, 0.03 = 3%) that `tasks` paired tasks detect
+    with `power` at two-sided level `alpha`, when one measurement's log has sd `noise_sd` (about
+    its CV). A task's log ratio carries two measurements, so its noise sd is sqrt(2) * noise_sd,
+    and by the normal approximation the effect is exp((z_{1-alpha/2} + z_power) * sqrt(2) *
+    noise_sd / sqrt(tasks)) - 1, with z_{0.975} + z_{0.8} = 2.80. Wilcoxon needs about 5% more
+    tasks than this t-test approximation; true per-task heterogeneity widens it further."""
+    if tasks < 1:
+        raise ValueError(f"tasks: {tasks} (need at least one)")
+    z = stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)
+    return float(math.expm1(z * math.sqrt(2) * noise_sd / math.sqrt(tasks)))
+
+
+def holm(p_values: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjustment of a family of p-values (None stays None and is not counted)."""
+    known = [(p, i) for i, p in enumerate(p_values) if p is not None and not math.isnan(p)]
+    out: list[float | None] = [None] * len(p_values)
+    running = 0.0
+    for rank, (p, i) in enumerate(sorted(known)):
+        running = max(running, min(1.0, (len(known) - rank) * p))
+        out[i] = running
+    return out
+
+
+def wilcoxon_p(log_ratios: np.ndarray) -> float:
+    """Two-sided Wilcoxon signed-rank p-value of the log ratios; 1.0 when every one is zero."""
+    if not np.any(log_ratios != 0):
+        return 1.0
+    p = stats.wilcoxon(log_ratios, zero_method="wilcox").pvalue
+    return 1.0 if math.isnan(p) else float(p)
+
+
+def bootstrap_median(log_ratios: np.ndarray, strata: np.ndarray | None, resamples: int,
+                     generator: np.random.Generator) -> tuple[float, float]:
+    """95% percentile interval of the median log ratio, tasks resampled with replacement within
+    each stratum (so every resample keeps the strata's task counts)."""
+    groups = [np.arange(len(log_ratios))] if strata is None else \
+        [np.flatnonzero(strata == s) for s in pd.unique(strata)]
+    draws = np.concatenate([g[generator.integers(0, len(g), size=(resamples, len(g)))] for g in groups], axis=1)
+    medians = np.median(log_ratios[draws], axis=1)
+    return float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))
+
+
+def compare(method: np.ndarray, reference: np.ndarray, *, strata: np.ndarray | None = None,
+            identical: np.ndarray | None = None, noise_sd: float | None = None,
+            resamples: int = 2000, seed: int = 0, keys: Iterable[str] = ()) -> dict[str, float | None]:
+    """The paired statistics of `method` against `reference` (bottlenecks per task, aligned).
+    Tasks where either has no positive finite value are left out. `identical` flags the tasks
+    (aligned too) where the two placements are the same split; `noise_sd` is one measurement's log-noise sd.
+    Every value is a float or None, never NaN, so the result is strict JSON."""
+    method, reference = np.asarray(method, dtype=float), np.asarray(reference, dtype=float)
+    if method.shape != reference.shape:
+        raise ValueError(f"method {method.shape} and reference {reference.shape} must align by task")
+    ok = np.isfinite(method) & np.isfinite(reference) & (method > 0) & (reference > 0)
+    out: dict[str, float | None] = dict.fromkeys(KEYS)
+    out["tasks"] = float(ok.sum())
+    if not ok.any():
+        return out
+    if identical is not None:
+        out["identical_share"] = float(np.mean(np.asarray(identical, dtype=bool)[ok]))
+    logs = np.log(method[ok] / reference[ok])
+    groups = None if strata is None else np.asarray(strata)[ok]
+    lo, hi = bootstrap_median(logs, groups, resamples, rng(seed, "paired", *keys))
+    out |= {"median_ratio": float(np.exp(np.median(logs))), "ci_low": float(np.exp(lo)),
+            "ci_high": float(np.exp(hi)), "p_value": wilcoxon_p(logs)}
+    if noise_sd is not None:
+        out["mde"] = minimum_detectable_effect(noise_sd, int(ok.sum()))
+    return out
+
+
+def with_best(results: pd.DataFrame, methods: Iterable[str], name: str,
+              value: str = "measured_ms") -> pd.DataFrame:
+    """`results` plus, per task, a row for the virtual method `name`: the row of `methods` with
+    the lowest `value` (for example the best heuristic)."""
+    pool = results[results["method"].isin(list(methods))].dropna(subset=[value])
+    best = pool.loc[pool.groupby("task", sort=False)[value].idxmin()].assign(method=name)
+    return pd.concat([results, best], ignore_index=True)
+
+
+def all_pairs(results: pd.DataFrame, references: Sequence[str], *, value: str = "measured_ms",
+              strata: str | None = None, noise_sd: float | dict[str, float] | None = None,
+              resamples: int = 2000, seed: int = 0) -> dict[str, dict[str, dict[str, float | None]]]:
+    """Per protocol, `compare` of every method against each of `references` that it is not,
+    named `method__vs__reference`. `results` has one row per (task, method) with `protocol`,
+    `value` and optionally `strata` and a `placement` column (an array, or None: no plan);
+    `noise_sd` may be given per protocol."""
+    out: dict[str, dict[str, dict[str, float | None]]] = {}
+    for protocol, frame in results.groupby("protocol", sort=False):
+        table = frame.pivot(index="task", columns="method", values=value)
+        plans = frame.set_index(["task", "method"])["placement"] if "placement" in frame else None
+        groups = frame.groupby("task", sort=False)[strata].first().reindex(table.index).to_numpy() \
+            if strata else None
+        noise = noise_sd.get(protocol) if isinstance(noise_sd, dict) else noise_sd
+        pairs = out.setdefault(str(protocol), {})
+        for reference in references:
+            if reference not in table:
+                continue
+            for method in frame["method"].unique():
+                if method == reference:
+                    continue
+                identical = None if plans is None else np.array(
+                    [same_split(_plan(plans, t, method), _plan(plans, t, reference)) for t in table.index])
+                pairs[f"{method}__vs__{reference}"] = compare(
+                    table[method].to_numpy(), table[reference].to_numpy(), strata=groups, identical=identical,
+                    noise_sd=noise, resamples=resamples, seed=seed, keys=(str(protocol), method, reference))
+    return out
+
+
+def _plan(plans: pd.Series, task: str, method: str) -> np.ndarray | None:
+    """The placement of (task, method), None when there is none (a missing row, None or NaN)."""
+    plan = plans.get((task, method))
+    return None if plan is None or np.ndim(plan) == 0 else np.asarray(plan)
