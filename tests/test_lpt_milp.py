@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from autoshard.errors import ConfigError
-from autoshard.heuristics import Infeasible
+from autoshard.core.errors import ConfigError
+from autoshard.data.tasks import Task
+from autoshard.placement.heuristics import Infeasible
 from autoshard.placement.lpt import lpt, makespan
-from autoshard.placement.measured import per_table, planners
 from autoshard.placement.milp import solve
-from autoshard.tasks import Task
+from autoshard.placement.surrogate import per_table, planners
 
 
 def brute_force(costs: np.ndarray, sizes: np.ndarray, devices: int, capacity: int) -> float:

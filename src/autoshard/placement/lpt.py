@@ -8,7 +8,7 @@ a memory cap its bottleneck is at most 4/3 - 1/(3D) of the optimum (Graham, 1969
 
 import numpy as np
 
-from autoshard.heuristics import greedy
+from autoshard.placement.heuristics import greedy
 
 
 def lpt(costs: np.ndarray, sizes: np.ndarray, devices: int, capacity: int) -> np.ndarray:

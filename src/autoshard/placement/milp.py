@@ -21,7 +21,7 @@ import numpy as np
 from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array, eye_array, hstack, kron
 
-from autoshard.heuristics import Infeasible
+from autoshard.placement.heuristics import Infeasible
 from autoshard.placement.lpt import lpt, makespan
 
 

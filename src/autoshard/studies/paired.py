@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from autoshard.seeding import rng
+from autoshard.core.seeding import rng
 
 KEYS = ("tasks", "median_ratio", "ci_low", "ci_high", "p_value", "identical_share", "mde")
 

@@ -10,10 +10,10 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from autoshard.errors import ConfigError
+from autoshard.core.errors import ConfigError
+from autoshard.data.tasks import Task
 from autoshard.placement.lpt import lpt
 from autoshard.placement.milp import solve
-from autoshard.tasks import Task
 
 
 def per_table(singles: pd.Series, num_tables: int) -> np.ndarray:
