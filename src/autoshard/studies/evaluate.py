@@ -22,14 +22,18 @@ from autoshard.data.tasks import Task, first_fit_decreasing
 from autoshard.measure.backends import BACKENDS, DEVICES, BackendConfig, resolve_device
 from autoshard.measure.fbgemm import OPTIMIZERS
 from autoshard.measure.timing import TimingConfig
+from autoshard.placement import surrogate
 from autoshard.placement.exact import exact_plan
 from autoshard.placement.heuristics import HEURISTICS, Infeasible, heuristic_plan
 from autoshard.placement.registry import KIND
+from autoshard.placement.search import local_search
 from autoshard.placement.shards import memory_ok
+from autoshard.placement.surrogate import MilpConfig
 from autoshard.placement.torchrec import torchrec_plan
 from autoshard.rl import numpy_planner
 from autoshard.rl.infer import cost_greedy, policy_plans
 from autoshard.rl.policy import Policy
+from autoshard.studies.paired import same_split
 
 Planner = Callable[[Task], np.ndarray]
 
@@ -68,6 +72,7 @@ class EvaluateConfig:
     speed_repeats: int
     speed_budget_s: float  # a method slower than this at one size is not timed at larger ones
     targets: Targets
+    milp: MilpConfig
 
     @classmethod
     def from_params(cls, evaluate: dict, profile: dict, rl: dict) -> "EvaluateConfig":
@@ -86,13 +91,16 @@ class EvaluateConfig:
                           optimum_gap=t.number("optimum_gap", lo=0))
         t.done()
         backend = measuring_backend(p, f.sub("timing"))
+        m = f.sub("milp")
+        milp = MilpConfig(node_limit=m.integer("node_limit"), time_limit_s=m.number("time_limit_s", lo=0, lo_open=True))
+        m.done()
         cfg = cls(autoshard_per_ratio=f.integer("autoshard_tasks_per_ratio", lo=0),
                   dreamshard_tasks=f.integer("dreamshard_tasks", lo=0), small=small, best_of=best_of,
                   backend=backend, bootstrap=f.integer("bootstrap", lo=100), noise_tasks=f.integer("noise_tasks", lo=0),
                   speed_tables=tuple(f.integers("speed_tables")), speed_devices=f.integer("speed_devices"),
                   speed_repeats=f.integer("speed_repeats"),
                   speed_budget_s=f.number("speed_budget_s", lo=0, lo_open=True),
-                  targets=targets)
+                  targets=targets, milp=milp)
         f.done()
         return cfg
 
@@ -159,8 +167,10 @@ def small_tasks(features: pd.DataFrame, test_tables: np.ndarray, cfg: SmallConfi
 
 
 def planners(pool_features: pd.DataFrame, features: np.ndarray, model: CostModel, policy: Policy,
-             best_of: int, batch_size: int, seed: int) -> dict[str, Planner]:
-    """Every method as a planner (the exact search is for small tasks only)."""
+             best_of: int, batch_size: int, seed: int, single_costs: np.ndarray, milp: MilpConfig,
+             solves: dict | None = None) -> dict[str, Planner]:
+    """Every method of the registry as a planner (the exact search is for small tasks only);
+    `single_costs` (ms per pool table, measured alone) feed the LPT and MILP baselines."""
     def heuristic(name: str) -> Planner:
         return lambda t: heuristic_plan(name, pool_features, t, seed)
 
@@ -170,6 +180,9 @@ def planners(pool_features: pd.DataFrame, features: np.ndarray, model: CostModel
     return {**{m: heuristic(m) for m in HEURISTICS},
             "torchrec": lambda t: torchrec_plan(pool_features, t, batch_size),
             "cost_greedy": lambda t: cost_greedy(model, features, [t])[0],
+            "cost_greedy_local_search": lambda t: local_search(model, features, t,
+                                                               cost_greedy(model, features, [t])[0]),
+            **surrogate.planners(single_costs, pool_features["size_bytes"].to_numpy(np.int64), milp, seed, solves),
             "rl_greedy": lambda t: policy_plans(policy, model, features, [t])[0],
             "rl_best_of_n": lambda t: policy_plans(policy, model, features, [t], best_of, seed=sample_seed(t))[0],
             "rl_local_search": lambda t: policy_plans(policy, model, features, [t], refine=True)[0],
@@ -198,16 +211,8 @@ def same_plans(reference: list[np.ndarray | None], planner: Planner, tasks: list
             mine = None
         both = mine is not None and ref is not None
         labels.append(mine is ref is None or (both and np.array_equal(mine, ref)))
-        splits.append(mine is ref is None or (both and np.array_equal(_first_seen(mine), _first_seen(ref))))
+        splits.append(same_split(mine, ref))
     return {"same devices": float(np.mean(labels)), "same split": float(np.mean(splits))}
-
-
-def _first_seen(placement: np.ndarray) -> np.ndarray:
-    """The placement with devices renumbered in the order they first get a table."""
-    _, first = np.unique(placement, return_index=True)
-    rank = np.empty(len(first), np.int64)
-    rank[np.argsort(first)] = np.arange(len(first))
-    return rank[np.unique(placement, return_inverse=True)[1]]
 
 
 def plan_all(methods: dict[str, Planner], tasks: list[Task], sizes: np.ndarray,
