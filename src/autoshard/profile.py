@@ -9,8 +9,6 @@ interrupted run continues where it stopped, measures nothing twice, and re-measu
 that fails the consistency check.
 """
 
-import hashlib
-import json
 import platform
 import shutil
 from dataclasses import asdict, dataclass
@@ -22,8 +20,9 @@ import torch
 from tqdm.auto import tqdm
 
 from autoshard.atomic import atomic_dir, atomic_file
-from autoshard.costs import BackendConfig, CostBackend, ShardTooLarge
+from autoshard.costs import BackendConfig, CostBackend, ShardTooLarge, measurement_key
 from autoshard.crosscheck import BenchConfig
+from autoshard.digest import key
 from autoshard.errors import ConfigError
 from autoshard.heuristics import HEURISTICS, Infeasible, place, shards
 from autoshard.params import Fields
@@ -191,10 +190,10 @@ def measure_job(backend: CostBackend, job: Job, shard_id: int, batch_size: int,
 
 
 def run_key(jobs: list[Job], cfg: ProfileConfig, pool: Pool) -> str:
-    """Identifies a collection: chunks of another plan, backend or pool are never reused."""
-    doc = json.dumps([[asdict(j) for j in jobs], asdict(cfg.backend), pool.meta], sort_keys=True,
-                     default=str)
-    return hashlib.sha256(doc.encode()).hexdigest()[:16]
+    """Identifies a collection by content: chunks are reused only for the same shards, measured
+    the same way on the same tables (`measurement_key`)."""
+    tables = {t for j in jobs for t in j.tables}
+    return key([asdict(j) for j in jobs], measurement_key(cfg.backend, pool, tables))
 
 
 def collect(pool: Pool, jobs: list[Job], backend: CostBackend, cfg: ProfileConfig,

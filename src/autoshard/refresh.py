@@ -1,7 +1,11 @@
 """Refresh rounds (AutoShard's and DreamShard's outer loop): measure the policy's plans on the
 training tasks, add the measurements to the profile data, refit the cost model on it, and go
-on training the policy on the refitted model."""
+on training the policy on the refitted model.
 
+Each round trains into a folder keyed by its inputs (`rl.run_key`: the refitted cost model's
+weights and the policy it starts from among them), and its result is copied to `round_<r>.pt`."""
+
+import shutil
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -9,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from autoshard.atomic import atomic_file
 from autoshard.cost_data import measured_shards, split_shards
 from autoshard.cost_training import CostStageConfig, fit
 from autoshard.costmodel import CostModel
@@ -18,7 +23,7 @@ from autoshard.plans import device_shards
 from autoshard.policy import Policy
 from autoshard.pool import Pool
 from autoshard.profile import Job, ProfileConfig, environment, load_profile, measure_job
-from autoshard.rl import RLStageConfig, train
+from autoshard.rl import RLStageConfig, run_key, train
 from autoshard.tables import feature_matrix
 from autoshard.tasks import Task, load_tasks
 
@@ -70,8 +75,13 @@ def refresh_rounds(policy: Policy, cost_model: CostModel, pool: Pool, train_task
                          progress=False).model
         validate = make_validate(cost_model) if make_validate is not None else None
         more = replace(rl.train, iterations=rl.refresh_iterations)
-        policy, history = train(cost_model, features, train_tasks, more, seed, Path(folder) / f"round_{r}.pt",
-                                validate, progress=False, init=policy)
+        round_file = Path(folder) / f"round_{r}.pt"
+        run = run_key(more, cost_model, train_tasks, features, seed, init=policy)
+        checkpoint = Path(folder) / run / round_file.name
+        policy, history = train(cost_model, features, train_tasks, more, seed, checkpoint, validate, progress=False,
+                                init=policy)
+        with atomic_file(round_file) as tmp:
+            shutil.copyfile(checkpoint, tmp)
         measured = ok["total_ms"].to_numpy() if len(ok) else np.array([])
         row = {"round": r, "shards_measured": len(new),
                "model_mape_on_them_before_refit": float(np.mean(np.abs(before - measured) / measured))

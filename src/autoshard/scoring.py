@@ -7,10 +7,8 @@ run resumes with the tasks it finished. Shards measured once are reused for any 
 holds them. Communication is TorchRec's analytic all-to-all estimate, labelled as such.
 """
 
-import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +19,8 @@ from autoshard.atomic import atomic_file
 from autoshard.costmodel import CostModel
 from autoshard.costs.base import CostBackend, ShardTooLarge
 from autoshard.costs.comm import analytic_comm
-from autoshard.costs.factory import BackendConfig
+from autoshard.costs.factory import BackendConfig, measurement_key
+from autoshard.digest import key
 from autoshard.plans import device_shards
 from autoshard.pool import Pool
 from autoshard.seeding import rng
@@ -82,9 +81,9 @@ def device_frame(pool_features: pd.DataFrame, task: Task, method: str, plan: np.
 
 
 def work_folder(root: str | Path, cfg: BackendConfig, pool: Pool) -> Path:
-    """`root/<key>`: measurements saved under another backend setting or pool are never reused."""
-    doc = json.dumps([asdict(cfg), pool.meta], sort_keys=True, default=str)
-    return Path(root) / hashlib.sha256(doc.encode()).hexdigest()[:16]
+    """`root/<key>`: measurements are reused only for the same tables (every table's features and
+    trace), backend settings, measuring code, libraries and machine (`costs.measurement_key`)."""
+    return Path(root) / key(measurement_key(cfg, pool, range(pool.num_tables)))
 
 
 def score(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Task],

@@ -5,6 +5,6 @@ A backend is anything with `name`, `device` and `measure(tables, batch_size) -> 
 """
 
 from autoshard.costs.base import CostBackend, ShardCost, ShardTooLarge
-from autoshard.costs.factory import BACKENDS, BackendConfig, make_backend
+from autoshard.costs.factory import BACKENDS, BackendConfig, make_backend, measurement_key
 
-__all__ = ["BACKENDS", "BackendConfig", "CostBackend", "ShardCost", "ShardTooLarge", "make_backend"]
+__all__ = ["BACKENDS", "BackendConfig", "CostBackend", "ShardCost", "ShardTooLarge", "make_backend", "measurement_key"]
