@@ -255,6 +255,38 @@ def test_scoring_measures_each_shard_once_and_resumes(world, tmp_path, smoke_par
     assert per_plan.loc["one", "measured_ms"] == one["compute_ms"].max()
 
 
+
+def test_measured_plan_cache_not_reused_after_trace_change(world, tmp_path, smoke_params):
+    """One index of one table's trace changed: the plans' shards are measured again, in another
+    folder; the unchanged pool reads everything back (cache hit). Settings and machine count too."""
+    from autoshard import digest
+    from autoshard.costs import factory
+    from autoshard.scoring import work_folder
+
+    pool = world[0]
+    indices = np.array(pool.traces.indices)
+    indices[pool.traces.span(2)[0]] += 1
+    changed = replace(pool, traces=replace(pool.traces, indices=indices), _digests=None)
+    task = Task("a/b", "test", "test", (0, 1, 2, 3), 2, 10**12, 0.0)
+    plans = {"one": [np.array([0, 0, 1, 1])]}
+    backend = replace(config(smoke_params).backend, batch_size=64)
+
+    def measured(p) -> int:
+        before = Counting.calls
+        score(Counting(p), p.features, [task], plans, backend, work_folder(tmp_path, backend, p), 0, progress=False)
+        return Counting.calls - before
+
+    assert measured(pool) == 2
+    assert measured(changed) == 2, "costs measured on another trace were reused"
+    assert measured(pool) == 0 and measured(changed) == 0, "an unchanged rerun measures nothing"
+    folder = work_folder(tmp_path, backend, pool)
+    assert work_folder(tmp_path, replace(backend, threads=backend.threads + 1), pool) != folder
+    assert work_folder(tmp_path, replace(backend, timing=replace(backend.timing, warmup=9)), pool) != folder
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(factory, "machine", lambda device: digest.machine(device) | {"cpu": "another CPU"})
+        assert work_folder(tmp_path, backend, pool) != folder
+
+
 # --- statistics -----------------------------------------------------------------------------
 
 def test_ratios_wins_and_targets():
