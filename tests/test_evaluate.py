@@ -266,7 +266,7 @@ def test_measured_plan_cache_not_reused_after_trace_change(world, tmp_path, smok
     pool = world[0]
     indices = np.array(pool.traces.indices)
     indices[pool.traces.span(2)[0]] += 1
-    changed = replace(pool, traces=replace(pool.traces, indices=indices), _digests=None)
+    changed = replace(pool, traces=replace(pool.traces, indices=indices))
     task = Task("a/b", "test", "test", (0, 1, 2, 3), 2, 10**12, 0.0)
     plans = {"one": [np.array([0, 0, 1, 1])]}
     backend = replace(config(smoke_params).backend, batch_size=64)

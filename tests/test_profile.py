@@ -172,7 +172,7 @@ def _with_trace_changed(pool, table: int):
     start, _ = pool.traces.span(table)
     rows = int(pool.features["rows"].iloc[table])
     indices[start] = (indices[start] + 1) % rows
-    return replace(pool, traces=replace(pool.traces, indices=indices), _digests=None)
+    return replace(pool, traces=replace(pool.traces, indices=indices))
 
 
 def test_profile_cache_not_reused_after_pool_change(tmp_path, setup, smoke_params):

@@ -26,7 +26,7 @@ class Pool:
     features: pd.DataFrame
     traces: Traces
     meta: dict = field(default_factory=dict)
-    _digests: list[str] | None = field(default=None, repr=False, compare=False)
+    _digests: list[str] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def num_tables(self) -> int:
