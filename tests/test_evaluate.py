@@ -24,6 +24,7 @@ from autoshard.placement.exact import exact_plan, partition_count, placements
 from autoshard.placement.heuristics import Infeasible, place
 from autoshard.placement.registry import METHODS
 from autoshard.placement.shards import memory_ok, predicted_bottleneck
+from autoshard.placement.surrogate import MilpConfig
 from autoshard.placement.torchrec import torchrec_plan
 from autoshard.rl.policy import Policy, PolicyConfig
 from autoshard.studies.evaluate import (
@@ -123,7 +124,9 @@ def feasible_tasks(draw, num_tables: int, sizes: np.ndarray):
 def test_every_method_respects_memory_on_random_tasks(world):
     pool, features, model, policy = world
     sizes = pool.features["size_bytes"].to_numpy()
-    methods = planners(pool.features, features, model, policy, best_of=3, batch_size=256, seed=0)
+    singles = np.random.default_rng(0).uniform(0.1, 2.0, pool.num_tables)  # stand-ins for measured single costs
+    methods = planners(pool.features, features, model, policy, best_of=3, batch_size=256, seed=0,
+                       single_costs=singles, milp=MilpConfig(node_limit=20, time_limit_s=5))
     assert set(methods) == set(METHODS)
     planned = {m: 0 for m in methods}
 
@@ -140,7 +143,8 @@ def test_every_method_respects_memory_on_random_tasks(world):
             planned[name] += 1
 
     check()
-    for name in ("random", "cost_greedy", "rl_greedy", "rl_best_of_n", "rl_local_search", "exact"):
+    for name in ("random", "cost_greedy", "cost_greedy_local_search", "lpt_measured", "milp", "rl_greedy",
+                 "rl_best_of_n", "rl_local_search", "exact"):
         assert planned[name] > 0, f"{name} never planned: the property was never exercised"
 
 
@@ -264,6 +268,39 @@ def test_scoring_measures_each_shard_once_and_resumes(world, tmp_path, smoke_par
     assert per_plan.loc["one", "measured_ms"] == per_plan.loc["same", "measured_ms"]
     one = devices[devices["method"] == "one"]
     assert per_plan.loc["one", "measured_ms"] == one["compute_ms"].max()
+
+
+
+def test_measured_plan_cache_not_reused_after_trace_change(world, tmp_path, smoke_params):
+    """One index of one table's trace changed: the plans' shards are measured again, in another
+    folder; the unchanged pool reads everything back (cache hit). Settings and machine count too."""
+    from autoshard.core import digest
+    from autoshard.measure import backends as factory
+    from autoshard.studies.measured import work_folder
+
+    pool = world[0]
+    indices = np.array(pool.traces.indices)
+    indices[pool.traces.span(2)[0]] += 1
+    changed = replace(pool, traces=replace(pool.traces, indices=indices))
+    task = Task("a/b", "test", "test", (0, 1, 2, 3), 2, 10**12, 0.0)
+    plans = {"one": [np.array([0, 0, 1, 1])]}
+    backend = replace(config(smoke_params).backend, batch_size=64)
+
+    def measured(p) -> int:
+        before = Counting.calls
+        score(Counting(p), p.features, [task], plans, backend, work_folder(tmp_path, backend, p), 0, progress=False)
+        return Counting.calls - before
+
+    first = measured(pool)
+    assert first > 0
+    assert measured(changed) == first, "costs measured on another trace were reused"
+    assert measured(pool) == 0 and measured(changed) == 0, "an unchanged rerun measures nothing"
+    folder = work_folder(tmp_path, backend, pool)
+    assert work_folder(tmp_path, replace(backend, threads=backend.threads + 1), pool) != folder
+    assert work_folder(tmp_path, replace(backend, timing=replace(backend.timing, warmup=9)), pool) != folder
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(factory, "machine", lambda device: digest.machine(device) | {"cpu": "another CPU"})
+        assert work_folder(tmp_path, backend, pool) != folder
 
 
 # --- statistics -----------------------------------------------------------------------------

@@ -168,3 +168,55 @@ def test_cli_reports_bad_params(tmp_path, smoke_params, capsys):
                  "--tasks", str(tmp_path / "none.json")])
     assert code == 2
     assert "profile.backend: 'tpu'" in capsys.readouterr().err
+
+
+def _with_trace_changed(pool, table: int):
+    """A copy of `pool` with one index of `table`'s trace moved to another row."""
+    from dataclasses import replace
+
+    indices = np.array(pool.traces.indices)
+    start, _ = pool.traces.span(table)
+    rows = int(pool.features["rows"].iloc[table])
+    indices[start] = (indices[start] + 1) % rows
+    return replace(pool, traces=replace(pool.traces, indices=indices))
+
+
+def test_profile_cache_not_reused_after_pool_change(tmp_path, setup, smoke_params):
+    """`pool.zipf_alpha_max` changes every trace but no meta field: nothing measured on the old
+    pool is reused; one changed index of one table is enough; an unchanged rerun reuses it all."""
+    pool, _, _, _, cfg, jobs = setup
+    collect(pool, jobs, Interrupting(pool), cfg, tmp_path, progress=False)
+    other = build_pool(smoke_params["dataset"], smoke_params["pool"] | {"zipf_alpha_max": 2.0}, seed=0,
+                       progress=False)
+    assert other.meta == pool.meta, "the old key (pool meta) could not tell these pools apart"
+    for changed in (other, _with_trace_changed(pool, 5)):
+        counter = Interrupting(changed)
+        collect(changed, jobs, counter, cfg, tmp_path, progress=False)
+        assert counter.calls == len(jobs), "measurements of other traces were reused"
+        assert run_key(jobs, cfg, changed) != run_key(jobs, cfg, pool)
+    unchanged = Interrupting(pool)
+    collect(pool, jobs, unchanged, cfg, tmp_path, progress=False)
+    assert unchanged.calls == 0, "an unchanged rerun measures nothing"
+
+
+def test_profile_cache_not_reused_after_settings_code_or_machine_change(setup, monkeypatch):
+    """Batch, threads, timing, the measuring code, library versions and the CPU are in the key."""
+    from dataclasses import replace
+
+    from autoshard.core import digest
+    from autoshard.measure import backends as factory
+
+    pool, _, _, _, cfg, jobs = setup
+    base = run_key(jobs, cfg, pool)
+    assert run_key(jobs, cfg, pool) == base
+    backend = cfg.backend
+    for changed in (replace(backend, batch_size=backend.batch_size + 1), replace(backend, threads=backend.threads + 1),
+                    replace(backend, timing=replace(backend.timing, runs=backend.timing.runs + 1))):
+        assert run_key(jobs, replace(cfg, backend=changed), pool) != base
+    monkeypatch.setattr(factory, "machine", lambda device: digest.machine(device) | {"cpu": "another CPU"})
+    assert run_key(jobs, cfg, pool) != base
+    monkeypatch.setattr(factory, "machine", lambda device: digest.machine(device) | {"torch": "torch==0.0"})
+    assert run_key(jobs, cfg, pool) != base
+    monkeypatch.undo()
+    monkeypatch.setattr(factory, "source_digest", lambda *modules: "edited backend code")
+    assert run_key(jobs, cfg, pool) != base

@@ -249,3 +249,67 @@ def test_refresh_round_measures_plans_and_refits(tmp_path, smoke_params):
     assert (tmp_path / "refresh" / "round_1.pt").exists()
     save_model(new_model, tmp_path / "m.pt")
     assert new_policy is not policy
+    assert len(list((tmp_path / "refresh").glob("*/round_1.pt"))) == 1, "the round trains in a keyed folder"
+    torch.manual_seed(1)
+    refresh_rounds(Policy(rl.train.policy, model), model, pool, train_tasks, params, rl, tmp_path,
+                   tmp_path / "refresh", None, seed=0)
+    assert len(list((tmp_path / "refresh").glob("*/round_1.pt"))) == 2, "another start policy is another run"
+
+
+def test_rl_run_not_resumed_after_training_code_change(tmp_path, world, monkeypatch):
+    """One line of the GAE code changed (in a copy of the package the digest reads): the run
+    gets another key, so the finished checkpoint is not resumed; the unchanged code resumes it."""
+    import shutil
+
+    from autoshard.core import digest
+    from autoshard.rl.ppo import run_key
+
+    pool, features, model = world
+    tasks = tasks_of(pool, 6, 8, 2)
+    cfg = replace(FAST, iterations=3)
+    before = run_key(cfg, model, tasks, features, 0)
+    _, first = train(model, features, tasks, cfg, 0, tmp_path / before / "policy.pt", progress=False)
+
+    copy = tmp_path / "src" / "autoshard"
+    shutil.copytree(digest.PACKAGE_DIR, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(digest, "PACKAGE_DIR", copy)
+    assert run_key(cfg, model, tasks, features, 0) == before, "the same code gives the same key"
+    rl_file = copy / "rl" / "ppo.py"
+    line = "        last = delta + gamma * lam * last\n"
+    assert line in rl_file.read_text()
+    rl_file.write_text(rl_file.read_text().replace(line, "        last = delta + gamma * lam * last * 1.0\n"))
+    after = run_key(cfg, model, tasks, features, 0)
+    assert after != before
+    assert not (tmp_path / after / "policy.pt").exists(), "nothing to resume: the run starts over"
+
+    monkeypatch.undo()
+    calls = []
+    monkeypatch.setattr("autoshard.rl.ppo.update", lambda *a, **k: calls.append(1) or {})
+    _, again = train(model, features, tasks, cfg, 0, tmp_path / before / "policy.pt", progress=False)
+    assert not calls and again.equals(first), "the unchanged run resumes its finished checkpoint"
+
+
+def test_rl_run_key_covers_inputs_and_the_whole_training_path(world):
+    """Rollout and GAE code, env, policy and cost model sources are all in the key's import
+    closure; so are the seed, every task field, the features, the cost model and the start policy."""
+    from autoshard.core import digest
+    from autoshard.rl.ppo import run_key
+
+    names = {f.relative_to(digest.PACKAGE_DIR).as_posix() for f in digest.source_files(["autoshard.rl.ppo"])}
+    assert {"rl/ppo.py", "rl/env.py", "rl/policy.py", "costmodel/model.py", "data/features.py"} <= names
+    pool, features, model = world
+    tasks = tasks_of(pool, 4, 8, 2)
+    base = run_key(FAST, model, tasks, features, 0)
+    other_model = CostModel.fitted_to(CostModelConfig(), features * 1.01, scale=1.0)
+    changed_features = features.copy()
+    changed_features[3, 2] += 1
+    roomier = [replace(tasks[0], memory_bytes=tasks[0].memory_bytes + 1), *tasks[1:]]
+    for key in (run_key(replace(FAST, gae_lambda=0.9), model, tasks, features, 0),
+                run_key(FAST, model, tasks, features, 1),
+                run_key(FAST, model, roomier, features, 0),
+                run_key(FAST, model, tasks, changed_features, 0),
+                run_key(FAST, other_model, tasks, features, 0),
+                run_key(FAST, model, tasks, features, 0, init=Policy(FAST.policy, model))):
+        assert key != base
+    with pytest.raises(ValueError, match="no such module"):
+        digest.source_digest("autoshard.no_such_module")

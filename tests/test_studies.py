@@ -151,3 +151,21 @@ def test_paper_scale_transfer_and_ablation_parameters_are_valid():
                                               chosen["evaluate"])
     assert cfg.seeds >= 3 and set(cfg.protocols) == {"autoshard", "dreamshard"}
     assert all(cfg.variant(v) for v in cfg.variants)
+
+
+def test_ablation_refit_cost_model_not_reused_after_profile_change(tmp_path):
+    """The refitted cost models' cache key reads the profile's and the task split's contents (the
+    old key had only file names and sizes): one changed byte, one changed feature or another
+    seed is another model; the same inputs find the same one."""
+    (tmp_path / "profile").mkdir()
+    (tmp_path / "profile" / "shards.parquet").write_bytes(b"measured 1.25 ms")
+    (tmp_path / "tasks.json").write_text("{}")
+    features = np.arange(12.0).reshape(4, 3)
+    base = ablation.refit_key({"epochs": 3}, features, ("pooling_factor",), tmp_path, "fbgemm", 0)
+    assert ablation.refit_key({"epochs": 3}, features, ("pooling_factor",), tmp_path, "fbgemm", 0) == base
+    other = features.copy()
+    other[1, 1] += 1
+    assert ablation.refit_key({"epochs": 3}, other, ("pooling_factor",), tmp_path, "fbgemm", 0) != base
+    assert ablation.refit_key({"epochs": 3}, features, ("pooling_factor",), tmp_path, "fbgemm", 1) != base
+    (tmp_path / "profile" / "shards.parquet").write_bytes(b"measured 1.26 ms")  # same size
+    assert ablation.refit_key({"epochs": 3}, features, ("pooling_factor",), tmp_path, "fbgemm", 0) != base

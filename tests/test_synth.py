@@ -60,3 +60,32 @@ def test_save_load_round_trip(tmp_path, params):
     assert back.features.equals(pool.features)
     assert np.array_equal(back.traces.indices, pool.traces.indices)
     assert back.meta == pool.meta
+
+
+def test_command_traces_come_from_the_pool_generator(params, tmp_path, monkeypatch):
+    """A user's table with a pool table's drawn spec and that table's random stream gets the
+    pool's trace and the pool's features (one generator: gamma-Poisson bags, Zipf, scatter);
+    with its own stream, its bags are as dispersed as the pool's (empty bags occur)."""
+    from autoshard.cli import user_tables as usertables
+    from autoshard.core.seeding import rng
+    from autoshard.data.features import REUSE_COLUMNS
+    from autoshard.data.synth import PoolConfig, draw_specs
+
+    pool = build_pool(params["dataset"], params["pool"], seed=0, progress=False)
+    cfg = PoolConfig.from_params(params["pool"])
+    assert usertables.DEFAULT_BAG_DISPERSION == cfg.bag_dispersion
+    specs = draw_specs(cfg, 0)
+    t = int(np.argmax(specs.pooling_factors))
+    csv = tmp_path / "one.csv"
+    csv.write_text("name,rows,dim,pooling_factor,zipf_alpha\n"
+                   f"t,{specs.rows[t]},{specs.dims[t]},{float(specs.pooling_factors[t])!r},{float(specs.alphas[t])!r}\n")
+    monkeypatch.setattr(usertables, "name_rng", lambda name: rng(0, "pool", "trace", t))
+    user = usertables.read_tables(csv, trace_batch=cfg.batch_size)
+    assert np.array_equal(user.traces.lengths[0], pool.traces.lengths[t])
+    assert np.array_equal(user.traces.indices, pool.traces.table(t))
+    np.testing.assert_array_equal(user.features[REUSE_COLUMNS].to_numpy()[0],
+                                  pool.features[REUSE_COLUMNS].to_numpy()[t])
+    monkeypatch.undo()
+    lengths, _ = usertables.table_trace("user_table", 5000, 15.8, 1.05, 20000)
+    assert abs(lengths.mean() / 15.8 - 1) < 0.05
+    assert 0.03 < (lengths == 0).mean() < 0.09, "gamma-Poisson (shape 1): about 1 / (1 + 15.8) empty bags"

@@ -3,10 +3,11 @@ folder with traces, checked field by field, turned into the 21 features the mode
 
 Table lists have one row per table: `name, rows, dim, pooling_factor` and, optionally, an
 index-skew `zipf_alpha` or the 17 reuse-histogram bins `reuse_bin_0..reuse_bin_16`. When the bins
-are absent they are computed from a synthetic trace of the table: `trace_batch` bags whose
-lengths have the table's mean pooling factor, indices drawn from a Zipf law with the table's
-`zipf_alpha` (default `DEFAULT_ZIPF_ALPHA`, a moderately skewed table) over its rows, seeded by
-the table's name. The same traces are what `autoshard score` measures.
+are absent they are computed from a synthetic trace of the table, made by the pool's own
+generator (`synth.bag_trace`): `trace_batch` bags whose lengths are gamma-Poisson around the
+table's mean pooling factor (the pool's `bag_dispersion`), indices drawn from a Zipf law with
+the table's `zipf_alpha` (default `DEFAULT_ZIPF_ALPHA`, a moderately skewed table) scattered over
+its rows, seeded by the table's name. The same traces are what `autoshard score` measures.
 """
 
 import math
@@ -20,7 +21,7 @@ import yaml
 
 from autoshard.core.errors import ConfigError
 from autoshard.data.features import REUSE_BINS, REUSE_COLUMNS, reuse_histogram
-from autoshard.data.synth import scatter, zipf_ranks
+from autoshard.data.synth import bag_trace
 from autoshard.data.traces import Traces, access_counts, from_lengths
 
 REQUIRED = ("name", "rows", "dim", "pooling_factor")
@@ -28,6 +29,7 @@ BINS = tuple(f"reuse_bin_{i}" for i in range(REUSE_BINS))
 OPTIONAL = ("zipf_alpha", *BINS)
 DEFAULT_ZIPF_ALPHA = 1.05
 DEFAULT_TRACE_BATCH = 2048  # the profile stage's batch: the cost model's features were measured so
+DEFAULT_BAG_DISPERSION = 1.0  # params.yaml's pool.bag_dispersion: the pool the models learnt from
 
 
 @dataclass
@@ -160,14 +162,16 @@ def _column(raw: pd.DataFrame, column: str, where: list[str], lo: float, whole: 
     return numbers.astype(np.int64) if whole else numbers
 
 
-def table_trace(name: str, rows: int, pooling_factor: float, alpha: float, batch: int
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """A synthetic trace of one table: per-bag lengths (Poisson around the pooling factor) and
-    Zipf-distributed indices over its rows, seeded by the table's name."""
-    g = np.random.default_rng(zlib.crc32(name.encode()))
-    lengths = g.poisson(pooling_factor, batch).astype(np.int64)
-    indices = scatter(g, zipf_ranks(g, int(lengths.sum()), rows, alpha), rows)
-    return lengths, indices
+def table_trace(name: str, rows: int, pooling_factor: float, alpha: float, batch: int,
+                dispersion: float = DEFAULT_BAG_DISPERSION) -> tuple[np.ndarray, np.ndarray]:
+    """A synthetic trace of one table by the pool's generator (`synth.bag_trace`), seeded by the
+    table's name."""
+    return bag_trace(name_rng(name), rows, pooling_factor, alpha, batch, dispersion)
+
+
+def name_rng(name: str) -> np.random.Generator:
+    """The random stream of a user's table: seeded by its name, so its trace never changes."""
+    return np.random.default_rng(zlib.crc32(name.encode()))
 
 
 def _features(rows: pd.DataFrame, path: Path, weight_bytes: int, batch: int) -> UserTables:

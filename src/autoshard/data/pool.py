@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from autoshard.core.atomic import atomic_dir
+from autoshard.core.digest import table_digests, value_digest
 from autoshard.core.errors import ConfigError, invalid
 from autoshard.core.params import Fields
 from autoshard.core.seeding import rng
@@ -20,15 +21,29 @@ SOURCES = ("synthetic", "dlrm")
 
 @dataclass
 class Pool:
-    """Per-table features (one row per table, `table` = position in the traces) and traces."""
+    """Per-table features (one row per table, `table` = position in the traces) and traces,
+    both read-only once built (their digests are computed once)."""
 
     features: pd.DataFrame
     traces: Traces
     meta: dict = field(default_factory=dict)
+    _digests: list[str] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def num_tables(self) -> int:
         return len(self.features)
+
+    def table_digests(self) -> list[str]:
+        """Per table: the SHA-256 of its features and its trace (what a measurement of it depends on)."""
+        if self._digests is None:
+            t = self.traces
+            self._digests = table_digests(self.features, t.indices, t.offsets, t.batch_size)
+        return self._digests
+
+    def digest(self, tables=None) -> str:
+        """The SHA-256 of the digests of `tables` (default: every table), in order."""
+        own = self.table_digests()
+        return value_digest([own[int(t)] for t in tables] if tables is not None else own)
 
 
 @dataclass(frozen=True)

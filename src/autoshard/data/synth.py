@@ -136,17 +136,22 @@ def scatter(g: np.random.Generator, ranks: np.ndarray, rows: int) -> np.ndarray:
     return (ranks * mult + shift) % rows
 
 
+def bag_trace(g: np.random.Generator, rows: int, pooling_factor: float, alpha: float, batch_size: int,
+              dispersion: float) -> tuple[np.ndarray, np.ndarray]:
+    """The one trace generator (pool and `autoshard` command): per-bag lengths, gamma-Poisson
+    with mean `pooling_factor` and shape `dispersion`, and flat indices, Zipf(`alpha`) ranks
+    scattered over `rows`."""
+    lengths = g.poisson(g.gamma(dispersion, pooling_factor / dispersion, batch_size)).astype(np.int64)
+    ranks = zipf_ranks(g, int(lengths.sum()), rows, alpha)
+    dtype = np.int32 if rows < np.iinfo(np.int32).max else np.int64
+    return lengths, scatter(g, ranks, rows).astype(dtype)
+
+
 def table_trace(cfg: PoolConfig, specs: TableSpecs, table: int, seed: int
                 ) -> tuple[np.ndarray, np.ndarray]:
     """One table's per-bag lengths and flat indices for a batch of `cfg.batch_size` bags."""
-    g = rng(seed, "pool", "trace", table)
-    mean = specs.pooling_factors[table]
-    k = cfg.bag_dispersion
-    lengths = g.poisson(g.gamma(k, mean / k, cfg.batch_size)).astype(np.int64)
-    rows = int(specs.rows[table])
-    ranks = zipf_ranks(g, int(lengths.sum()), rows, float(specs.alphas[table]))
-    dtype = np.int32 if rows < np.iinfo(np.int32).max else np.int64
-    return lengths, scatter(g, ranks, rows).astype(dtype)
+    return bag_trace(rng(seed, "pool", "trace", table), int(specs.rows[table]), specs.pooling_factors[table],
+                     float(specs.alphas[table]), cfg.batch_size, cfg.bag_dispersion)
 
 
 def synthesize(cfg: PoolConfig, seed: int, progress: bool = True) -> tuple[TableSpecs, Traces]:

@@ -1,9 +1,10 @@
 """Build a cost backend from the `profile` parameters."""
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 
+from autoshard.core.digest import machine, source_digest, value_digest
 from autoshard.core.errors import invalid
 from autoshard.core.params import Fields
 from autoshard.data.pool import Pool
@@ -40,6 +41,14 @@ class BackendConfig:
             timing=TimingConfig(warmup=f.integer("warmup", lo=0), runs=f.integer("runs")),
             memory_limit_bytes=int(f.number("memory_limit_gib", lo=0, lo_open=True) * 2**30),
         )
+
+
+def measurement_key(cfg: BackendConfig, pool: Pool, tables) -> str:
+    """What any measurement of `tables` depends on: the tables' features and traces, the
+    backend settings (backend, device, batch, threads, timing, memory limit), the measuring
+    code (the `costs` package and what it imports), the libraries and the machine."""
+    return value_digest(pool.digest(sorted({int(t) for t in tables})), asdict(cfg),
+                        source_digest(__name__), machine(cfg.device))
 
 
 def resolve_device(device: str, field: str = "profile.device") -> str:

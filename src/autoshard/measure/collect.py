@@ -9,8 +9,6 @@ interrupted run continues where it stopped, measures nothing twice, and re-measu
 that fails the consistency check.
 """
 
-import hashlib
-import json
 import platform
 import shutil
 from collections.abc import Callable
@@ -23,12 +21,13 @@ import torch
 from tqdm.auto import tqdm
 
 from autoshard.core.atomic import atomic_dir, atomic_file
+from autoshard.core.digest import key
 from autoshard.core.errors import ConfigError
 from autoshard.core.params import Fields
 from autoshard.core.seeding import rng
 from autoshard.data.pool import Pool
 from autoshard.data.tasks import Task, shards
-from autoshard.measure.backends import BackendConfig
+from autoshard.measure.backends import BackendConfig, measurement_key
 from autoshard.measure.base import CostBackend, ShardTooLarge
 from autoshard.measure.crosscheck import BenchConfig
 
@@ -184,10 +183,10 @@ def measure_job(backend: CostBackend, job: Job, shard_id: int, batch_size: int,
 
 
 def run_key(jobs: list[Job], cfg: ProfileConfig, pool: Pool) -> str:
-    """Identifies a collection: chunks of another plan, backend or pool are never reused."""
-    doc = json.dumps([[asdict(j) for j in jobs], asdict(cfg.backend), pool.meta], sort_keys=True,
-                     default=str)
-    return hashlib.sha256(doc.encode()).hexdigest()[:16]
+    """Identifies a collection by content: chunks are reused only for the same shards, measured
+    the same way on the same tables (`measurement_key`)."""
+    tables = {t for j in jobs for t in j.tables}
+    return key([asdict(j) for j in jobs], measurement_key(cfg.backend, pool, tables))
 
 
 def collect(pool: Pool, jobs: list[Job], backend: CostBackend, cfg: ProfileConfig,

@@ -16,6 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from autoshard.core.checkpoints import load_tagged, save_tagged
+from autoshard.core.digest import array_digest, key, source_digest, value_digest
 from autoshard.core.errors import ConfigError
 from autoshard.core.params import Fields
 from autoshard.core.seeding import one_thread
@@ -311,20 +312,16 @@ def split_validation(tasks: list[Task], per_shape: int) -> tuple[list[Task], lis
     return train, val
 
 
-def run_key(cfg: RLStageConfig | RLConfig, cost_model: CostModel, tasks: list[Task]) -> str:
-    """Identifies a training run: its parameters, the cost model's weights, the training tasks and
-    the training code, so a checkpoint is only ever resumed by the same run."""
-    import hashlib
-    import inspect
-    import json
+def run_key(cfg: RLStageConfig | RLConfig, cost_model: CostModel, tasks: list[Task], features: np.ndarray,
+            seed: int, init: Policy | None = None) -> str:
+    """Identifies a training run by content, so a checkpoint is only ever resumed by the same run:
+    its parameters and seed, the cost model (configuration and weights), the training tasks (every
+    field), the feature matrix, the starting policy's weights (`init`) and the training code (every
+    package source file in the static import closure of this module)."""
+    return key(asdict(cfg), seed, _state_digest(cost_model), asdict(cost_model.cfg), [asdict(t) for t in tasks],
+               array_digest(features), _state_digest(init) if init is not None else None, source_digest(__name__))
 
-    from autoshard.rl import env, policy
 
-    digest = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode())
-    for tensor in cost_model.state_dict().values():
-        digest.update(tensor.numpy().tobytes())
-    digest.update("|".join(t.name for t in tasks).encode())
-    for module in (env, policy):
-        digest.update(inspect.getsource(module).encode())
-    digest.update(inspect.getsource(_train).encode() + inspect.getsource(update).encode())
-    return digest.hexdigest()[:16]
+def _state_digest(module: torch.nn.Module) -> str:
+    state = module.state_dict()
+    return value_digest(list(state), [array_digest(v.detach().cpu().numpy()) for v in state.values()])

@@ -1,7 +1,11 @@
 """Refresh rounds (AutoShard's and DreamShard's outer loop): measure the policy's plans on the
 training tasks, add the measurements to the profile data, refit the cost model on it, and go
-on training the policy on the refitted model."""
+on training the policy on the refitted model.
 
+Each round trains into a folder keyed by its inputs (`rl.run_key`: the refitted cost model's
+weights and the policy it starts from among them), and its result is copied to `round_<r>.pt`."""
+
+import shutil
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -9,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from autoshard.core.atomic import atomic_file
 from autoshard.costmodel.dataset import measured_shards, split_shards
 from autoshard.costmodel.model import CostModel
 from autoshard.costmodel.train import CostStageConfig, fit
@@ -21,7 +26,7 @@ from autoshard.measure.collect import Job, ProfileConfig, environment, load_prof
 from autoshard.placement.shards import device_shards
 from autoshard.rl.infer import policy_plans
 from autoshard.rl.policy import Policy
-from autoshard.rl.ppo import RLStageConfig, train
+from autoshard.rl.ppo import RLStageConfig, run_key, train
 
 
 def measure_plans(backend: CostBackend, pool: Pool, tasks: list[Task], plans: list[np.ndarray],
@@ -71,8 +76,13 @@ def refresh_rounds(policy: Policy, cost_model: CostModel, pool: Pool, train_task
                          progress=False).model
         validate = make_validate(cost_model) if make_validate is not None else None
         more = replace(rl.train, iterations=rl.refresh_iterations)
-        policy, history = train(cost_model, features, train_tasks, more, seed, Path(folder) / f"round_{r}.pt",
-                                validate, progress=False, init=policy)
+        round_file = Path(folder) / f"round_{r}.pt"
+        run = run_key(more, cost_model, train_tasks, features, seed, init=policy)
+        checkpoint = Path(folder) / run / round_file.name
+        policy, history = train(cost_model, features, train_tasks, more, seed, checkpoint, validate, progress=False,
+                                init=policy)
+        with atomic_file(round_file) as tmp:
+            shutil.copyfile(checkpoint, tmp)
         measured = ok["total_ms"].to_numpy() if len(ok) else np.array([])
         row = {"round": r, "shards_measured": len(new),
                "model_mape_on_them_before_refit": float(np.mean(np.abs(before - measured) / measured))

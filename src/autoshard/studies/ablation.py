@@ -10,11 +10,9 @@ and the same seeds, places the same test tasks greedily, and each plan is measur
 variant is also run with best-of-N sampling and with local search (inference ablation).
 
 Training runs are independent single-threaded processes (`workers` at a time); each resumes
-from its checkpoint, which sits in a folder keyed by its configuration, cost model and tasks.
+from its checkpoint, which sits in a folder keyed by its inputs (`rl.run_key`).
 """
 
-import hashlib
-import json
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from multiprocessing import get_context
@@ -25,6 +23,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from autoshard.core.digest import array_digest, file_digest, key, source_digest
 from autoshard.core.errors import invalid
 from autoshard.core.params import Fields
 from autoshard.costmodel.dataset import measured_shards, split_shards
@@ -194,6 +193,17 @@ def fit_masked(cost_model: dict, features: np.ndarray, dropped: tuple[str, ...],
     return out
 
 
+def refit_key(cost_model: dict, features: np.ndarray, dropped: tuple[str, ...], data_dir: str | Path,
+              backend: str, seed: int) -> str:
+    """What a refitted cost model depends on: the `cost_model` parameters, the feature matrix and
+    the dropped columns, the profile data and the task split (file contents), the backend whose
+    rows it fits, the seed and the fitting code (the import closure of `fit_masked`'s modules)."""
+    data = Path(data_dir)
+    return key(cost_model, array_digest(features), list(dropped), file_digest(data / "profile" / "shards.parquet"),
+               file_digest(data / "tasks.json"), backend, seed,
+               source_digest(*(f.__module__ for f in (fit, measured_shards, save_model, load_profile))))
+
+
 def run_job(job: Job) -> list[dict]:
     """Train (or resume) one run; returns its history rows (a worker-process function)."""
     model = load_model(job.model_path)
@@ -201,18 +211,14 @@ def run_job(job: Job) -> list[dict]:
     return history.to_dict("records")
 
 
-def _digest(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 def cost_models(cfg: AblationConfig, features: np.ndarray, full_model: str | Path, cost_model: dict,
                 data_dir: str | Path, seed: int, work: Path) -> dict[tuple[str, ...], str]:
     """A cost model per set of dropped columns: the stage's model for none, refits for the rest
-    (in parallel, saved under `work`, reused when the parameters and profile are unchanged)."""
+    (in parallel, saved under `work`, reused only for the same inputs: `refit_key`)."""
     wanted = sorted({cfg.variant(v).dropped for v in cfg.variants} - {()})
-    profile_stamp = sorted((p.name, p.stat().st_size) for p in (Path(data_dir) / "profile").iterdir())
     out = {(): str(full_model)}
-    paths = {d: str(work / "cost_models" / f"{_digest(cost_model, d, profile_stamp, seed)}.pt") for d in wanted}
+    keys = {d: refit_key(cost_model, features, d, data_dir, cfg.backend.backend, seed) for d in wanted}
+    paths = {d: str(work / "cost_models" / f"{k}.pt") for d, k in keys.items()}
     with _pool(cfg.workers) as pool:
         futures = {d: pool.submit(fit_masked, cost_model, features, d, str(data_dir), cfg.backend.backend, seed,
                                   paths[d]) for d in wanted}
@@ -231,7 +237,7 @@ def train_all(cfg: AblationConfig, features: np.ndarray, models: dict[tuple[str,
     """Train every (variant, seed) in worker processes; returns all history rows, labelled, and
     (policy checkpoint, cost model) per (variant, seed). The refresh variant's first phase
     trains here; its rounds follow in `refresh_all`."""
-    runs = run_paths(cfg, models, train_tasks, seed, work)
+    runs = run_paths(cfg, features, models, train_tasks, seed, work)
     jobs = [Job(name, s, cfg.variant(name).rl, model_path, masked(features, cfg.variant(name).dropped),
                 tuple(train_tasks), checkpoint)
             for (name, s), (checkpoint, model_path) in runs.items()]
@@ -244,15 +250,16 @@ def train_all(cfg: AblationConfig, features: np.ndarray, models: dict[tuple[str,
     return pd.DataFrame(rows), runs
 
 
-def run_paths(cfg: AblationConfig, models: dict[tuple[str, ...], str], train_tasks: list[Task], seed: int,
-              work: Path) -> dict[tuple[str, int], tuple[str, str]]:
+def run_paths(cfg: AblationConfig, features: np.ndarray, models: dict[tuple[str, ...], str],
+              train_tasks: list[Task], seed: int, work: Path) -> dict[tuple[str, int], tuple[str, str]]:
     """(policy checkpoint, cost model) of every (variant, seed) that `train_all` trained."""
     out = {}
     for name in cfg.variants:
         v = cfg.variant(name)
-        key = run_key(v.rl, load_model(models[v.dropped]), train_tasks)
+        model, x = load_model(models[v.dropped]), masked(features, v.dropped)
         for s in cfg.seed_list(seed):
-            out[name, s] = (str(work / "runs" / key / f"seed_{s}.pt"), models[v.dropped])
+            run = run_key(v.rl, model, train_tasks, x, s)
+            out[name, s] = (str(work / "runs" / run / f"seed_{s}.pt"), models[v.dropped])
     return out
 
 

@@ -9,10 +9,8 @@ finished. Shards measured once are reused for any plan that
 holds them. Communication is TorchRec's analytic all-to-all estimate, labelled as such.
 """
 
-import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -20,11 +18,12 @@ import pandas as pd
 import torch
 
 from autoshard.core.atomic import atomic_file
+from autoshard.core.digest import key
 from autoshard.core.seeding import rng
 from autoshard.costmodel.model import CostModel
 from autoshard.data.pool import Pool
 from autoshard.data.tasks import Task
-from autoshard.measure.backends import BackendConfig
+from autoshard.measure.backends import BackendConfig, measurement_key
 from autoshard.measure.base import CostBackend
 from autoshard.measure.comm import analytic_comm
 from autoshard.measure.interleaved import FIELDS, measure_batch
@@ -86,9 +85,9 @@ def device_frame(pool_features: pd.DataFrame, task: Task, method: str, plan: np.
 
 
 def work_folder(root: str | Path, cfg: BackendConfig, pool: Pool) -> Path:
-    """`root/<key>`: measurements saved under another backend setting or pool are never reused."""
-    doc = json.dumps([asdict(cfg), pool.meta], sort_keys=True, default=str)
-    return Path(root) / hashlib.sha256(doc.encode()).hexdigest()[:16]
+    """`root/<key>`: measurements are reused only for the same tables (every table's features and
+    trace), backend settings, measuring code, libraries and machine (`costs.measurement_key`)."""
+    return Path(root) / key(measurement_key(cfg, pool, range(pool.num_tables)))
 
 
 def score(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Task],
