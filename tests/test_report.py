@@ -12,7 +12,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 
 from autoshard.core.errors import ConfigError
 from autoshard.core.metrics import write_metrics
-from autoshard.pipeline.report import build, headline, main, notebook_stages, targets
+from autoshard.pipeline.report import build, headline, main, notebook_stages, quality, targets
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,8 +43,29 @@ def test_headline_table_comes_from_the_metrics():
     assert "0.831 [0.750, 0.900]" in row and "75%" in row
     assert "1.23%" in text, "the small tasks show the gap to the optimum"
     table = targets(EVALUATE)
-    verdicts = [line.rstrip(" |").rsplit("|", 1)[-1].strip() for line in table.splitlines()[2:]]
-    assert verdicts == ["met", "**not met**"]
+    measured, predicted = table.split("Predicted (cost model):")
+    assert "Measured:" in measured and "0.831" in measured and "0.012" not in measured
+    verdicts = [line.rstrip(" |").rsplit("|", 1)[-1].strip() for part in (measured, predicted)
+                for line in part.splitlines() if line.startswith("| ") and "protocol" not in line]
+    assert verdicts == ["met", "**not met**"], "measured and predicted targets stand in separate tables"
+
+
+NOISE = {"median_cv": 0.05, "calibration_drift": 0.02, "remeasured_share": 0.1, "plan_repeat_change": 0.03,
+         "noise_sd": {"autoshard": 0.02}, "targets": {"median_cv": 0.03, "plan_repeat_change": 0.01}, "met": False}
+
+
+def test_a_noisy_run_says_so_in_bold_at_the_top(tmp_path):
+    noisy = quality(EVALUATE | {"noise": NOISE})
+    assert noisy[0].startswith("**Measurement quality: this run is noisier than its targets")
+    assert "5.00%" in noisy[0] and "target 3%" in noisy[0]
+    quiet = quality(EVALUATE | {"noise": NOISE | {"median_cv": 0.01, "plan_repeat_change": 0.005, "met": True}})
+    assert quiet[0].startswith("Measurement quality: within the targets") and "**" not in quiet[0]
+    assert quality(EVALUATE)[0].startswith("**The evaluate stage recorded no measurement quality")
+    answer = ["autoshard, rl_greedy: x."]
+    reports, data, dvc_file = fake_reports(tmp_path, EVALUATE | {"noise": NOISE, "answer": answer})
+    build(reports, data, dvc_file)
+    head = (reports / "README.md").read_text().splitlines()[:4]
+    assert any(line.startswith("**Measurement quality: this run is noisier") for line in head)
 
 
 def test_notebook_stages_follow_dvc_yaml():
@@ -53,7 +74,7 @@ def test_notebook_stages_follow_dvc_yaml():
     assert ("evaluate", "05_evaluate") in stages
 
 
-def fake_reports(tmp_path: Path) -> tuple[Path, Path, Path]:
+def fake_reports(tmp_path: Path, evaluate: dict = EVALUATE) -> tuple[Path, Path, Path]:
     reports, data = tmp_path / "reports", tmp_path / "data"
     dvc_file = tmp_path / "dvc.yaml"
     dvc_file.write_text("stages:\n  evaluate:\n    cmd: x\n    deps: [notebooks/05_evaluate.ipynb, data/pool]\n"
@@ -62,7 +83,7 @@ def fake_reports(tmp_path: Path) -> tuple[Path, Path, Path]:
         new_output("stream", name="stdout", text="visible output\n")])])
     (reports / "notebooks").mkdir(parents=True)
     nbformat.write(nb, reports / "notebooks" / "05_evaluate.ipynb")
-    write_metrics(reports / "metrics" / "evaluate.json", EVALUATE)
+    write_metrics(reports / "metrics" / "evaluate.json", evaluate)
     (reports / "figures" / "evaluate").mkdir(parents=True)
     (reports / "figures" / "evaluate" / "ratios.png").write_bytes(b"\x89PNG")
     (data / "evaluate").mkdir(parents=True)

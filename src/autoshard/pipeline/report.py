@@ -70,11 +70,63 @@ def headline(evaluate: dict) -> str:
 
 
 def targets(evaluate: dict) -> str:
-    """Markdown: the evaluate stage's targets, met or not."""
+    """Markdown: the evaluate stage's targets, met or not; measured and predicted in separate tables."""
     table = pd.DataFrame(evaluate["targets"])
     table["value"] = table["value"].map("{:.3f}".format)
     table["met"] = table["met"].map({True: "met", False: "**not met**"})
-    return table[["protocol", "method", "statistic", "value", "target", "met"]].to_markdown(index=False)
+    predicted = table["statistic"].str.contains("predicted")
+    parts = []
+    for name, rows in (("Measured", table[~predicted]), ("Predicted (cost model)", table[predicted])):
+        if len(rows):
+            parts.append(f"{name}:\n\n" + rows[["protocol", "method", "statistic", "value", "target", "met"]]
+                         .to_markdown(index=False))
+    return "\n\n".join(parts)
+
+
+def quality(evaluate: dict) -> list[str]:
+    """Markdown lines that open the report: the measurement noise against its targets, in bold
+    when the run is noisier than they allow."""
+    noise = evaluate.get("noise")
+    if not noise:
+        return ["**The evaluate stage recorded no measurement quality: do not trust these numbers.**"]
+
+    def fmt(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.2%}"
+
+    facts = (f"median CV of a shard across interleaved rounds {fmt(noise['median_cv'])} (target "
+             f"{noise['targets']['median_cv']:.0%}); a plan measured again in a separate pass moved "
+             f"{fmt(noise['plan_repeat_change'])} (median, target {noise['targets']['plan_repeat_change']:.0%}); "
+             f"calibration drift {fmt(noise['calibration_drift'])} (median over tasks); "
+             f"{fmt(noise['remeasured_share'])} of tasks measured again because the machine drifted.")
+    if noise["met"]:
+        return [f"Measurement quality: within the targets. {facts}"]
+    return [f"**Measurement quality: this run is noisier than its targets; a difference smaller than the noise "
+            f"below is not a finding, and the run should be repeated on a quieter machine.** {facts}"]
+
+
+def answer(evaluate: dict) -> str:
+    """Markdown: the evaluate stage's plain answer, one line per protocol and learned method."""
+    return "\n".join(f"- {line}" for line in evaluate.get("answer", [])) or "(no paired comparisons)"
+
+
+def paired_table(evaluate: dict, methods: tuple[str, ...] = ("rl_greedy", "rl_local_search", "cost_greedy",
+                                                            "milp", "lpt_measured")) -> str:
+    """Markdown: the paired comparisons of the learned methods and the solver baselines."""
+    rows = []
+    for protocol, entries in evaluate.get("paired", {}).items():
+        if protocol == "small":
+            continue
+        for pair, s in entries.items():
+            method, reference = pair.split("__vs__")
+            if method in methods and s["median_ratio"] is not None:
+                rows.append({"protocol": protocol, "method": method, "reference": reference, "tasks": s["tasks"],
+                             "median ratio [95% CI]": f"{s['median_ratio']:.3f} [{s['ci_low']:.3f}, "
+                                                      f"{s['ci_high']:.3f}]",
+                             "Wilcoxon p": f"{s['p_value']:.3g}" if s["p_value"] is not None else "n/a",
+                             "same split": f"{s['identical_share']:.0%}" if s["identical_share"] is not None
+                             else "n/a",
+                             "detectable effect": f"{s['mde']:.1%}" if s["mde"] is not None else "n/a"})
+    return pd.DataFrame(rows).to_markdown(index=False) if rows else "(no paired comparisons)"
 
 
 def transfer_table(transfer: dict) -> str:
@@ -158,7 +210,13 @@ def readme(reports: Path, stages: list[tuple[str, str]]) -> str:
              "are the cost model's and say so.", ""]
     if (metrics / "evaluate.json").exists():
         evaluate = read_metrics(metrics / "evaluate.json")
-        lines += ["## Headline: every method on held-out tasks", "", headline(evaluate), "",
+        lines[1:1] = ["", *quality(evaluate)]
+        lines += ["## The answer", "",
+                  "Paired, task by task, on measured bottlenecks: a method \"beats\" another only when the whole "
+                  "95% interval of the median ratio is below 1 and the effect exceeds the minimum detectable "
+                  "effect at this noise; otherwise they tie.", "", answer(evaluate), "",
+                  "### Paired comparisons", "", paired_table(evaluate), "",
+                  "## Headline: every method on held-out tasks", "", headline(evaluate), "",
                   "### Targets", "", targets(evaluate), ""]
     if (metrics / "transfer.json").exists():
         lines += ["## Transfer: the trained policy on other task shapes, not fine-tuned", "",

@@ -57,6 +57,14 @@ class Targets:
 
 
 @dataclass(frozen=True)
+class NoiseTargets:
+    """The measurement quality a run needs before its differences are read as findings."""
+
+    median_cv: float           # CV of a shard across interleaved rounds, median over shards
+    plan_repeat_change: float  # |change| of a plan's bottleneck measured again, median over plans
+
+
+@dataclass(frozen=True)
 class EvaluateConfig:
     """The `evaluate` section, with the profile's backend settings used to measure plans."""
 
@@ -73,6 +81,7 @@ class EvaluateConfig:
     speed_budget_s: float  # a method slower than this at one size is not timed at larger ones
     targets: Targets
     milp: MilpConfig
+    noise_targets: NoiseTargets
 
     @classmethod
     def from_params(cls, evaluate: dict, profile: dict, rl: dict) -> "EvaluateConfig":
@@ -94,13 +103,17 @@ class EvaluateConfig:
         m = f.sub("milp")
         milp = MilpConfig(node_limit=m.integer("node_limit"), time_limit_s=m.number("time_limit_s", lo=0, lo_open=True))
         m.done()
+        n = f.sub("noise_targets")
+        noise = NoiseTargets(median_cv=n.number("median_cv", lo=0, lo_open=True),
+                             plan_repeat_change=n.number("plan_repeat_change", lo=0, lo_open=True))
+        n.done()
         cfg = cls(autoshard_per_ratio=f.integer("autoshard_tasks_per_ratio", lo=0),
                   dreamshard_tasks=f.integer("dreamshard_tasks", lo=0), small=small, best_of=best_of,
                   backend=backend, bootstrap=f.integer("bootstrap", lo=100), noise_tasks=f.integer("noise_tasks", lo=0),
                   speed_tables=tuple(f.integers("speed_tables")), speed_devices=f.integer("speed_devices"),
                   speed_repeats=f.integer("speed_repeats"),
                   speed_budget_s=f.number("speed_budget_s", lo=0, lo_open=True),
-                  targets=targets, milp=milp)
+                  targets=targets, milp=milp, noise_targets=noise)
         f.done()
         return cfg
 

@@ -148,3 +148,21 @@ def ablation_training(history: pd.DataFrame, labels: dict[str, str], window: int
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     return fig
+
+
+def paired_ratios(per_task: pd.DataFrame) -> plt.Figure:
+    """Every task's measured ratio for each compared pair (a point per task, the median as a
+    bar), one panel per protocol: the spread the paired statistics summarise."""
+    protocols = list(dict.fromkeys(per_task["protocol"]))
+    fig, axes = plt.subplots(1, len(protocols), figsize=(6 * len(protocols), 0.5 * per_task["pair"].nunique() + 2),
+                             sharex=True, squeeze=False)
+    for ax, protocol in zip(axes[0], protocols, strict=True):
+        g = per_task[per_task["protocol"] == protocol]
+        sns.stripplot(data=g, x="ratio", y="pair", ax=ax, size=3, alpha=0.6, jitter=0.25)
+        medians = g.groupby("pair", sort=False)["ratio"].median()
+        ax.scatter(medians.to_numpy(), medians.index, marker="|", s=400, color="black", zorder=3)
+        ax.axvline(1.0, color="grey", lw=1)
+        ax.set(title=f"{protocol} ({g['task'].nunique()} tasks)", xlabel="measured bottleneck ratio (per task)",
+               ylabel="")
+    fig.tight_layout()
+    return fig

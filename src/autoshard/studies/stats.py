@@ -7,8 +7,9 @@ import numpy as np
 import pandas as pd
 
 from autoshard.core.seeding import rng
-from autoshard.placement.registry import KIND, METHODS
-from autoshard.studies.evaluate import Targets
+from autoshard.placement.registry import KIND, METHODS, ids
+from autoshard.studies import paired
+from autoshard.studies.evaluate import NoiseTargets, Targets
 
 
 def bootstrap_median(values: np.ndarray, resamples: int, seed: int, *keys: str) -> tuple[float, float]:
@@ -102,3 +103,132 @@ def device_errors(devices: pd.DataFrame) -> pd.Series:
     """Absolute relative error of the cost model on the measured, non-empty device shards."""
     busy = devices[devices["tables"] > 0]
     return (busy["predicted_ms"] / busy["compute_ms"] - 1).abs()
+
+
+REFERENCES = ("best_heuristic", "cost_greedy", "lpt_measured", "milp", "torchrec")
+
+
+def measurement_quality(devices: pd.DataFrame, repeat: pd.DataFrame, targets: NoiseTargets) -> dict:
+    """How far the measurements under the results can be trusted, against the targets:
+    `median_cv` (CV across interleaved rounds, median over distinct shards), `calibration_drift`
+    (median over tasks of the calibration shard's largest drift), `remeasured_share` (tasks
+    measured again because of drift), `plan_repeat_change` (median |change| of a plan's
+    bottleneck measured in a later, separate pass), `noise_sd` per protocol (the standard
+    deviation of one bottleneck's log measurement, for the detectable effect) and `met`."""
+    shards = devices[devices["tables"] > 0].drop_duplicates(["task", "shard"])
+    tasks = devices.drop_duplicates("task")
+    change = repeat["relative_change"].abs()
+    log_change = np.log1p(repeat["relative_change"])
+    noise_sd = {str(p): float(g.std(ddof=1) / np.sqrt(2)) if len(g) > 1 else None
+                for p, g in log_change.groupby(repeat["protocol"])}
+    out = {"median_cv": _finite(shards["cv"].median()), "calibration_drift": _finite(tasks["drift"].median()),
+           "remeasured_share": float(tasks["remeasured"].mean()), "plan_repeat_change": _finite(change.median()),
+           "noise_sd": noise_sd, "targets": {"median_cv": targets.median_cv,
+                                             "plan_repeat_change": targets.plan_repeat_change}}
+    out["met"] = bool(out["median_cv"] is not None and out["median_cv"] <= targets.median_cv
+                      and out["plan_repeat_change"] is not None
+                      and out["plan_repeat_change"] <= targets.plan_repeat_change)
+    return out
+
+
+def _finite(value: float) -> float | None:
+    return float(value) if np.isfinite(value) else None
+
+
+def paired_comparisons(ratios: pd.DataFrame, plans: dict[str, list[np.ndarray | None]], task_names: list[str],
+                       noise_sd: dict[str, float | None], resamples: int, seed: int) -> dict:
+    """`paired.all_pairs` of every method against each of REFERENCES (the best heuristic by
+    measurement per task among them), stratified by unseen ratio, per protocol."""
+    index = {name: i for i, name in enumerate(task_names)}
+    frame = ratios[["task", "protocol", "method", "measured_ms", "unseen_ratio"]].copy()
+    frame["placement"] = [plans[m][index[t]] for t, m in zip(frame["task"], frame["method"], strict=True)]
+    frame = paired.with_best(frame, ids("heuristic"), "best_heuristic")
+    return paired.all_pairs(frame, REFERENCES, strata="unseen_ratio", noise_sd=noise_sd, resamples=resamples,
+                            seed=seed)
+
+
+def paired_frame(pairs: dict, methods: tuple[str, ...], references: tuple[str, ...] = REFERENCES) -> pd.DataFrame:
+    """The paired statistics of `methods` against `references` as one table."""
+    rows = []
+    for protocol, entries in pairs.items():
+        for method in methods:
+            for reference in references:
+                stats = entries.get(f"{method}__vs__{reference}")
+                if stats:
+                    rows.append({"protocol": protocol, "method": method, "reference": reference, **stats})
+    return pd.DataFrame(rows)
+
+
+def plain_answer(pairs: dict, quality: dict, methods: tuple[str, ...] = ("rl_greedy", "rl_local_search"),
+                 references: tuple[str, ...] = ("cost_greedy", "lpt_measured", "milp", "torchrec",
+                                                "best_heuristic")) -> list[str]:
+    """One sentence per protocol and method: against each reference, faster, slower or not
+    distinguishable from the noise, with the median ratio and its 95% interval. A difference
+    counts only when its interval excludes 1 and it exceeds the minimum detectable effect."""
+    lines = []
+    if not quality["met"]:
+        lines.append("The measurements under these results are noisier than the targets; read every "
+                     "difference below against that.")
+    for protocol, entries in pairs.items():
+        if protocol == "small":
+            continue
+        for method in methods:
+            parts = []
+            for reference in references:
+                s = entries.get(f"{method}__vs__{reference}")
+                if not s or s["median_ratio"] is None:
+                    continue
+                parts.append(f"{verdict(s)} {reference} ({s['median_ratio']:.3f} [{s['ci_low']:.3f}, "
+                             f"{s['ci_high']:.3f}], {s['tasks']} tasks)")
+            if parts:
+                lines.append(f"{protocol}, {method}: " + "; ".join(parts) + ".")
+    return lines
+
+
+def verdict(s: dict) -> str:
+    """'beats', 'loses to' or 'ties with': beats only when the whole 95% interval is below 1 and
+    the effect exceeds the minimum detectable effect (when one is known)."""
+    effect = abs(1 - s["median_ratio"])
+    big_enough = s["mde"] is None or effect >= s["mde"]
+    if s["ci_high"] is not None and s["ci_high"] < 1 and big_enough:
+        return "beats"
+    if s["ci_low"] is not None and s["ci_low"] > 1 and big_enough:
+        return "loses to"
+    return "ties with"
+
+
+def per_task_ratios(ratios: pd.DataFrame, pairs: list[tuple[str, str]]) -> pd.DataFrame:
+    """Per task and (method, reference) pair, the measured bottleneck ratio: what the paired
+    statistics summarise, for a figure of every task's difference."""
+    frame = paired.with_best(ratios[["task", "protocol", "method", "measured_ms"]], ids("heuristic"),
+                             "best_heuristic")
+    table = frame.pivot_table(index=["protocol", "task"], columns="method", values="measured_ms")
+    rows = [pd.DataFrame({"pair": f"{m} / {r}", "ratio": table[m] / table[r]}).reset_index()
+            for m, r in pairs if m in table and r in table]
+    return pd.concat(rows, ignore_index=True).dropna(subset=["ratio"])
+
+
+def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_errors: pd.Series,
+                     repeat_noise: pd.DataFrame, speed_table: pd.DataFrame, numpy_same: dict[str, float],
+                     tasks: list, devices: pd.DataFrame, quality: dict, pairs: dict, answer: list[str],
+                     milp_table: pd.DataFrame, seconds: float) -> dict:
+    """reports/metrics/evaluate.json: `noise` first (the measurement quality), then per protocol
+    and method the summary `results`, the `paired` comparisons (`<method>__vs__<reference>`),
+    the plain `answer`, the targets, the cost model's device error, the MILP's gaps, speed."""
+    return {
+        "noise": quality, "paired": pairs, "answer": answer,
+        "results": {proto: g.drop(columns="protocol").set_index("method").to_dict("index")
+                    for proto, g in table.groupby("protocol")},
+        "targets": target_table.to_dict("records"),
+        "cost_model_device_error_median": device_errors.to_dict(),
+        "measurement_repeat": repeat_noise.to_dict("index"),
+        "milp": {"gap_median": _finite(milp_table["gap"].median()) if len(milp_table) else None,
+                 "gap_max": _finite(milp_table["gap"].max()) if len(milp_table) else None,
+                 "status": milp_table["status"].value_counts().to_dict() if len(milp_table) else {},
+                 "seconds_median": _finite(milp_table["seconds"].median()) if len(milp_table) else None},
+        "sharding_seconds": speed_table.pivot(index="method", columns="tables", values="seconds").to_dict("index"),
+        "numpy_planner_same_plan_share": numpy_same,
+        "tasks": pd.Series([t.protocol for t in tasks]).value_counts().to_dict(),
+        "shards_measured": int(devices["shard"].nunique()),
+        "seconds": seconds,
+    }

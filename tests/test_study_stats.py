@@ -1,0 +1,88 @@
+"""The evaluate stage's measurement quality, paired comparisons and plain answer, on small frames."""
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from autoshard.core.metrics import _plain
+from autoshard.data.tasks import Task
+from autoshard.studies.evaluate import NoiseTargets
+from autoshard.studies.stats import (
+    evaluate_metrics,
+    measurement_quality,
+    paired_comparisons,
+    per_task_ratios,
+    plain_answer,
+    verdict,
+)
+
+TARGETS = NoiseTargets(median_cv=0.03, plan_repeat_change=0.01)
+
+
+def devices(cv: float) -> pd.DataFrame:
+    return pd.DataFrame({"task": ["a", "a", "b"], "shard": ["1,2", "3", "1,2"], "tables": [2, 1, 2],
+                         "cv": [cv, cv, cv], "drift": [0.01, 0.01, 0.2], "remeasured": [False, False, True]})
+
+
+def repeat(change: float) -> pd.DataFrame:
+    return pd.DataFrame({"protocol": ["p"] * 4, "relative_change": [change, -change, change, -change]})
+
+
+def test_measurement_quality_against_the_targets():
+    quiet = measurement_quality(devices(0.01), repeat(0.005), TARGETS)
+    assert quiet["met"] and quiet["median_cv"] == 0.01 and quiet["remeasured_share"] == 0.5
+    assert quiet["calibration_drift"] == np.median([0.01, 0.2]) and quiet["noise_sd"]["p"] > 0
+    assert not measurement_quality(devices(0.05), repeat(0.005), TARGETS)["met"], "a noisy shard CV fails"
+    assert not measurement_quality(devices(0.01), repeat(0.02), TARGETS)["met"], "a moving plan fails"
+    json.dumps(_plain(quiet), allow_nan=False)
+
+
+def ratios_frame(rl_factor: float, tasks: int = 12) -> tuple[pd.DataFrame, dict, list[str]]:
+    g = np.random.default_rng(0)
+    rows, plans = [], {}
+    names = [f"t{i}" for i in range(tasks)]
+    base = g.uniform(5, 10, tasks)
+    for method, factor in [("size_greedy", 1.0), ("lookup_greedy", 1.05), ("cost_greedy", 0.9),
+                           ("lpt_measured", 0.9), ("milp", 0.89), ("torchrec", 0.95), ("rl_greedy", rl_factor)]:
+        noise = g.normal(0, 0.002, tasks)
+        for i, name in enumerate(names):
+            rows.append({"task": name, "protocol": "autoshard", "method": method, "measured_ms": base[i] * factor
+                         * (1 + noise[i]), "unseen_ratio": [0.0, 1.0][i % 2]})
+        plans[method] = [np.array([0, 1, int(factor * 100) % 2]) for _ in names]
+    return pd.DataFrame(rows), plans, names
+
+
+def test_paired_comparisons_and_the_answer():
+    frame, plans, names = ratios_frame(rl_factor=0.8)
+    pairs = paired_comparisons(frame, plans, names, {"autoshard": 0.002}, resamples=200, seed=0)
+    s = pairs["autoshard"]["rl_greedy__vs__cost_greedy"]
+    assert set(s) == {"tasks", "median_ratio", "ci_low", "ci_high", "p_value", "identical_share", "mde"}
+    assert s["tasks"] == 12 and abs(s["median_ratio"] - 0.8 / 0.9) < 0.01 and s["ci_high"] < 1
+    assert "rl_greedy__vs__best_heuristic" in pairs["autoshard"] and "milp__vs__lpt_measured" in pairs["autoshard"]
+    assert verdict(s) == "beats"
+    answer = plain_answer(pairs, {"met": True})
+    assert answer and answer[0].startswith("autoshard, rl_greedy: beats cost_greedy")
+    tied = paired_comparisons(*ratios_frame(rl_factor=0.9), {"autoshard": 0.05}, resamples=200, seed=0)
+    assert verdict(tied["autoshard"]["rl_greedy__vs__cost_greedy"]) == "ties with", "within the noise: a tie"
+    assert plain_answer(tied, {"met": False})[0].startswith("The measurements under these results are noisier")
+    per_task = per_task_ratios(frame, [("rl_greedy", "cost_greedy"), ("rl_greedy", "best_heuristic")])
+    assert len(per_task) == 24 and set(per_task["pair"]) == {"rl_greedy / cost_greedy", "rl_greedy / best_heuristic"}
+
+
+def test_evaluate_metrics_are_strict_json_with_the_contract_keys():
+    frame, plans, names = ratios_frame(rl_factor=0.8)
+    pairs = paired_comparisons(frame, plans, names, {"autoshard": 0.002}, resamples=200, seed=0)
+    quality = measurement_quality(devices(0.01), repeat(0.005), TARGETS)
+    table = pd.DataFrame({"protocol": ["autoshard"], "method": ["rl_greedy"], "ratio_median": [0.8]})
+    speed = pd.DataFrame({"method": ["rl_greedy"], "tables": [10], "seconds": [0.01]})
+    milp = pd.DataFrame({"task": ["t0"], "objective": [1.0], "lower_bound": [1.0], "gap": [0.0], "status": ["optimal"],
+                         "seconds": [0.1]})
+    tasks = [Task(n, "autoshard", "test", (0, 1, 2), 2, 10**9, 0.0) for n in names]
+    metrics = evaluate_metrics(table, pd.DataFrame(), pd.Series(dtype=float), pd.DataFrame(), speed, {}, tasks,
+                               devices(0.01), quality, pairs, plain_answer(pairs, quality), milp, 1.0)
+    text = json.dumps(_plain(metrics), allow_nan=False)
+    loaded = json.loads(text)
+    assert set(loaded["noise"]) >= {"median_cv", "calibration_drift", "remeasured_share"}
+    assert set(loaded["paired"]["autoshard"]["rl_greedy__vs__cost_greedy"]) == {
+        "tasks", "median_ratio", "ci_low", "ci_high", "p_value", "identical_share", "mde"}
