@@ -280,13 +280,17 @@ def _subset(batch: Batch, index: torch.Tensor) -> Batch:
 
 @dataclass(frozen=True)
 class RLStageConfig:
-    """The `rl` section: training hyper-parameters plus the stage's evaluation settings."""
+    """The `rl` section: training hyper-parameters plus the stage's evaluation settings and the
+    sizes of its sharding-speed benchmark (which do not change training)."""
 
     train: RLConfig
     validation_tasks: int
     best_of: int
     refresh_rounds: int
     refresh_iterations: int
+    speed_tasks: int = 3        # validation tasks of the largest shape timed one by one
+    speed_tables: int = 856     # one large task of this many tables (at most the pool's) ...
+    speed_devices: int = 128    # ... on this many devices
 
     @classmethod
     def from_params(cls, values: dict) -> "RLStageConfig":
@@ -294,7 +298,9 @@ class RLStageConfig:
         cfg = cls(train=RLConfig.from_fields(f), validation_tasks=f.integer("validation_tasks"),
                   best_of=f.integer("best_of"),
                   refresh_rounds=f.integer("refresh_rounds", lo=0),
-                  refresh_iterations=f.integer("refresh_iterations"))
+                  refresh_iterations=f.integer("refresh_iterations"),
+                  speed_tasks=f.integer("speed_tasks"), speed_tables=f.integer("speed_tables"),
+                  speed_devices=f.integer("speed_devices"))
         f.done()
         return cfg
 
@@ -312,15 +318,17 @@ def split_validation(tasks: list[Task], per_shape: int) -> tuple[list[Task], lis
 
 
 def run_key(cfg: RLStageConfig | RLConfig, cost_model: CostModel, tasks: list[Task]) -> str:
-    """Identifies a training run: its parameters, the cost model's weights, the training tasks and
-    the training code, so a checkpoint is only ever resumed by the same run."""
+    """Identifies a training run: its parameters (not the speed benchmark's sizes), the cost
+    model's weights, the training tasks and the training code, so a checkpoint is only ever
+    resumed by the same run."""
     import hashlib
     import inspect
     import json
 
     from autoshard.rl import env, policy
 
-    digest = hashlib.sha256(json.dumps(asdict(cfg), sort_keys=True).encode())
+    params = {k: v for k, v in asdict(cfg).items() if not k.startswith("speed_")}
+    digest = hashlib.sha256(json.dumps(params, sort_keys=True).encode())
     for tensor in cost_model.state_dict().values():
         digest.update(tensor.numpy().tobytes())
     digest.update("|".join(t.name for t in tasks).encode())
