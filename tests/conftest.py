@@ -1,8 +1,12 @@
-"""Shared fixtures: smoke-sized parameters and the repository root."""
+"""Shared fixtures: smoke-sized parameters, the repository root, and metrics files as the
+stages' builders write them."""
 
 import copy
+import json
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from autoshard.core.params import load_params, merge
@@ -20,3 +24,38 @@ def smoke_params() -> dict:
 def params(smoke_params) -> dict:
     """A fresh, mutable copy of the smoke parameters for one test."""
     return copy.deepcopy(smoke_params)
+
+
+def _as_written(metrics: dict) -> dict:
+    """What a reader of the metrics file gets: strict JSON of the plain values."""
+    from autoshard.core.metrics import _plain
+
+    return json.loads(json.dumps(_plain(metrics), allow_nan=False))
+
+
+@pytest.fixture(scope="session")
+def transfer_metrics() -> dict:
+    """transfer.json as the transfer stage writes it, from measured ratios of two axis points."""
+    from autoshard.studies import transfer
+
+    g = np.random.default_rng(0)
+    rows = [{"axis": "tables", "value": v, "task": f"t{v}/{k}", "method": m, "ratio": g.uniform(0.8, 1.1),
+             "predicted_ratio": 0.9, "measured_ms": 1.0}
+            for v in (10, 320) for k in range(4) for m in ("rl_greedy", "cost_greedy", "size_greedy")]
+    table = transfer.summary(pd.DataFrame(rows), 200, 0)
+    return _as_written(transfer.transfer_metrics(table, tasks_measured=8, shards_measured=20, seconds=30.0))
+
+
+@pytest.fixture(scope="session")
+def ablation_metrics(smoke_params) -> dict:
+    """ablation.json as the ablation stage writes it, from measured plans of two variants, three seeds."""
+    from autoshard.studies import ablation
+
+    rows = [{"task": f"t{k}", "method": f"{v}|{s}", "measured_ms": base + 0.01 * s + 0.001 * k}
+            for v, base in (("full", 0.9), ("no_lstm", 0.95)) for s in (0, 1, 2) for k in range(4)]
+    rows += [{"task": f"t{k}", "method": h, "measured_ms": 1.0} for k in range(4) for h in ("size_greedy", "naive")]
+    cfg = ablation.AblationConfig.from_params(smoke_params["ablation"] | {"variants": ["full", "no_lstm"], "seeds": 3},
+                                              smoke_params["rl"], smoke_params["profile"] | {"device": "cpu"},
+                                              {"timing": smoke_params["evaluate"]["timing"]})
+    table = ablation.summary(ablation.ratios(pd.DataFrame(rows)), cfg.labels())
+    return _as_written(ablation.ablation_metrics(table, cfg, 0, test_tasks=4, shards_measured=12, seconds=40.0))

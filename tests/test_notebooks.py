@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from autoshard.core import schema
 from autoshard.core.metrics import read_metrics
 from autoshard.costmodel.model import load_model
 from autoshard.data.features import feature_matrix
@@ -72,7 +73,7 @@ def test_synthesize_notebook(synthesized, smoke_params):
     assert pool.num_tables == params["pool"]["num_tables"]
     tasks, train, test = load_tasks(tmp_path / "data" / "tasks.json")
     assert len(train) + len(test) == pool.num_tables
-    metrics = read_metrics(tmp_path / "reports" / "metrics" / "synthesize.json")
+    metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "synthesize.json", schema.SynthesisMetrics)
     assert metrics["tables"] == pool.num_tables
     assert metrics["lookups_per_bag"] == pytest.approx(params["pool"]["pooling_factor_mean"], rel=0.1)
     assert sum(metrics["tasks"].values()) == len(tasks)
@@ -103,7 +104,7 @@ def test_profile_notebook(profiled, smoke_params):
     assert set(table["kind"]) == {"single", "random", "heuristic", "test_random", "test_heuristic",
                                   "repeat"}
     assert (table["backend"] == "fbgemm").all() and (table["device"] == "cpu").all()
-    metrics = read_metrics(tmp_path / "reports" / "metrics" / "profile.json")
+    metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "profile.json", schema.ProfileMetrics)
     assert metrics["shards_measured"] == len(table)
     assert 0 <= metrics["median_cv"] < 1
     assert metrics["harness_check"]["forward"]["fbgemm_harness_ms"] > 0
@@ -120,7 +121,7 @@ def test_cost_model_notebook(profiled, smoke_params, monkeypatch):
     model = load_model(tmp_path / "data" / "cost_model" / "model.pt")
     pool = load_pool(tmp_path / "data" / "pool")
     assert (model.predict_ms(feature_matrix(pool.features), [[0, 1], [2]]) > 0).all()
-    metrics = read_metrics(tmp_path / "reports" / "metrics" / "cost_model.json")
+    metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "cost_model.json", schema.CostModelMetrics)
     assert {"comparison", "neural_mape", "learning_curve", "noise_floor_cv"} <= set(metrics)
     assert len(metrics["learning_curve"]) == len(smoke_params["cost_model"]["learning_curve"])
     assert metrics["predict_10k_shards_seconds"] > 0
@@ -136,7 +137,7 @@ def test_train_rl_notebook(profiled, smoke_params, monkeypatch):
     assert run_stage(tmp_path, smoke_params, "train_rl") == 0
     model = load_model(tmp_path / "data" / "cost_model" / "model.pt")
     assert load_policy(tmp_path / "data" / "rl" / "policy.pt", model) is not None
-    metrics = read_metrics(tmp_path / "reports" / "metrics" / "train_rl.json")
+    metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "train_rl.json", schema.TrainRLMetrics)
     assert "policy, greedy" in metrics["validation_ratio_to_best_heuristic"]
     assert [r["round"] for r in metrics["refresh"]] == [1], "smoke runs one refresh round"
     assert (tmp_path / "data" / "rl" / "cost_model.pt").exists()
@@ -177,7 +178,7 @@ def test_transfer_notebook(profiled, smoke_params, monkeypatch):
         if not (tmp_path / "data" / made).exists():
             assert run_stage(tmp_path, smoke_params, stage) == 0
     assert run_stage(tmp_path, smoke_params, "transfer") == 0
-    metrics = read_metrics(tmp_path / "reports" / "metrics" / "transfer.json")
+    metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "transfer.json", schema.TransferMetrics)
     assert set(metrics["axes"]) == {"tables", "devices", "unseen_ratio"}
     cfg = smoke_params["transfer"]
     assert set(metrics["axes"]["tables"]["rl_greedy"]) == {str(v) for v in cfg["tables"]}
@@ -198,7 +199,7 @@ def test_ablation_notebook(profiled, smoke_params, monkeypatch):
     if not (tmp_path / "data" / "cost_model" / "model.pt").exists():
         assert run_stage(tmp_path, smoke_params, "cost_model") == 0
     assert run_stage(tmp_path, smoke_params, "ablation") == 0
-    metrics = read_metrics(tmp_path / "reports" / "metrics" / "ablation.json")
+    metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "ablation.json", schema.AblationMetrics)
     cfg = smoke_params["ablation"]
     assert [row["variant"] for row in metrics["variants"]] == [*cfg["variants"], "best_of_n", "local_search"]
     assert all(len([k for k in row if k.startswith("seed ")]) == cfg["seeds"] for row in metrics["variants"])

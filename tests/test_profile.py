@@ -121,7 +121,7 @@ def test_stats_on_synthetic_table():
     rep = repeatability(table)
     assert rep["rounds"].tolist() == [3]
     assert rep["cv"].iloc[0] == pytest.approx(np.std([2.4, 2.6, 2.5], ddof=1) / 2.5)
-    assert rounds_needed(0.02) == 1 and rounds_needed(0.06) == 4
+    assert rounds_needed(0.02, 0.03) == 1 and rounds_needed(0.06, 0.03) == 4
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 
 from autoshard.core.errors import ConfigError
 from autoshard.core.metrics import write_metrics
-from autoshard.pipeline.report import build, headline, main, notebook_stages, quality, targets
+from autoshard.pipeline.report import build, headline, main, notebook_stages, quality, readme, targets
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -118,22 +118,37 @@ def test_missing_notebook_fails_cleanly(tmp_path, capsys):
     assert not (reports / "README.md").exists() and not (reports / "html").exists()
 
 
-def test_transfer_and_ablation_tables_come_from_the_metrics():
+def test_transfer_and_ablation_tables_come_from_the_metrics(transfer_metrics, ablation_metrics):
     from autoshard.pipeline.report import ablation_table, transfer_table
 
-    point = {"tasks": 3, "ratio_median": 0.912, "ratio_lo": 0.85, "ratio_hi": 0.97}
-    transfer = {"axes": {"tables": {"rl_greedy": {"10": point, "320": point | {"ratio_median": 1.04, "ratio_hi": 1.1}},
-                                    "cost_greedy": {"10": point, "320": point}}}}
-    text = transfer_table(transfer)
+    text = transfer_table(transfer_metrics)
     row = next(line for line in text.splitlines() if line.startswith("| tables = 320"))
-    assert "1.040 [0.850, 1.100]" in row and "0.912 [0.850, 0.970]" in row
-    ablation = {"variants": [{"variant": "full", "label": "full method", "mean": 0.9, "std": 0.01, "min": 0.89,
-                              "max": 0.91, "vs_full": 0.0},
-                             {"variant": "no_lstm", "label": "MLP state", "mean": 0.95, "std": 0.02, "min": 0.93,
-                              "max": 0.97, "vs_full": 0.05}]}
-    lines = ablation_table(ablation).splitlines()
-    assert [line.split("|")[1].strip() for line in lines[2:]] == ["full method", "MLP state"]
-    assert "+0.050" in lines[3] and "[0.930, 0.970]" in lines[3]
+    for method in ("rl_greedy", "cost_greedy"):
+        point = transfer_metrics["axes"]["tables"][method]["320"]
+        assert f"{point['ratio_median']:.3f} [{point['ratio_lo']:.3f}, {point['ratio_hi']:.3f}]" in row
+    lines = ablation_table(ablation_metrics).splitlines()
+    assert [line.split("|")[1].strip() for line in lines[2:]] == ["full method", "MLP state (no LSTM)"]
+    no_lstm = ablation_metrics["variants"][1]
+    assert f"{no_lstm['vs_full']:+.3f}" in lines[3] and f"[{no_lstm['min']:.3f}, {no_lstm['max']:.3f}]" in lines[3]
+
+
+def test_readme_reads_transfer_and_ablation_through_their_schema(tmp_path, transfer_metrics, ablation_metrics):
+    reports, data, dvc_file = fake_reports(tmp_path)
+    write_metrics(reports / "metrics" / "transfer.json", transfer_metrics)
+    write_metrics(reports / "metrics" / "ablation.json", ablation_metrics)
+    text = readme(reports, notebook_stages(dvc_file))
+    assert "| tables = 320" in text and "MLP state (no LSTM)" in text and "seeds [0, 1, 2]" in text
+    broken = {k: v for k, v in ablation_metrics.items() if k != "iterations"}
+    write_metrics(reports / "metrics" / "ablation.json", broken)
+    with pytest.raises(ConfigError, match=r"ablation\.json: key 'iterations' is missing"):
+        readme(reports, notebook_stages(dvc_file))
+
+
+def test_stage_times_need_every_stage_seconds(tmp_path):
+    reports, data, dvc_file = fake_reports(tmp_path)
+    write_metrics(reports / "metrics" / "evaluate.json", EVALUATE | {"seconds": "12 s"})
+    with pytest.raises(ConfigError, match=r"evaluate\.json: key 'seconds' holds '12 s'"):
+        build(reports, data, dvc_file)
 
 
 def test_metrics_are_strict_json(tmp_path):

@@ -9,6 +9,8 @@ from autoshard.core.seeding import rng
 
 REQUIRED = ("tables", "kind", "status", "backend", "forward_ms", "backward_ms", "total_ms")
 COSTS = ["forward_ms", "backward_ms", "total_ms"]
+SEEN_MULTI = "seen tables, multi-table shards"
+UNSEEN_MULTI = "unseen tables, multi-table shards"
 
 
 def measured_shards(profile: pd.DataFrame, backend: str) -> pd.DataFrame:
@@ -69,6 +71,6 @@ def test_sets(splits: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
         return s[s["num_tables"] > 1].reset_index(drop=True)
 
     unseen = splits["test_unseen"]
-    return {"seen tables, multi-table shards": multi(splits["test_seen"]),
-            "unseen tables, multi-table shards": multi(unseen),
+    return {SEEN_MULTI: multi(splits["test_seen"]),
+            UNSEEN_MULTI: multi(unseen),
             "unseen tables, single": unseen[unseen["num_tables"] == 1].reset_index(drop=True)}

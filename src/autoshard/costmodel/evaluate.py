@@ -12,10 +12,12 @@ import pandas as pd
 import torch
 from scipy.stats import kendalltau
 
+from autoshard.core.schema import CostModelMetrics
 from autoshard.costmodel.model import CostModel, transform
 from autoshard.measure.analytic import AnalyticBackend
 
 SIZE_BINS = [0, 1, 2, 4, 8, 16, 32, 10**9]
+SCORES = ("mape", "r2", "tau_similar_size")
 
 
 def mape(pred: np.ndarray, measured: np.ndarray) -> float:
@@ -139,3 +141,34 @@ def predictions_frame(estimators: dict[str, Estimator], test_sets: dict[str, pd.
                 "measured_ms": shards["total_ms"], "predicted_ms": pred,
                 "abs_pct_error": np.abs(pred - shards["total_ms"]) / shards["total_ms"] * 100}))
     return pd.concat(frames, ignore_index=True)
+
+
+def against_targets(comparison: pd.DataFrame, estimator: str, targets: dict[str, float],
+                    noise_floor: float) -> pd.DataFrame:
+    """Per test set: `estimator`'s MAPE, its target (NaN where none is set) and the MAPE over
+    the measurement noise floor (the profile's median CV): error a model cannot remove."""
+    rows = comparison[comparison["estimator"] == estimator].set_index("test set")
+    return pd.DataFrame({"MAPE": rows["mape"], "target": pd.Series(targets, dtype=float),
+                         "MAPE / noise floor (CV)": rows["mape"] / noise_floor})
+
+
+def cost_model_metrics(splits: dict[str, pd.DataFrame], comparison: pd.DataFrame, estimator: str,
+                       targets: dict[str, float], noise_floor: float, curve: pd.DataFrame, best_epoch: int,
+                       predict_seconds: float, seconds: float) -> CostModelMetrics:
+    """The cost-model stage's metrics: shards per split, every estimator's scores per test set,
+    the neural `estimator`'s MAPE against `targets` (a target on an empty test set is not met),
+    the noise floor, the learning curve, the best epoch and the prediction time of 10k shards."""
+    mapes = comparison[comparison["estimator"] == estimator].set_index("test set")["mape"]
+    return {
+        "shards": {name: len(s) for name, s in splits.items()},
+        "comparison": {f"{r['estimator']} | {r['test set']}": {k: float(r[k]) for k in SCORES}
+                       for _, r in comparison.iterrows()},
+        "neural_mape": {str(k): float(v) for k, v in mapes.items()},
+        "mape_targets": dict(targets),
+        "targets_met": {k: bool(mapes.get(k, float("nan")) <= v) for k, v in targets.items()},
+        "noise_floor_cv": float(noise_floor),
+        "learning_curve": curve.to_dict("records"),
+        "best_epoch": int(best_epoch),
+        "predict_10k_shards_seconds": float(predict_seconds),
+        "seconds": seconds,
+    }

@@ -9,23 +9,30 @@ from tqdm.auto import tqdm
 
 from autoshard.core.params import Fields
 from autoshard.core.seeding import one_thread
+from autoshard.costmodel.dataset import SEEN_MULTI, UNSEEN_MULTI
 from autoshard.costmodel.model import HEADS, CostModel, CostModelConfig, check_features, pad_shards
 
 
 @dataclass(frozen=True)
 class CostStageConfig:
-    """The `cost_model` section: the network, the data split, and the study's extras."""
+    """The `cost_model` section: the network, the data split, the study's extras, and the
+    neural model's MAPE targets per test set (`mape_targets.seen` / `.unseen`)."""
 
     model: CostModelConfig
     val_share: float
     test_share: float
     learning_curve: tuple[float, ...]
     compare_stage_heads: bool
+    mape_targets: dict[str, float]
 
     @classmethod
     def from_params(cls, values: dict) -> "CostStageConfig":
         f = Fields("cost_model", values)
-        cfg = cls(model=CostModelConfig.from_fields(f),
+        t = f.sub("mape_targets")
+        targets = {SEEN_MULTI: t.number("seen", lo=0, lo_open=True),
+                   UNSEEN_MULTI: t.number("unseen", lo=0, lo_open=True)}
+        t.done()
+        cfg = cls(model=CostModelConfig.from_fields(f), mape_targets=targets,
                   val_share=f.number("val_share", lo=0, hi=0.5, lo_open=True),
                   test_share=f.number("test_share", lo=0, hi=0.5, lo_open=True),
                   learning_curve=tuple(f.numbers("learning_curve", lo=0.01, hi=1.0)),

@@ -3,7 +3,10 @@
 import numpy as np
 import pandas as pd
 
+from autoshard.core.schema import SynthesisMetrics
 from autoshard.data.features import REUSE_COLUMNS
+from autoshard.data.pool import Pool
+from autoshard.data.tasks import Task
 
 # Published aggregates of fbgemm_t856_bs65536 (856 tables x 65536 bags); see DESIGN.md.
 PUBLISHED = {
@@ -53,7 +56,7 @@ def reuse_l1_distance(features: pd.DataFrame) -> float:
     return float(np.abs(reuse_shares(features) - published_reuse_shares()).sum())
 
 
-def synthesis_metrics(pool, tasks: list, seconds: float) -> dict:
+def synthesis_metrics(pool: Pool, tasks: list[Task], seconds: float) -> SynthesisMetrics:
     """The synthesize stage's metrics: pool aggregates, calibration error, task counts."""
     f = pool.features
     counts: dict[str, int] = {}

@@ -1,11 +1,12 @@
 """What the profile data says: fusion non-linearity, repeatability, summary metrics."""
 
 import math
+import resource
 
 import numpy as np
 import pandas as pd
 
-CV_TARGET = 0.03
+from autoshard.core.schema import ProfileMetrics
 
 
 def measured(table: pd.DataFrame) -> pd.DataFrame:
@@ -34,33 +35,55 @@ def repeatability(table: pd.DataFrame) -> pd.DataFrame:
     return out[out["rounds"] > 1]
 
 
-def rounds_needed(median_cv: float, target: float = CV_TARGET) -> int:
+def rounds_needed(median_cv: float, target: float) -> int:
     """Rounds whose mean reaches the CV target, if rounds are independent (CV / sqrt(k))."""
     if not math.isfinite(median_cv) or median_cv <= target:
         return 1
     return math.ceil((median_cv / target) ** 2)
 
 
-def profile_metrics(table: pd.DataFrame, seconds: float, peak_rss_gib: float) -> dict:
-    """The profile stage's metrics (crosscheck figures are added by the notebook)."""
+def backend_agreement(versus: pd.DataFrame) -> tuple[float, float]:
+    """Median cost ratio of the second backend to the first, and Kendall's tau of their totals
+    (`versus` as `crosscheck.compare_backends` returns it): do they rank shards alike?"""
+    totals = versus.filter(like="_total_ms")
+    tau = float(totals.corr("kendall").iloc[0, 1]) if len(versus) > 1 else float("nan")
+    return float(versus["ratio"].median()), tau
+
+
+def peak_rss_gib() -> float:
+    """Peak resident memory of this process so far (GiB; Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def profile_metrics(table: pd.DataFrame, versus: pd.DataFrame, harness: pd.DataFrame, cv_target: float,
+                    comm_processes: int, torch_threads: int, seconds: float, peak_gib: float) -> ProfileMetrics:
+    """The profile stage's metrics: what was measured and how, repeatability against the CV
+    target, the fusion gap, and the cross-checks (`versus`: the torch backend against the
+    profile's; `harness`: FBGEMM's benchmark harness against our timing loop)."""
     rep = repeatability(table)
     median_cv = float(rep["cv"].median()) if len(rep) else float("nan")
     gap = fusion_gap(table)
+    ratio, tau = backend_agreement(versus)
     return {
         "shards_measured": int((table["status"] == "ok").sum()),
         "shards_unmeasurable": int((table["status"] != "ok").sum()),
-        "shards_by_kind": table["kind"].value_counts().sort_index().to_dict(),
+        "shards_by_kind": {str(k): int(v) for k, v in table["kind"].value_counts().sort_index().items()},
         "backend": str(table["backend"].iloc[0]),
         "device": str(table["device"].iloc[0]),
         "threads": int(table["threads"].iloc[0]),
         "batch_size": int(table["batch_size"].iloc[0]),
         "median_cv": median_cv,
-        "cv_target": CV_TARGET,
-        "cv_target_met": bool(median_cv <= CV_TARGET),
-        "rounds_for_cv_target": rounds_needed(median_cv),
+        "cv_target": cv_target,
+        "cv_target_met": bool(median_cv <= cv_target),
+        "rounds_for_cv_target": rounds_needed(median_cv, cv_target),
         "fused_over_sum_median": float(gap["fused_over_sum"].median()) if len(gap) else float("nan"),
         "fused_over_sum_p10_p90": [float(x) for x in np.nanpercentile(gap["fused_over_sum"], [10, 90])]
         if len(gap) else [],
+        "torch_over_fbgemm_median_ratio": ratio,
+        "torch_fbgemm_kendall_tau": tau,
+        "harness_check": harness.set_index("component").to_dict("index"),
+        "comm_measured_processes": comm_processes,
+        "torch_threads": torch_threads,
         "seconds": seconds,
-        "peak_rss_gib": peak_rss_gib,
+        "peak_rss_gib": peak_gib,
     }

@@ -60,6 +60,7 @@ class ProfileConfig:
     bench: "BenchConfig"    # cross-check against FBGEMM's harness
     comm_processes: int     # torchrun processes for the all-to-all check (1: analytic only)
     comm_tasks: int         # DreamShard train tasks whose plan's four stages are shown
+    cv_target: float        # repeatability goal: median coefficient of variation across rounds
 
     @classmethod
     def from_params(cls, values: dict) -> "ProfileConfig":
@@ -75,7 +76,8 @@ class ProfileConfig:
                   test_random_shards=c.integer("test_random_shards", lo=0),
                   test_heuristic_tasks=c.integer("test_heuristic_tasks", lo=0),
                   repeat_shards=c.integer("repeat_shards", lo=0),
-                  repeat_rounds=c.integer("repeat_rounds", lo=0), chunk_size=c.integer("chunk_size"))
+                  repeat_rounds=c.integer("repeat_rounds", lo=0), chunk_size=c.integer("chunk_size"),
+                  cv_target=f.number("cv_target", lo=0, lo_open=True))
         for section in (c, x, m, f):
             section.done()
         return cfg

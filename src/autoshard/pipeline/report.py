@@ -18,6 +18,7 @@ import yaml
 from autoshard.core.atomic import atomic_dir, atomic_file
 from autoshard.core.errors import ConfigError
 from autoshard.core.metrics import read_metrics
+from autoshard.core.schema import AblationMetrics, StageTime, TransferMetrics, read_checked
 from autoshard.placement.registry import METHODS
 
 
@@ -129,7 +130,7 @@ def paired_table(evaluate: dict, methods: tuple[str, ...] = ("rl_greedy", "rl_lo
     return pd.DataFrame(rows).to_markdown(index=False) if rows else "(no paired comparisons)"
 
 
-def transfer_table(transfer: dict) -> str:
+def transfer_table(transfer: TransferMetrics) -> str:
     """Markdown: per transfer axis and point, the policy's and the cost-model greedy's measured
     median ratio to the best heuristic with its 95% interval."""
     rows = []
@@ -147,10 +148,12 @@ def transfer_table(transfer: dict) -> str:
     return table.rename_axis("point").to_markdown()
 
 
-def ablation_table(ablation: dict) -> str:
+def ablation_table(ablation: AblationMetrics) -> str:
     """Markdown: per ablation variant, the mean over seeds of the measured median ratio to the
     best heuristic, its spread across seeds, and the change against the full method."""
     table = pd.DataFrame(ablation["variants"])
+    scores = [c for c in ("mean", "std", "min", "max", "vs_full") if c in table]
+    table[scores] = table[scores].astype(float)
     shown = pd.DataFrame({
         "variant": table["label"],
         "ratio (mean of seeds)": table["mean"].map("{:.3f}".format),
@@ -166,12 +169,11 @@ def stage_times(metrics_dir: Path, stages: list[tuple[str, str]]) -> str:
     for stage, _ in stages:
         path = metrics_dir / f"{stage}.json"
         if path.exists():
-            seconds = read_metrics(path).get("seconds")
-            rows.append({"stage": stage, "wall time (s)": f"{seconds:.0f}" if seconds is not None else "n/a"})
+            rows.append((stage, read_checked(path, StageTime)["seconds"]))
     if rows:
-        total = sum(float(r["wall time (s)"]) for r in rows if r["wall time (s)"] != "n/a")
-        rows.append({"stage": "**all notebook stages**", "wall time (s)": f"{total:.0f}"})
-    return pd.DataFrame(rows).to_markdown(index=False)
+        rows.append(("**all notebook stages**", sum(seconds for _, seconds in rows)))
+    return pd.DataFrame([{"stage": stage, "wall time (s)": f"{seconds:.0f}"} for stage, seconds in rows]
+                        ).to_markdown(index=False)
 
 
 def environment() -> dict[str, str]:
@@ -219,12 +221,13 @@ def readme(reports: Path, stages: list[tuple[str, str]]) -> str:
                   "## Headline: every method on held-out tasks", "", headline(evaluate), "",
                   "### Targets", "", targets(evaluate), ""]
     if (metrics / "transfer.json").exists():
+        transfer = read_checked(metrics / "transfer.json", TransferMetrics)
         lines += ["## Transfer: the trained policy on other task shapes, not fine-tuned", "",
                   "Measured median ratio to the best heuristic [95% bootstrap CI over tasks]; the unseen-ratio "
                   "axis is the evaluate stage's AutoShard protocol.", "",
-                  transfer_table(read_metrics(metrics / "transfer.json")), ""]
+                  transfer_table(transfer), ""]
     if (metrics / "ablation.json").exists():
-        ablation = read_metrics(metrics / "ablation.json")
+        ablation = read_checked(metrics / "ablation.json", AblationMetrics)
         lines += ["## Ablation: each part of the method, retrained without it", "",
                   f"Short runs ({ablation['iterations']} iterations), seeds {ablation['seeds']}, "
                   f"{ablation['test_tasks']} test tasks ({', '.join(ablation['protocols'])}); the measured median "

@@ -281,13 +281,17 @@ def _subset(batch: Batch, index: torch.Tensor) -> Batch:
 
 @dataclass(frozen=True)
 class RLStageConfig:
-    """The `rl` section: training hyper-parameters plus the stage's evaluation settings."""
+    """The `rl` section: training hyper-parameters plus the stage's evaluation settings and the
+    sizes of its sharding-speed benchmark (which do not change training)."""
 
     train: RLConfig
     validation_tasks: int
     best_of: int
     refresh_rounds: int
     refresh_iterations: int
+    speed_tasks: int = 3        # validation tasks of the largest shape timed one by one
+    speed_tables: int = 856     # one large task of this many tables (at most the pool's) ...
+    speed_devices: int = 128    # ... on this many devices
 
     @classmethod
     def from_params(cls, values: dict) -> "RLStageConfig":
@@ -295,7 +299,9 @@ class RLStageConfig:
         cfg = cls(train=RLConfig.from_fields(f), validation_tasks=f.integer("validation_tasks"),
                   best_of=f.integer("best_of"),
                   refresh_rounds=f.integer("refresh_rounds", lo=0),
-                  refresh_iterations=f.integer("refresh_iterations"))
+                  refresh_iterations=f.integer("refresh_iterations"),
+                  speed_tasks=f.integer("speed_tasks"), speed_tables=f.integer("speed_tables"),
+                  speed_devices=f.integer("speed_devices"))
         f.done()
         return cfg
 
@@ -315,10 +321,12 @@ def split_validation(tasks: list[Task], per_shape: int) -> tuple[list[Task], lis
 def run_key(cfg: RLStageConfig | RLConfig, cost_model: CostModel, tasks: list[Task], features: np.ndarray,
             seed: int, init: Policy | None = None) -> str:
     """Identifies a training run by content, so a checkpoint is only ever resumed by the same run:
-    its parameters and seed, the cost model (configuration and weights), the training tasks (every
-    field), the feature matrix, the starting policy's weights (`init`) and the training code (every
-    package source file in the static import closure of this module)."""
-    return key(asdict(cfg), seed, _state_digest(cost_model), asdict(cost_model.cfg), [asdict(t) for t in tasks],
+    its parameters (not the speed benchmark's sizes) and seed, the cost model (configuration and
+    weights), the training tasks (every field), the feature matrix, the starting policy's weights
+    (`init`) and the training code (every package source file in the static import closure of
+    this module)."""
+    params = {k: v for k, v in asdict(cfg).items() if not k.startswith("speed_")}  # a benchmark's sizes
+    return key(params, seed, _state_digest(cost_model), asdict(cost_model.cfg), [asdict(t) for t in tasks],
                array_digest(features), _state_digest(init) if init is not None else None, source_digest(__name__))
 
 

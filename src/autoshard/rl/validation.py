@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from autoshard.core.schema import TrainRLMetrics
 from autoshard.data.tasks import Task
 from autoshard.placement.shards import predicted, predicted_table
 from autoshard.rl.infer import policy_plans
@@ -35,3 +36,19 @@ def ratio_summary(ratios: pd.DataFrame) -> pd.DataFrame:
     """Per method (column of ratios to a reference): mean, median, min, max and win rate (< 1)."""
     return ratios.agg(["mean", "median", "min", "max"]).T.assign(wins=(ratios < 1).mean())
 
+
+
+def train_rl_metrics(inference: pd.DataFrame, heuristic_ratio: pd.Series, speed_seconds: dict[str, float],
+                     refresh: pd.DataFrame, iterations: int, seconds: float) -> TrainRLMetrics:
+    """The train_rl stage's metrics: each inference mode's mean predicted ratio to the best
+    heuristic and win rate on the validation tasks (`inference` as `ratio_summary` returns it),
+    each heuristic's mean ratio to the best, the sharding speed, the refresh rounds' rows."""
+    return {
+        "validation_ratio_to_best_heuristic": {str(k): float(v) for k, v in inference["mean"].items()},
+        "validation_win_rate": {str(k): float(v) for k, v in inference["wins"].items()},
+        "heuristics_ratio_to_best": {str(k): float(v) for k, v in heuristic_ratio.items()},
+        "speed_seconds": {k: float(v) for k, v in speed_seconds.items()},
+        "refresh": refresh.to_dict("records"),
+        "iterations": iterations,
+        "seconds": seconds,
+    }

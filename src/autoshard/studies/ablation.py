@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from autoshard.core.digest import array_digest, file_digest, key, source_digest
 from autoshard.core.errors import invalid
 from autoshard.core.params import Fields
+from autoshard.core.schema import AblationMetrics
 from autoshard.costmodel.dataset import measured_shards, split_shards
 from autoshard.costmodel.model import load_model, save_model
 from autoshard.costmodel.train import CostStageConfig, fit
@@ -344,3 +345,18 @@ def summary(per_task: pd.DataFrame, labels: dict[str, str]) -> pd.DataFrame:
     out = out.loc[order]
     out.insert(0, "label", [labels.get(v, v) for v in out.index])
     return out
+
+
+def ablation_metrics(table: pd.DataFrame, cfg: AblationConfig, seed: int, test_tasks: int, shards_measured: int,
+                     seconds: float) -> AblationMetrics:
+    """The ablation stage's metrics: `summary`'s table as one record per variant, and the
+    budget every variant had (seeds, iterations, protocols, test tasks)."""
+    return {
+        "variants": table.rename_axis("variant").reset_index().to_dict("records"),
+        "seeds": cfg.seed_list(seed),
+        "iterations": cfg.iterations,
+        "protocols": list(cfg.protocols),
+        "test_tasks": test_tasks,
+        "shards_measured": int(shards_measured),
+        "seconds": seconds,
+    }

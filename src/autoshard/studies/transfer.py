@@ -16,6 +16,7 @@ import pandas as pd
 
 from autoshard.core.errors import invalid
 from autoshard.core.params import Fields
+from autoshard.core.schema import TransferMetrics
 from autoshard.core.seeding import rng
 from autoshard.data.tasks import GIB, ProtocolConfig, Task, draw_feasible
 from autoshard.measure.backends import BackendConfig
@@ -125,3 +126,29 @@ def best_heuristics(ratios: pd.DataFrame) -> pd.DataFrame:
     heuristic = ratios[ratios["method"].isin(HEURISTICS)]
     best = heuristic.loc[heuristic.groupby(["axis", "task"])["measured_ms"].idxmin()]
     return best.groupby(["axis", "method"]).size().unstack("method", fill_value=0)
+
+
+def transfer_metrics(table: pd.DataFrame, tasks_measured: int, shards_measured: int,
+                     seconds: float) -> TransferMetrics:
+    """The transfer stage's metrics from `summary`'s table: every compared method's scores per
+    axis point (keyed axis -> method -> value as text), the policy's worst point, and how many
+    of its points beat the best heuristic (median ratio below 1)."""
+    if table.empty:
+        table = pd.DataFrame(columns=["axis", "value", "method", "ratio_median"])
+    axes: dict = {}
+    for (axis, method), g in table.groupby(["axis", "method"]):
+        points = g.set_index("value").drop(columns=["axis", "method"]).rename(index=lambda v: f"{v:g}")
+        axes.setdefault(axis, {})[method] = points.to_dict("index")
+    rl = table[table["method"] == "rl_greedy"]
+    scored = rl.dropna(subset=["ratio_median"])
+    worst = scored.loc[scored["ratio_median"].idxmax()] if len(scored) else None
+    return {
+        "axes": axes,
+        "rl_greedy_worst": None if worst is None else {"axis": str(worst["axis"]), "value": float(worst["value"]),
+                                                      "ratio_median": float(worst["ratio_median"])},
+        "rl_greedy_points_below_1": int((scored["ratio_median"] < 1).sum()),
+        "points": len(rl),
+        "tasks_measured": tasks_measured,
+        "shards_measured": int(shards_measured),
+        "seconds": seconds,
+    }

@@ -1,0 +1,212 @@
+"""The stage contracts: the keys and types of each stage's metrics file.
+
+Every stage's metrics dict is built by one function in its layer (see each schema's `Built by`)
+and read back by the report through `check`, so a renamed or retyped key fails the stage's unit
+test or the report with the file and the key named, not as a KeyError deep in a table. A float
+may be `None` where the metrics file holds `null` for a value that was not finite (a median over
+no tasks). Extra keys are allowed: a schema lists what readers rely on.
+"""
+
+import types
+import typing
+from pathlib import Path
+from typing import Any, NotRequired, TypedDict, TypeVar, Union
+
+from autoshard.core.errors import ConfigError
+from autoshard.core.metrics import read_metrics
+
+Number = float | None
+
+
+class StageTime(TypedDict):
+    """What every stage's metrics file holds: the stage's wall time (read by the report)."""
+
+    seconds: float
+
+
+class SynthesisMetrics(StageTime):
+    """reports/metrics/synthesize.json. Built by `data.calibration.synthesis_metrics`."""
+
+    source: str
+    tables: int
+    batch_size: int
+    indices: int
+    distinct: int
+    lookups_per_bag: float
+    reuse_share: dict[str, float]
+    reuse_l1_to_published: float
+    pool_bytes: int
+    largest_table_bytes: int
+    tasks: dict[str, int]
+
+
+class ProfileMetrics(StageTime):
+    """reports/metrics/profile.json. Built by `measure.analysis.profile_metrics`."""
+
+    shards_measured: int
+    shards_unmeasurable: int
+    shards_by_kind: dict[str, int]
+    backend: str
+    device: str
+    threads: int
+    batch_size: int
+    median_cv: Number
+    cv_target: float
+    cv_target_met: bool
+    rounds_for_cv_target: int
+    fused_over_sum_median: Number
+    fused_over_sum_p10_p90: list[Number]
+    torch_over_fbgemm_median_ratio: Number
+    torch_fbgemm_kendall_tau: Number
+    harness_check: dict[str, dict[str, Any]]
+    comm_measured_processes: int
+    torch_threads: int
+    peak_rss_gib: float
+
+
+class EstimatorScores(TypedDict):
+    mape: Number
+    r2: Number
+    tau_similar_size: Number
+
+
+class CostModelMetrics(StageTime):
+    """reports/metrics/cost_model.json. Built by `costmodel.evaluate.cost_model_metrics`."""
+
+    shards: dict[str, int]
+    comparison: dict[str, EstimatorScores]
+    neural_mape: dict[str, Number]
+    mape_targets: dict[str, float]
+    targets_met: dict[str, bool]
+    noise_floor_cv: Number
+    learning_curve: list[dict[str, Any]]
+    best_epoch: int
+    predict_10k_shards_seconds: float
+
+
+class TrainRLMetrics(StageTime):
+    """reports/metrics/train_rl.json. Built by `rl.validation.train_rl_metrics`."""
+
+    validation_ratio_to_best_heuristic: dict[str, Number]
+    validation_win_rate: dict[str, Number]
+    heuristics_ratio_to_best: dict[str, Number]
+    speed_seconds: dict[str, Number]
+    refresh: list[dict[str, Any]]
+    iterations: int
+
+
+class TransferPoint(TypedDict):
+    """One method at one point of a transfer axis."""
+
+    tasks: int
+    ratio_median: Number
+    ratio_lo: Number
+    ratio_hi: Number
+    win_rate: Number
+    predicted_ratio_median: Number
+    mean_ms: Number
+
+
+class TransferWorst(TypedDict):
+    axis: str
+    value: float
+    ratio_median: Number
+
+
+class TransferMetrics(StageTime):
+    """reports/metrics/transfer.json. Built by `studies.transfer.transfer_metrics`. `axes`:
+    axis -> method -> point value (as text, e.g. "40") -> scores."""
+
+    axes: dict[str, dict[str, dict[str, TransferPoint]]]
+    rl_greedy_worst: TransferWorst | None
+    rl_greedy_points_below_1: int
+    points: int
+    tasks_measured: int
+    shards_measured: int
+
+
+class AblationVariant(TypedDict):
+    """One variant's measured ratios across seeds (also one `seed N` key per seed)."""
+
+    variant: str
+    label: str
+    mean: Number
+    std: Number
+    min: Number
+    max: Number
+    vs_full: NotRequired[Number]
+
+
+class AblationMetrics(StageTime):
+    """reports/metrics/ablation.json. Built by `studies.ablation.ablation_metrics`."""
+
+    variants: list[AblationVariant]
+    seeds: list[int]
+    iterations: int
+    protocols: list[str]
+    test_tasks: int
+    shards_measured: int
+
+
+T = TypeVar("T")
+
+
+def check(metrics: Any, schema: type[T], source: str) -> T:
+    """`metrics` if it holds every key of `schema` with a value of its type; otherwise a
+    `ConfigError` naming `source` (the file) and the first missing or mistyped key."""
+    _check(metrics, schema, source, "")
+    return metrics
+
+
+def read_checked(path: str | Path, schema: type[T]) -> T:
+    """The metrics file at `path`, checked against `schema` (see `check`)."""
+    return check(read_metrics(path), schema, str(path))
+
+
+def _check(value: Any, kind: Any, source: str, where: str) -> None:
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if kind is Any:
+        return
+    if typing.is_typeddict(kind):
+        _expect(isinstance(value, dict), value, "a mapping", source, where)
+        for key, hint in typing.get_type_hints(kind).items():
+            path = f"{where}.{key}" if where else key
+            if key not in value:
+                if key in kind.__required_keys__:
+                    raise ConfigError(f"{source}: key {path!r} is missing")
+                continue
+            _check(value[key], hint, source, path)
+    elif origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return
+        (option,) = [a for a in args if a is not type(None)]  # the schemas' only union is `X | None`
+        _check(value, option, source, where)
+    elif origin is list:
+        _expect(isinstance(value, list), value, "a list", source, where)
+        for i, item in enumerate(value):
+            _check(item, args[0], source, f"{where}[{i}]")
+    elif origin is dict:
+        _expect(isinstance(value, dict), value, "a mapping", source, where)
+        for key, item in value.items():
+            _check(item, args[1], source, f"{where}.{key}" if where else str(key))
+    elif kind is type(None):
+        _expect(value is None, value, "null", source, where)
+    elif kind is float:
+        _expect(isinstance(value, int | float) and not isinstance(value, bool), value, "a number", source, where)
+    elif kind is int:
+        _expect(isinstance(value, int) and not isinstance(value, bool), value, "an integer", source, where)
+    else:
+        _expect(isinstance(value, kind), value, _name(kind), source, where)
+
+
+def _name(kind: Any) -> str:
+    return getattr(kind, "__name__", str(kind))
+
+
+def _mistyped(value: Any, expected: str, source: str, where: str) -> ConfigError:
+    return ConfigError(f"{source}: key {where!r} holds {value!r} ({type(value).__name__}), expected {expected}")
+
+
+def _expect(ok: bool, value: Any, expected: str, source: str, where: str) -> None:
+    if not ok:
+        raise _mistyped(value, expected, source, where)
