@@ -5,7 +5,8 @@
   autoshard compare --tables T --devices D --memory-per-device 16GiB [--measure]
 
 Bad input is one line on stderr naming the file, row and field, exit status 2, and no output
-file (outputs are written to a temporary file and renamed on success).
+file (outputs are checked first, written to a temporary file and renamed on success); Ctrl-C or
+SIGTERM stop it with one line, status 130 or 143, and nothing written.
 """
 
 import argparse
@@ -18,10 +19,23 @@ import pandas as pd
 
 from autoshard.errors import ConfigError
 from autoshard.heuristics import HEURISTICS
+from autoshard.inputs import check_arguments, shown
+from autoshard.output import Interrupted, check_outputs, interruptible, write_files
 
 METHODS = ("rl", "cost-greedy", "torchrec", *HEURISTICS)  # planning.METHODS, without importing torch for --help
 
 BACKENDS = ("fbgemm", "torch", "analytic")
+
+
+class UsageError(ConfigError):
+    """A command line argparse cannot parse."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (the usage stays with --help)."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -35,8 +49,10 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _task_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--devices", required=True, type=int, help="number of devices (at least 1)")
     p.add_argument("--memory-per-device", required=True, help="memory of one device: 16GiB, 16 GB, 1.5e10 (bytes)")
-    p.add_argument("--policy", type=Path, help="policy checkpoint (default data/rl/policy.pt)")
-    p.add_argument("--cost-model", type=Path, help="cost model (default data/rl/cost_model.pt)")
+    p.add_argument("--models", type=Path, help="folder of the policy and cost model (default: $AUTOSHARD_MODELS, "
+                                               "else data/rl of the project)")
+    p.add_argument("--policy", type=Path, help="policy checkpoint (default MODELS/policy.pt)")
+    p.add_argument("--cost-model", type=Path, help="cost model (default MODELS/cost_model.pt)")
     p.add_argument("--seed", type=int, default=0, help="seed for sampling (best-of-N, the random heuristic)")
 
 
@@ -47,7 +63,7 @@ def _measure_args(p: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="autoshard", description=__doc__.split("\n")[0],
+    top = _Parser(prog="autoshard", description=__doc__.split("\n")[0],
                                   formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     sub = top.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="place the tables on devices and write the plan")
@@ -83,20 +99,31 @@ def _print_devices(doc: dict) -> None:
           f"{'n/a (no cost model)' if predicted is None else f'{predicted:.3f} ms'}")
 
 
+def _check_plan_options(args: argparse.Namespace) -> None:
+    """`--method` is known, and options it does not use are refused rather than ignored (a
+    `--policy` it does not use is still checked, by `planning.load_models`)."""
+    if args.method not in METHODS:
+        raise ConfigError(f"--method: {shown(args.method)} (expected one of {', '.join(METHODS)})")
+    if args.method != "rl":
+        unused = [o for o, given in (("--best-of", args.best_of != 1), ("--refine", args.refine)) if given]
+        if unused:
+            raise ConfigError(f"{unused[0]}: only --method rl uses it (not --method {args.method})")
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from autoshard import planning
-    from autoshard.atomic import atomic_file
     from autoshard.usertables import parse_memory, read_tables
 
-    if args.method not in METHODS:
-        raise ConfigError(f"--method: {args.method!r} (expected one of {', '.join(METHODS)})")
-    if args.best_of < 1:
-        raise ConfigError(f"--best-of: {args.best_of} (must be at least 1)")
+    check_arguments(args)
+    _check_plan_options(args)
     memory = parse_memory(args.memory_per_device)
+    folder = planning.models_folder(args.models)
+    check_outputs({"--out": args.out, "--torchrec": args.torchrec},
+                  [args.tables, args.policy, args.cost_model, *planning.default_files(folder)])
     tables = read_tables(args.tables, args.weight_bytes)
     task = planning.make_task(tables, args.devices, memory)
     models = planning.load_models(args.method, args.policy, args.cost_model,
-                                  need_torch=args.best_of > 1 or args.refine)
+                                  need_torch=args.best_of > 1 or args.refine, folder=folder)
     options = {"best_of": args.best_of, "refine": args.refine, "seed": args.seed} if args.method == "rl" else {}
     placement, seconds = planning.timed_place(args.method, tables, task, models, best_of=args.best_of,
                                               refine=args.refine, seed=planning.seed_for(tables, args.seed))
@@ -107,11 +134,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         plan = sharding_plan(tables.features, tables.names, placement, task.devices, args.torchrec_device)
         torchrec_doc = plan_to_json(plan, task.devices, args.torchrec_device)
-    with atomic_file(args.out) as tmp:
-        tmp.write_text(json.dumps(doc, indent=1, default=_plain))
-        if torchrec_doc is not None:
-            with atomic_file(args.torchrec) as tmp2:
-                tmp2.write_text(json.dumps(torchrec_doc, indent=1))
+    outputs = {args.out: json.dumps(doc, indent=1, default=_plain, allow_nan=False)}
+    if torchrec_doc is not None:
+        outputs[args.torchrec] = json.dumps(torchrec_doc, indent=1, allow_nan=False)
+    write_files(outputs)
     if args.json:
         print(json.dumps(doc, default=_plain))
     else:
@@ -161,6 +187,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from autoshard.planning import read_plan
     from autoshard.usertables import read_tables
 
+    check_arguments(args)
     tables = read_tables(args.tables, args.weight_bytes)
     placement, devices = read_plan(args.plan, tables)
     frame = measure(tables, placement, devices, args)
@@ -180,10 +207,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from autoshard.tables import feature_matrix
     from autoshard.usertables import parse_memory, read_tables
 
+    check_arguments(args)
     memory = parse_memory(args.memory_per_device)
     tables = read_tables(args.tables, args.weight_bytes)
     task = planning.make_task(tables, args.devices, memory)
-    models = planning.load_models("rl", args.policy, args.cost_model, need_torch=True)
+    models = planning.load_models("rl", args.policy, args.cost_model, need_torch=True,
+                                  folder=planning.models_folder(args.models))
     seed = planning.seed_for(tables, args.seed)
     runs = {m: {"method": m} for m in METHODS if m != "rl"}
     runs |= {"rl": {"method": "rl"}, f"rl, best of {args.best_of}": {"method": "rl", "best_of": args.best_of},
@@ -212,13 +241,31 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split("\n")) if "\n" in text else text
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    """Run the command; every failure is one line on stderr (status 2 for bad input, 130/143
+    when interrupted), never a traceback."""
     commands = {"plan": cmd_plan, "score": cmd_score, "compare": cmd_compare}
+    prog = "autoshard"
     try:
-        return commands[args.command](args)
+        with interruptible():
+            args = parser().parse_args(argv)
+            prog = f"autoshard {args.command}"
+            return commands[args.command](args)
     except ConfigError as exc:
-        print(f"autoshard {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {_one_line(str(exc))}", file=sys.stderr)
+        return 2
+    except Interrupted as exc:
+        print(f"{prog}: interrupted by {exc}; nothing written", file=sys.stderr)
+        return exc.status
+    except OSError as exc:
+        print(f"{prog}: error: {shown(exc.filename) if exc.filename else ''} {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"{prog}: error: out of memory (try fewer or smaller tables)", file=sys.stderr)
         return 2
 
 
