@@ -251,3 +251,21 @@ def torchrec_assignment(doc: dict, path: Path) -> tuple[dict[str, int], int, dic
             raise ConfigError(f"{at}, field placement: {shown(shard['placement'])} (expected {placement!r})")
         assignment[name] = rank
     return assignment, world, shapes
+
+
+def check_state(path: Path, what: str, expected: dict, given: object) -> None:
+    """A model file's tensors, checked before they are loaded: exactly the names and shapes of
+    the module's own (`expected`, a state dict), every floating-point value finite."""
+    if not isinstance(given, dict):
+        raise ConfigError(f"{path}: not a usable {what} (no tensors)")
+    missing, extra = sorted(set(expected) - set(given)), sorted(set(given) - set(expected))
+    if missing or extra:
+        name, why = (missing[0], "is missing") if missing else (extra[0], "is not expected")
+        raise ConfigError(f"{path}: not a usable {what} (tensor {shown(name)} {why})")
+    for name, tensor in expected.items():
+        value = given[name]
+        if type(value) is not type(tensor) or tuple(value.shape) != tuple(tensor.shape):
+            raise ConfigError(f"{path}: not a usable {what} (tensor {name}: shape "
+                              f"{tuple(getattr(value, 'shape', ()))}, expected {tuple(tensor.shape)})")
+        if value.is_floating_point() and not bool(value.isfinite().all()):
+            raise ConfigError(f"{path}: not a usable {what} (tensor {name} holds NaN or infinite values)")

@@ -19,6 +19,7 @@ from autoshard.checkpoints import load_tagged, save_tagged
 from autoshard.costmodel import CostModel
 from autoshard.env import Batch, ShardingEnv, make_batch
 from autoshard.errors import ConfigError
+from autoshard.inputs import check_state
 from autoshard.params import Fields
 from autoshard.policy import Policy, PolicyConfig
 from autoshard.seeding import one_thread
@@ -212,6 +213,7 @@ def load_policy(path: str | Path, cost_model: CostModel) -> Policy:
     """The trained policy of a checkpoint, ready for inference."""
     payload = load_checkpoint(path)
     policy = Policy(config_from_checkpoint(payload).policy, cost_model)
+    check_state(path, "policy checkpoint", policy.state_dict(), payload["state_dict"])
     policy.load_state_dict(payload["state_dict"])
     return policy.eval()
 

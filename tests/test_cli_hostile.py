@@ -1,0 +1,289 @@
+"""The `autoshard` command under hostile input (issue 18): a checked-in corpus of each class of
+failure, property-based fuzzing of tables, plans and arguments, and the cases that need models,
+FIFOs, symlinks, signals or threads. The contract: exit status 2, exactly one line on stderr,
+no traceback, no output file (nor a temporary one), every input byte-identical afterwards."""
+
+import contextlib
+import io
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from autoshard.cli import main
+
+CORPUS = Path(__file__).parent / "corpus"
+MANIFEST = yaml.safe_load((CORPUS / "cases.yaml").read_text())
+TABLES = (CORPUS / "tables.csv").read_text()
+FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def run(argv: list[str]) -> tuple[int, str, str]:
+    """Exit status, stdout and stderr of the command run in this process."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:  # --help only
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    """Every regular file under `folder` and its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.is_symlink()}
+
+
+def refused(argv: list[str], folder: Path) -> str:
+    """Run `argv`, assert the contract for everything in `folder`, and return the error line."""
+    before = snapshot(folder)
+    code, _, err = run(argv)
+    assert code == 2, (argv, err)
+    assert len(err.splitlines()) == 1 and err.endswith("\n"), err
+    assert "Traceback" not in err
+    assert snapshot(folder) == before, "an input changed, or an output or temporary file was left"
+    return err.strip()
+
+
+@pytest.fixture
+def corpus(tmp_path, monkeypatch) -> Path:
+    """A fresh copy of the corpus; no models anywhere the command looks."""
+    folder = tmp_path / "corpus"
+    shutil.copytree(CORPUS, folder)
+    monkeypatch.setenv("AUTOSHARD_MODELS", str(folder))
+    return folder
+
+
+@pytest.mark.parametrize("case", MANIFEST["cases"], ids=lambda c: f"{c[0]}:{c[1][:70]}")
+def test_corpus_case_is_refused_cleanly(corpus, case):
+    _, command, pattern = case
+    command = command.replace("{plan}", MANIFEST["plan"]).replace("{score}", MANIFEST["score"])
+    err = refused(shlex.split(command.replace("{dir}", str(corpus))), corpus)
+    import re
+
+    assert re.search(pattern, err), err
+
+
+def test_the_corpus_tables_and_plans_are_valid(corpus):
+    """The corpus's base files pass, so each case fails for its own fault alone."""
+    out = corpus / "out.json"
+    assert run(shlex.split(MANIFEST["plan"].replace("{dir}", str(corpus))) + ["--out", str(out)])[0] == 0
+    from autoshard.planning import read_plan
+    from autoshard.usertables import read_tables
+
+    tables = read_tables(corpus / "tables.csv")
+    for plan in ("plan.json", "torchrec.json", "out.json"):
+        placement, devices = read_plan(corpus / plan, tables)
+        assert devices == 2 and len(placement) == 3
+
+
+# ---- destroyed or lost files: paths the corpus cannot hold, failures while writing, signals ----
+
+def plan_argv(folder: Path, out: Path, *extra: str, method: str = "naive") -> list[str]:
+    return ["plan", "--tables", str(folder / "tables.csv"), "--devices", "2", "--memory-per-device", "1GiB",
+            "--method", method, "--out", str(out), *extra]
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "symlink to the tables"])
+def test_an_output_that_is_a_symlink_or_a_fifo_is_refused(corpus, kind):
+    out = corpus / "out.json"
+    if kind == "fifo":
+        os.mkfifo(out)
+    else:
+        out.symlink_to(corpus / ("tables.csv" if "tables" in kind else "plan.json"))
+    err = refused(plan_argv(corpus, out), corpus)
+    assert ("a symbolic link" in err) if kind != "fifo" else ("a device, FIFO or socket" in err)
+    assert out.is_fifo() if kind == "fifo" else out.is_symlink()
+
+
+def test_a_hard_link_to_an_input_is_refused(corpus):
+    os.link(corpus / "tables.csv", corpus / "out.json")
+    assert "an input of this command" in refused(plan_argv(corpus, corpus / "out.json"), corpus)
+
+
+def test_a_plan_path_that_is_a_fifo_does_not_hang(corpus):
+    fifo = corpus / "plan.fifo"
+    os.mkfifo(fifo)
+    signal.alarm(20)  # a hang fails the test instead of blocking the suite
+    try:
+        err = refused(["score", "--tables", str(corpus / "tables.csv"), "--plan", str(fifo)], corpus)
+    finally:
+        signal.alarm(0)
+    assert "not a regular file" in err
+
+
+def test_a_failed_rename_leaves_no_file(corpus, monkeypatch):
+    def fail(src, dst):
+        raise PermissionError(13, "Permission denied", dst)
+
+    monkeypatch.setattr(os, "replace", fail)
+    out, exported = corpus / "out.json", corpus / "out.torchrec.json"
+    err = refused(plan_argv(corpus, out, "--torchrec", str(exported), "--torchrec-device", "cpu"), corpus)
+    assert "out.json: cannot write (Permission denied)" in err
+
+
+WRITE_SLOWLY = ("import os, sys, time\n"
+                "def slow(fd):\n"
+                "    print('writing', flush=True)\n"
+                "    time.sleep(60)\n"
+                "os.fsync = slow\n"
+                "from autoshard.cli import main\n"
+                "sys.exit(main(sys.argv[1:]))\n")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_writing_leaves_nothing_and_prints_one_line(corpus, signum):
+    out = corpus / "out.json"
+    before = snapshot(corpus)
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", WRITE_SLOWLY, *plan_argv(corpus, out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout.readline().strip() == "writing"
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signum
+    assert err.splitlines() == [f"autoshard plan: interrupted by {signal.Signals(signum).name}; nothing written"]
+    assert snapshot(corpus) == before
+
+
+# ---- fuzzing: generated tables, plans and arguments ----
+
+HOSTILE = st.one_of(st.text(max_size=12), st.integers(-2**70, 2**70).map(str), st.floats().map(repr),
+                    st.sampled_from(["", "1e18", "1e19", "-0", "1.5", "nan", "inf", "a.b", "a\nb", "a\x00b", "1_000",
+                                     "0x10", " 8 ", "\u00e9", "True", "null", "{x: 1}", "[1]"]))
+VALID_ROW = st.tuples(st.from_regex(r"[a-z][a-z0-9_]{0,6}", fullmatch=True), st.integers(1, 10**6).map(str),
+                      st.sampled_from(["4", "8", "16", "64"]), st.sampled_from(["0", "1", "2.5", "40"]))
+
+
+@st.composite
+def table_files(draw) -> list[list[str]]:
+    """A CSV table list: a header, then valid rows with a few fields (or whole rows) replaced by
+    hostile values, fields added or dropped."""
+    rows = [list(r) for r in draw(st.lists(VALID_ROW, min_size=1, max_size=5))]
+    for _ in range(draw(st.integers(1, 3))):
+        row = draw(st.sampled_from(rows))
+        action = draw(st.sampled_from(["replace", "replace", "append", "drop"]))
+        if action == "replace":
+            row[draw(st.integers(0, len(row) - 1))] = draw(HOSTILE)
+        elif action == "append":
+            row.append(draw(HOSTILE))
+        elif row:
+            row.pop()
+    return [["name", "rows", "dim", "pooling_factor"], *rows]
+
+
+def is_name(text: str) -> bool:
+    from autoshard.inputs import NAME
+
+    return bool(NAME.fullmatch(text.strip()))
+
+
+@FUZZ
+@given(table_files())
+def test_fuzzed_table_files_give_a_right_plan_or_one_clean_error(tmp_path, monkeypatch, lines):
+    import csv
+    import tempfile
+
+    monkeypatch.setenv("AUTOSHARD_MODELS", str(tmp_path))
+    with tempfile.TemporaryDirectory(dir=tmp_path) as folder:
+        folder = Path(folder)
+        with open(folder / "tables.csv", "w", newline="") as fh:
+            csv.writer(fh).writerows(lines)
+        out = folder / "out.json"
+        argv = plan_argv(folder, out, "--memory-per-device", "64MiB")
+        before = snapshot(folder)
+        code, _, err = run(argv)
+        if code == 0:  # never a silent wrong plan: exactly these tables, within memory
+            doc = json.loads(out.read_text())
+            names = [r[0].strip() for r in lines[1:]]
+            assert list(doc["assignment"]) == names and all(is_name(n) for n in names)
+            assert all(len(r) == 4 for r in lines)
+            assert all(d["memory_bytes"] <= 64 * 2**20 for d in doc["per_device"])
+            assert sorted(snapshot(folder)) == sorted([*before, "out.json"])
+        else:
+            assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+            assert snapshot(folder) == before
+
+
+HOSTILE_JSON = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=False),
+                         st.text(max_size=8), st.lists(st.integers(0, 2), max_size=3),
+                         st.dictionaries(st.text(max_size=3), st.integers(0, 2), max_size=2))
+
+
+@st.composite
+def plan_mutations(draw) -> tuple[str, list[str], object]:
+    """(file, path of keys, new value or a marker to delete) for a corpus plan or TorchRec plan."""
+    which = draw(st.sampled_from(["plan.json", "torchrec.json"]))
+    doc = json.loads((CORPUS / which).read_text())
+    path, node = [], doc
+    while isinstance(node, (dict, list)) and node and (not path or draw(st.booleans())):
+        key = draw(st.sampled_from(sorted(node) if isinstance(node, dict) else list(range(len(node)))))
+        path.append(key)
+        node = node[key]
+    return which, path, draw(st.one_of(HOSTILE_JSON, st.just("<delete>")))
+
+
+@FUZZ
+@given(plan_mutations())
+def test_fuzzed_plan_files_are_read_exactly_or_refused(tmp_path, mutation):
+    from autoshard.errors import ConfigError
+    from autoshard.planning import read_plan
+    from autoshard.usertables import read_tables
+
+    which, path, value = mutation
+    doc = json.loads((CORPUS / which).read_text())
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    if value == "<delete>":
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    plan = tmp_path / which
+    plan.write_text(json.dumps(doc))
+    tables = read_tables(CORPUS / "tables.csv")
+    try:
+        placement, devices = read_plan(plan, tables)
+    except ConfigError as exc:
+        assert "\n" not in str(exc) and str(plan) in str(exc)
+        return
+    # accepted: the file's devices, read independently, are exact ints, and are the placement
+    if which == "plan.json":
+        expected, world = doc["assignment"], doc["devices"]
+    else:
+        expected, world = {n: p["ranks"][0] for n, p in doc["modules"][""].items()}, doc["world_size"]
+    assert type(world) is int and devices == world
+    assert all(type(d) is int and 0 <= d < world for d in expected.values())
+    assert placement.tolist() == [expected[n] for n in tables.names]
+
+
+ARGUMENT = st.one_of(st.integers(-10**40, 10**40).map(str), HOSTILE)
+
+
+@FUZZ
+@given(st.sampled_from(["--devices", "--memory-per-device", "--seed", "--best-of", "--weight-bytes", "--method",
+                        "--torchrec-device"]), ARGUMENT)
+def test_fuzzed_arguments_give_a_plan_or_one_clean_error(tmp_path, monkeypatch, option, value):
+    import tempfile
+
+    monkeypatch.setenv("AUTOSHARD_MODELS", str(tmp_path))
+    with tempfile.TemporaryDirectory(dir=tmp_path) as folder:
+        folder = Path(folder)
+        (folder / "tables.csv").write_text(TABLES)
+        before = snapshot(folder)
+        code, _, err = run(plan_argv(folder, folder / "out.json", f"{option}={value}"))
+        if code == 0:
+            assert json.loads((folder / "out.json").read_text())["method"] in ("naive", value.strip())
+        else:
+            assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+            assert snapshot(folder) == before
