@@ -287,3 +287,118 @@ def test_fuzzed_arguments_give_a_plan_or_one_clean_error(tmp_path, monkeypatch, 
         else:
             assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
             assert snapshot(folder) == before
+
+
+# ---- model files, model discovery, reproducible refinement ----
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> Path:
+    """A folder with a tiny cost model and policy (a few training steps on the corpus tables)."""
+    from autoshard.costmodel import CostModel, CostModelConfig, save_model
+    from autoshard.policy import PolicyConfig
+    from autoshard.rl import RLConfig, train
+    from autoshard.tables import feature_matrix
+    from autoshard.tasks import Task
+    from autoshard.usertables import read_tables
+
+    folder = tmp_path_factory.mktemp("models")
+    x = feature_matrix(read_tables(CORPUS / "tables.csv").features)
+    model = CostModel.fitted_to(CostModelConfig(hidden=16, encoding=8, head_hidden=8), x, scale=1.0)
+    save_model(model, folder / "cost_model.pt")
+    tasks = [Task(f"t{k}", "user", "train", (0, 1, 2), 2, 2**30, 0.0) for k in range(2)]
+    train(model, x, tasks, RLConfig(policy=PolicyConfig(hidden=8, lstm_layers=1), iterations=1, tasks_per_batch=2),
+          0, folder / "policy.pt", progress=False)
+    return folder
+
+
+def damaged_model(models: Path, folder: Path, change) -> Path:
+    """A copy of the cost model file whose state dict `change` has edited."""
+    import torch
+
+    payload = torch.load(models / "cost_model.pt", weights_only=True)
+    change(payload["state_dict"])
+    torch.save(payload, folder / "damaged.pt")
+    return folder / "damaged.pt"
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda s: s["encoder.0.weight"].fill_(float("nan")), r"tensor encoder.0.weight holds NaN or infinite"),
+    (lambda s: s.pop("head.2.bias"), r"tensor 'head.2.bias' is missing"),
+    (lambda s: s.update({"encoder.0.weight": s["encoder.0.weight"][:, :3]}), r"tensor encoder.0.weight: shape"),
+    (lambda s: s.update({"extra": s["mean"]}), r"tensor 'extra' is not expected"),
+    (lambda s: (s["scale"].fill_(3e38), s["head.2.bias"].fill_(3e38)), r"predicts inf ms \(not a finite number"),
+])
+def test_a_damaged_cost_model_is_refused_naming_its_file(corpus, models, change, message):
+    import re
+
+    model = damaged_model(models, corpus, change)
+    err = refused(plan_argv(corpus, corpus / "out.json", "--cost-model", str(model), method="cost-greedy"), corpus)
+    assert "damaged.pt" in err and re.search(message, err), err
+
+
+def test_a_policy_given_to_a_heuristic_is_checked(corpus, models):
+    garbage = corpus / "policy.pt"
+    garbage.write_bytes(b"PK\x03\x04 not a checkpoint")
+    argv = plan_argv(corpus, corpus / "out.json", "--cost-model", str(models / "cost_model.pt"), "--policy",
+                     str(garbage))
+    assert "policy.pt: not a policy checkpoint file" in refused(argv, corpus)
+    argv[argv.index(str(garbage))] = str(models / "policy.pt")
+    assert run(argv)[0] == 0
+
+
+def test_models_are_found_from_the_project_not_the_current_folder(corpus, models, monkeypatch, tmp_path):
+    from autoshard import planning
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.delenv("AUTOSHARD_MODELS")
+    monkeypatch.chdir(tmp_path)
+    assert planning.project_root() == root and planning.models_folder() == root / "data" / "rl"
+    monkeypatch.setenv("AUTOSHARD_MODELS", str(models))
+    assert run(plan_argv(corpus, corpus / "a.json", method="rl"))[0] == 0
+    monkeypatch.setenv("AUTOSHARD_MODELS", str(tmp_path / "missing"))
+    assert "$AUTOSHARD_MODELS: " in refused(plan_argv(corpus, corpus / "b.json", method="rl"), corpus)
+    assert run(plan_argv(corpus, corpus / "b.json", "--models", str(models), method="rl"))[0] == 0
+    assert json.loads((corpus / "b.json").read_text())["model_files"]["policy"]["path"] == str(models / "policy.pt")
+
+
+def test_refine_gives_the_same_plan_whatever_the_thread_count(models, corpus):
+    """The local search runs in float64 NumPy without BLAS: torch's thread count cannot change it."""
+    import numpy as np
+    import torch
+
+    from autoshard.costmodel import CostModel, CostModelConfig
+    from autoshard.heuristics import place
+    from autoshard.plans import memory_ok, predicted_bottleneck
+    from autoshard.search import local_search
+    from autoshard.tasks import Task
+
+    g = np.random.default_rng(0)
+    n, devices = 300, 8
+    rows, dims = g.integers(100, 10**6, n), g.choice([8, 16, 64], n)
+    x = np.column_stack([dims, rows, g.uniform(1, 50, n), rows * dims * 4, g.dirichlet(np.ones(17), n)])
+    torch.manual_seed(0)
+    model = CostModel.fitted_to(CostModelConfig(hidden=32, encoding=16, head_hidden=16), x)
+    import pandas as pd
+
+    sizes = x[:, 3]
+    task = Task("t", "user", "test", tuple(range(n)), devices, int(sizes.max() + 1.5 * sizes.sum() / devices), 1.0)
+    start = place("naive", pd.DataFrame({"size_bytes": sizes.astype(np.int64)}), devices, task.memory_bytes)
+    before = torch.get_num_threads()
+    plans = []
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            plans.append(local_search(model, x, task, start))
+    finally:
+        torch.set_num_threads(before)
+    assert np.array_equal(plans[0], plans[1]) and memory_ok(task, plans[0], sizes)
+    assert predicted_bottleneck(model, x, task, plans[0]) < predicted_bottleneck(model, x, task, start)
+    assert np.array_equal(local_search(model, x, task, plans[0]), plans[0]), "a local optimum"
+    docs = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        out = corpus / f"refined{threads}.json"
+        assert run(plan_argv(corpus, out, "--models", str(models), "--refine", method="rl"))[0] == 0
+        docs.append(json.loads(out.read_text())["assignment"])
+    torch.set_num_threads(before)
+    assert docs[0] == docs[1]
