@@ -402,3 +402,22 @@ def test_refine_gives_the_same_plan_whatever_the_thread_count(models, corpus):
         docs.append(json.loads(out.read_text())["assignment"])
     torch.set_num_threads(before)
     assert docs[0] == docs[1]
+
+
+def test_refine_runs_without_torch_on_the_numpy_planner_and_agrees_with_torch(corpus, models, tmp_path):
+    from autoshard import numpy_planner
+
+    folder = tmp_path / "with_planner"
+    shutil.copytree(models, folder)
+    torch_plan = corpus / "torch.json"
+    assert run(plan_argv(corpus, torch_plan, "--models", str(models), "--refine", method="rl"))[0] == 0
+    numpy_planner.export(folder / "cost_model.pt", folder / "policy.pt", folder / numpy_planner.FILE_NAME)
+    out = corpus / "numpy.json"
+    code = ("import sys; from autoshard.cli import main; "
+            f"rc = main({plan_argv(corpus, out, '--models', str(folder), '--refine', method='rl')!r}); "
+            "print('torch' in sys.modules); sys.exit(rc)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0 and done.stdout.split()[-1] == "False", done.stderr
+    docs = [json.loads(p.read_text()) for p in (torch_plan, out)]
+    assert [d["engine"] for d in docs] == ["torch", "numpy"] and docs[0]["assignment"] == docs[1]["assignment"]

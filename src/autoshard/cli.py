@@ -123,7 +123,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     tables = read_tables(args.tables, args.weight_bytes)
     task = planning.make_task(tables, args.devices, memory)
     models = planning.load_models(args.method, args.policy, args.cost_model,
-                                  need_torch=args.best_of > 1 or args.refine, folder=folder)
+                                  need_torch=args.best_of > 1, folder=folder)
     options = {"best_of": args.best_of, "refine": args.refine, "seed": args.seed} if args.method == "rl" else {}
     placement, seconds = planning.timed_place(args.method, tables, task, models, best_of=args.best_of,
                                               refine=args.refine, seed=planning.seed_for(tables, args.seed))

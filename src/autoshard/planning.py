@@ -104,7 +104,7 @@ def load_models(method: str, policy_path: Path | None, model_path: Path | None, 
                 folder: Path | None = None) -> Models:
     """The cost model and policy `method` needs, by default from `folder` (`models_folder`).
     A heuristic or TorchRec plan works without them (predicted costs are then left out)
-    unless a path was given explicitly. Unless `need_torch` (sampling, local search), the
+    unless a path was given explicitly. Unless `need_torch` (sampling), the
     NumPy planner next to the policy (or the cost model) stands in for both when it was
     exported from these very files. A policy given to another method than rl is checked
     (against the NumPy planner's hash, or loaded), never silently ignored."""
@@ -190,11 +190,16 @@ def place(method: str, tables: UserTables, task: Task, models: Models, best_of: 
 def _learned(method: str, tables: UserTables, task: Task, models: Models, best_of: int, refine: bool,
              seed: int) -> np.ndarray:
     features = feature_matrix(tables.features)
-    if models.numpy is not None and best_of == 1 and not refine:
-        return models.numpy.place(method, features, tables.features["size_bytes"].to_numpy(), task.devices,
-                                  task.memory_bytes, task.name)
+    if models.numpy is not None and best_of == 1:
+        placement = models.numpy.place(method, features, tables.features["size_bytes"].to_numpy(), task.devices,
+                                       task.memory_bytes, task.name)
+        if refine:
+            from autoshard.search import local_search
+
+            placement = local_search(models.numpy, features, task, placement)
+        return placement
     if models.cost_model is None:
-        raise ValueError("torch models are needed for sampling and local search: load_models(need_torch=True)")
+        raise ValueError("torch models are needed for sampling: load_models(need_torch=True)")
     from autoshard.inference import cost_greedy, policy_plans
     from autoshard.seeding import one_thread
 

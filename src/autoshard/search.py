@@ -6,18 +6,39 @@ bottleneck and respects memory. A device's cost is the cost model's head on the 
 tables' encodings; the head's first layer is linear, so each table's share of it is computed
 once, and a candidate costs the head's remaining layers on the two devices it changes.
 
-The search runs in float64 NumPy on copies of the model's weights, with `einsum`'s own loops
-rather than a multi-threaded BLAS, and sums in a fixed order: the same plan whatever the
-number of threads.
+The search runs in float64 NumPy on copies of the model's weights (of the torch model, or of
+the NumPy planner exported from it: the same numbers), with `einsum`'s own loops rather than a
+multi-threaded BLAS, and sums in a fixed order: the same plan whatever the number of threads.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autoshard.costmodel import CostModel
 from autoshard.tables import FEATURE_COLUMNS, LOG_COLUMNS, check_features
 from autoshard.tasks import Task
 
+if TYPE_CHECKING:  # the search itself needs no torch
+    from autoshard.costmodel import CostModel
+    from autoshard.numpy_planner import Planner
+
 Layer = tuple[np.ndarray, np.ndarray, bool]  # weight, bias, followed by a ReLU
+
+
+def _network(model: CostModel | Planner) -> tuple[list[Layer], list[Layer], np.ndarray, np.ndarray, float]:
+    """(encoder, head, mean, std, scale) of the cost model, in float64."""
+    if hasattr(model, "stacks"):  # the NumPy planner's copy
+        def layers(stack) -> list[Layer]:
+            return [(w.astype(np.float64), b.astype(np.float64), r)
+                    for w, b, r in zip(stack.weights, stack.biases, stack.relu, strict=True)]
+
+        a = model.arrays
+        return (layers(model.stacks["cost_model.encoder"]), layers(model.stacks["cost_model.head"]),
+                a["cost_model.mean"].astype(np.float64), a["cost_model.std"].astype(np.float64), float(model.scale))
+    return (_layers(model.encoder), _layers(model.head), model.mean.double().numpy(), model.std.double().numpy(),
+            float(model.scale))
 
 
 def _layers(sequential) -> list[Layer]:
@@ -45,17 +66,15 @@ def _apply(layers: list[Layer], x: np.ndarray) -> np.ndarray:
 class _Costs:
     """The cost model in float64: table shares of the head's first layer, and device costs."""
 
-    def __init__(self, model: CostModel, features: np.ndarray):
+    def __init__(self, model: CostModel | Planner, features: np.ndarray):
+        encoder, head, mean, std, self.scale = _network(model)
         x = check_features(features).astype(np.float64)  # the float32 values the model sees
         for name in LOG_COLUMNS:
             i = FEATURE_COLUMNS.index(name)
             x[:, i] = np.log1p(x[:, i])
-        x = (x - model.mean.double().numpy()) / model.std.double().numpy()
-        enc = _apply(_layers(model.encoder), x)
-        head = _layers(model.head)
+        enc = _apply(encoder, (x - mean) / std)
         (w, self.bias, self.relu), self.rest = head[0], head[1:]
         self.share = np.einsum("te,he->th", enc, w)  # (T, H): what each table adds to a device
-        self.scale = float(model.scale)
 
     def of(self, pre: np.ndarray) -> np.ndarray:
         """Predicted cost (ms) of devices from their first-layer sums (..., H)."""
@@ -63,9 +82,10 @@ class _Costs:
         return np.logaddexp(0.0, _apply(self.rest, hidden)).sum(-1) * self.scale
 
 
-def local_search(model: CostModel, features: np.ndarray, task: Task, placement: np.ndarray,
+def local_search(model: CostModel | Planner, features: np.ndarray, task: Task, placement: np.ndarray,
                  max_rounds: int = 1000) -> np.ndarray:
-    """An improved copy of `placement` (device per `task.tables` entry)."""
+    """An improved copy of `placement` (device per `task.tables` entry) under the cost model
+    (a torch `CostModel` or the NumPy planner)."""
     tables = list(task.tables)
     costs = _Costs(model, np.asarray(features)[tables])
     sizes = np.asarray(features[tables, FEATURE_COLUMNS.index("size_bytes")]).astype(np.int64)
