@@ -152,7 +152,7 @@ def test_a_signal_while_writing_leaves_nothing_and_prints_one_line(corpus, signu
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 128 + signum
-    assert err.splitlines() == [f"autoshard plan: interrupted by {signal.Signals(signum).name}; nothing written"]
+    assert err.splitlines() == [f"autoshard plan: interrupted by {signal.Signals(signum).name}; no partial output left"]
     assert snapshot(corpus) == before
 
 

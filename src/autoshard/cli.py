@@ -6,7 +6,7 @@
 
 Bad input is one line on stderr naming the file, row and field, exit status 2, and no output
 file (outputs are checked first, written to a temporary file and renamed on success); Ctrl-C or
-SIGTERM stop it with one line, status 130 or 143, and nothing written.
+SIGTERM stop it with one line, status 130 or 143, and no partial output.
 """
 
 import argparse
@@ -227,8 +227,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             rows.append({"method": name, "status": f"no plan: {exc}"})
             continue
-        row = {"method": name, "status": "ok", "seconds": seconds,
-               "predicted_ms": predicted_bottleneck(models.cost_model, features, task, placement)}
+        predicted = predicted_bottleneck(models.cost_model, features, task, placement)
+        planning.finite_predictions(np.array([predicted]), models)
+        row = {"method": name, "status": "ok", "seconds": seconds, "predicted_ms": predicted}
         if backend is not None:
             row["measured_ms"] = float(measure(tables, placement, task.devices, args, backend)["total_ms"].max())
         rows.append(row)
@@ -259,14 +260,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prog}: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except Interrupted as exc:
-        print(f"{prog}: interrupted by {exc}; nothing written", file=sys.stderr)
+        print(f"{prog}: interrupted by {exc}; no partial output left", file=sys.stderr)
         return exc.status
     except OSError as exc:
-        print(f"{prog}: error: {shown(exc.filename) if exc.filename else ''} {exc.strerror or exc}", file=sys.stderr)
+        where = f"{shown(exc.filename)}: " if exc.filename else ""
+        print(f"{prog}: error: {where}{_one_line(exc.strerror or str(exc))}", file=sys.stderr)
         return 2
     except MemoryError:
         print(f"{prog}: error: out of memory (try fewer or smaller tables)", file=sys.stderr)
         return 2
+    except Exception as exc:  # noqa: BLE001 - a bug, still reported in one line
+        print(f"{prog}: internal error: {exc.__class__.__name__}: {_one_line(str(exc))[:200]} (please report it)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import os
 import signal
 import stat
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,7 +34,11 @@ def _raise(signum: int, frame) -> None:
 
 @contextmanager
 def interruptible() -> Iterator[None]:
-    """SIGINT and SIGTERM raise `Interrupted` inside the block (so `finally` and cleanup run)."""
+    """SIGINT and SIGTERM raise `Interrupted` inside the block (so `finally` and cleanup run);
+    only the main thread can receive signals, elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     before = [signal.signal(s, _raise) for s in SIGNALS]
     try:
         yield

@@ -229,6 +229,10 @@ def _from_pool(folder: Path) -> UserTables:
         pool = load_pool(folder)
     except FileNotFoundError as exc:
         raise ConfigError(f"{folder}: not a pool folder ({exc.filename} is missing)") from None
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - parquet, numpy and JSON each fail their own way on a damaged pool
+        raise ConfigError(f"{folder}: not a readable pool folder ({exc.__class__.__name__})") from None
     features = pool.features.copy()
     features["name"] = [f"table_{t}" for t in features["table"]]
     return UserTables(features=features, source=str(folder), trace_batch=pool.traces.batch_size, _traces=pool.traces)
