@@ -421,3 +421,22 @@ def test_refine_runs_without_torch_on_the_numpy_planner_and_agrees_with_torch(co
     assert done.returncode == 0 and done.stdout.split()[-1] == "False", done.stderr
     docs = [json.loads(p.read_text()) for p in (torch_plan, out)]
     assert [d["engine"] for d in docs] == ["torch", "numpy"] and docs[0]["assignment"] == docs[1]["assignment"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(max_size=30), st.from_regex(r"[+-]?[0-9]{0,25}(\.[0-9]{0,5})?([eE][+-]?[0-9]{1,25})?",
+                                                     fullmatch=True)),
+       st.sampled_from(["", "B", "GiB", "TB", "k"]))
+def test_numbers_and_sizes_are_exact_ints_in_range_or_one_clean_error(text, unit):
+    from autoshard.errors import ConfigError
+    from autoshard.inputs import MAX_MEMORY, MAX_ROWS, number
+    from autoshard.usertables import parse_memory
+
+    for parse, hi in ((lambda: number(text, "rows", 1, MAX_ROWS, whole=True), MAX_ROWS),
+                      (lambda: parse_memory(text + unit), MAX_MEMORY)):
+        try:
+            value = parse()
+        except ConfigError as exc:
+            assert "\n" not in str(exc)
+            continue
+        assert type(value) is int and 1 <= value <= hi

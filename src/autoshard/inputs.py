@@ -40,16 +40,26 @@ def shown(value: object, limit: int = 60) -> str:
     return text if len(text) <= limit + 2 else text[:limit] + "..."
 
 
+NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")  # no 1_0, no digits of other scripts
+
+
+def decimal(value: int | float | str) -> Decimal | None:
+    """The exact value of a number or of a plain decimal string, else None."""
+    if isinstance(value, str) and not NUMBER.fullmatch(value):
+        return None
+    try:
+        return Decimal(value)
+    except (InvalidOperation, ValueError, ArithmeticError):
+        return None
+
+
 def number(value: object, field: str, lo: float, hi: float, whole: bool = False) -> int | float:
     """A JSON/YAML number or a numeric string, finite, in [lo, hi], and an exact Python int when
     `whole` (so 1e19 is refused as too large, never wrapped around in int64)."""
     if isinstance(value, bool) or value is None or not isinstance(value, (int, float, str)):
         raise ConfigError(f"{field}: {shown(value)} (not a number)")
-    try:
-        exact = Decimal(value.strip() if isinstance(value, str) else value)
-    except (InvalidOperation, ValueError):
-        raise ConfigError(f"{field}: {shown(value)} (not a number)") from None
-    if not exact.is_finite():
+    exact = decimal(value.strip() if isinstance(value, str) else value)
+    if exact is None or not exact.is_finite():
         raise ConfigError(f"{field}: {shown(value)} (not a number)")
     if whole and exact != exact.to_integral_value():
         raise ConfigError(f"{field}: {shown(value)} (expected a whole number)")

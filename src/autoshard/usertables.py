@@ -14,7 +14,7 @@ import io
 import math
 import zlib
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from functools import partial
 from pathlib import Path
 
@@ -30,6 +30,7 @@ from autoshard.inputs import (
     MAX_ROWS,
     MAX_TABLES,
     MAX_ZIPF_ALPHA,
+    decimal,
     number,
     read_text,
     shown,
@@ -246,16 +247,17 @@ def parse_memory(text: str, field: str = "--memory-per-device") -> int:
     s = str(text).strip()
     digits = s.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").strip()
     unit = s[len(s.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")):].strip().lower()
-    try:
-        value = Decimal(digits)
-    except InvalidOperation:
-        raise ConfigError(f"{field}: {shown(text)} (expected a size such as 16GiB, 16 GB or 1.5e10)") from None
+    value = decimal(digits)
+    if value is None:
+        raise ConfigError(f"{field}: {shown(text)} (expected a size such as 16GiB, 16 GB or 1.5e10)")
     if unit not in units:
         raise ConfigError(f"{field}: {shown(text)} (unknown unit {shown(unit)}; use B, KB, MB, GB, TB, KiB, MiB, GiB, "
                           "TiB)")
     if not value.is_finite() or value <= 0:
         raise ConfigError(f"{field}: {shown(text)} (must be a positive size)")
+    if value > Decimal(MAX_MEMORY) / units[unit]:  # compared before multiplying: 1e999999 cannot overflow
+        raise ConfigError(f"{field}: {shown(text)} (between 1 byte and {MAX_MEMORY} bytes, 1 PiB)")
     size = int(value * units[unit])
-    if not 1 <= size <= MAX_MEMORY:
+    if size < 1:
         raise ConfigError(f"{field}: {shown(text)} (between 1 byte and {MAX_MEMORY} bytes, 1 PiB)")
     return size
