@@ -64,7 +64,7 @@ def _measure_args(p: argparse.ArgumentParser) -> None:
 
 def parser() -> argparse.ArgumentParser:
     top = _Parser(prog="autoshard", description=__doc__.split("\n")[0],
-                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     sub = top.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="place the tables on devices and write the plan")
     _common(plan)

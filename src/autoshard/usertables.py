@@ -98,7 +98,7 @@ class _NoAliases(yaml.SafeLoader):
 
 def _read_rows(path: Path) -> tuple[list[str], list[dict]]:
     """The column names and one mapping per table, as written (values not yet checked)."""
-    text = read_text(path, "table file")
+    text = read_text(path, "table file").removeprefix("\ufeff")  # a spreadsheet's byte-order mark
     if not text.strip():
         raise ConfigError(f"{path}: the file is empty")
     if path.suffix.lower() in (".yaml", ".yml"):
