@@ -440,3 +440,24 @@ def test_numbers_and_sizes_are_exact_ints_in_range_or_one_clean_error(text, unit
             assert "\n" not in str(exc)
             continue
         assert type(value) is int and 1 <= value <= hi
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["{dir}/tables.csv", "{dir}/torchrec_missing_field.json"], r"table 'b': field 'ranks' is missing"),
+    (["{dir}/tables.csv", "{dir}/torchrec_wrong_size.json"], r"table 'b', field sizes: \[999, 32\]"),
+    (["{dir}/tables.csv", "{dir}/plan_duplicate_key.json"], r"duplicate key 'a'"),
+    (["{dir}/tables.csv", "{dir}"], r"a folder, not a TorchRec plan"),
+    (["{dir}/tables.csv"], r"the following arguments are required: plan"),
+    (["{dir}/tables.csv", "{dir}/torchrec.json", "--processes", "3"], r"--processes: 3 \(the plan has 2 ranks"),
+])
+def test_torchrec_check_refuses_bad_plans_in_one_line(corpus, argv, message):
+    import re
+
+    from autoshard import torchrec_check
+
+    before = snapshot(corpus)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert torchrec_check.main([a.replace("{dir}", str(corpus)) for a in argv]) == 2
+    assert len(err.getvalue().splitlines()) == 1 and re.search(message, err.getvalue()), err.getvalue()
+    assert snapshot(corpus) == before
