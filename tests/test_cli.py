@@ -275,7 +275,7 @@ def test_a_policy_file_that_is_not_ours_is_refused(files, tmp_path, capsys):
 
 
 def test_missing_model_files_name_the_stage_that_makes_them(files, tmp_path, capsys, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # no data/rl here
+    monkeypatch.setenv("AUTOSHARD_MODELS", str(tmp_path))  # no models here
     assert main(["plan", "--tables", str(files["tables"]), "--devices", "2", "--memory-per-device", "1GiB",
                  "--out", str(tmp_path / "plan.json")]) == 2
     assert "run `dvc repro train_rl`" in capsys.readouterr().err

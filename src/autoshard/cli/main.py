@@ -5,7 +5,8 @@
   autoshard compare --tables T --devices D --memory-per-device 16GiB [--measure]
 
 Bad input is one line on stderr naming the file, row and field, exit status 2, and no output
-file (outputs are written to a temporary file and renamed on success).
+file (outputs are checked first, written to a temporary file and renamed on success); Ctrl-C or
+SIGTERM stop it with one line, status 130 or 143, and no partial output.
 """
 
 import argparse
@@ -16,12 +17,25 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from autoshard.cli.output import Interrupted, check_outputs, interruptible, write_files
 from autoshard.core.errors import ConfigError
+from autoshard.core.inputs import check_arguments, shown
 from autoshard.placement.heuristics import HEURISTICS
 
 METHODS = ("rl", "cost-greedy", "torchrec", *HEURISTICS)  # planning.METHODS, without importing torch for --help
 
 BACKENDS = ("fbgemm", "torch", "analytic")
+
+
+class UsageError(ConfigError):
+    """A command line argparse cannot parse."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (the usage stays with --help)."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -35,8 +49,10 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _task_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--devices", required=True, type=int, help="number of devices (at least 1)")
     p.add_argument("--memory-per-device", required=True, help="memory of one device: 16GiB, 16 GB, 1.5e10 (bytes)")
-    p.add_argument("--policy", type=Path, help="policy checkpoint (default data/rl/policy.pt)")
-    p.add_argument("--cost-model", type=Path, help="cost model (default data/rl/cost_model.pt)")
+    p.add_argument("--models", type=Path, help="folder of the policy and cost model (default: $AUTOSHARD_MODELS, "
+                                               "else data/rl of the project)")
+    p.add_argument("--policy", type=Path, help="policy checkpoint (default MODELS/policy.pt)")
+    p.add_argument("--cost-model", type=Path, help="cost model (default MODELS/cost_model.pt)")
     p.add_argument("--seed", type=int, default=0, help="seed for sampling (best-of-N, the random heuristic)")
 
 
@@ -47,8 +63,8 @@ def _measure_args(p: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="autoshard", description=__doc__.split("\n")[0],
-                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    top = _Parser(prog="autoshard", description=__doc__.split("\n")[0],
+                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     sub = top.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="place the tables on devices and write the plan")
     _common(plan)
@@ -83,20 +99,31 @@ def _print_devices(doc: dict) -> None:
           f"{'n/a (no cost model)' if predicted is None else f'{predicted:.3f} ms'}")
 
 
+def _check_plan_options(args: argparse.Namespace) -> None:
+    """`--method` is known, and options it does not use are refused rather than ignored (a
+    `--policy` it does not use is still checked, by `planning.load_models`)."""
+    if args.method not in METHODS:
+        raise ConfigError(f"--method: {shown(args.method)} (expected one of {', '.join(METHODS)})")
+    if args.method != "rl":
+        unused = [o for o, given in (("--best-of", args.best_of != 1), ("--refine", args.refine)) if given]
+        if unused:
+            raise ConfigError(f"{unused[0]}: only --method rl uses it (not --method {args.method})")
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from autoshard.cli import service as planning
     from autoshard.cli.user_tables import parse_memory, read_tables
-    from autoshard.core.atomic import atomic_file
 
-    if args.method not in METHODS:
-        raise ConfigError(f"--method: {args.method!r} (expected one of {', '.join(METHODS)})")
-    if args.best_of < 1:
-        raise ConfigError(f"--best-of: {args.best_of} (must be at least 1)")
+    check_arguments(args)
+    _check_plan_options(args)
     memory = parse_memory(args.memory_per_device)
+    folder = planning.models_folder(args.models)
+    check_outputs({"--out": args.out, "--torchrec": args.torchrec},
+                  [args.tables, args.policy, args.cost_model, *planning.default_files(folder)])
     tables = read_tables(args.tables, args.weight_bytes)
     task = planning.make_task(tables, args.devices, memory)
     models = planning.load_models(args.method, args.policy, args.cost_model,
-                                  need_torch=args.best_of > 1 or args.refine)
+                                  need_torch=args.best_of > 1, folder=folder)
     options = {"best_of": args.best_of, "refine": args.refine, "seed": args.seed} if args.method == "rl" else {}
     placement, seconds = planning.timed_place(args.method, tables, task, models, best_of=args.best_of,
                                               refine=args.refine, seed=planning.seed_for(tables, args.seed))
@@ -107,11 +134,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
         plan = sharding_plan(tables.features, tables.names, placement, task.devices, args.torchrec_device)
         torchrec_doc = plan_to_json(plan, task.devices, args.torchrec_device)
-    with atomic_file(args.out) as tmp:
-        tmp.write_text(json.dumps(doc, indent=1, default=_plain))
-        if torchrec_doc is not None:
-            with atomic_file(args.torchrec) as tmp2:
-                tmp2.write_text(json.dumps(torchrec_doc, indent=1))
+    outputs = {args.out: json.dumps(doc, indent=1, default=_plain, allow_nan=False)}
+    if torchrec_doc is not None:
+        outputs[args.torchrec] = json.dumps(torchrec_doc, indent=1, allow_nan=False)
+    write_files(outputs)
     if args.json:
         print(json.dumps(doc, default=_plain))
     else:
@@ -160,6 +186,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     from autoshard.cli.service import read_plan
     from autoshard.cli.user_tables import read_tables
 
+    check_arguments(args)
     tables = read_tables(args.tables, args.weight_bytes)
     placement, devices = read_plan(args.plan, tables)
     frame = measure(tables, placement, devices, args)
@@ -179,10 +206,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from autoshard.data.features import feature_matrix
     from autoshard.placement.shards import predicted_bottleneck
 
+    check_arguments(args)
     memory = parse_memory(args.memory_per_device)
     tables = read_tables(args.tables, args.weight_bytes)
     task = planning.make_task(tables, args.devices, memory)
-    models = planning.load_models("rl", args.policy, args.cost_model, need_torch=True)
+    models = planning.load_models("rl", args.policy, args.cost_model, need_torch=True,
+                                  folder=planning.models_folder(args.models))
     seed = planning.seed_for(tables, args.seed)
     runs = {m: {"method": m} for m in METHODS if m != "rl"}
     runs |= {"rl": {"method": "rl"}, f"rl, best of {args.best_of}": {"method": "rl", "best_of": args.best_of},
@@ -197,8 +226,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         except ConfigError as exc:
             rows.append({"method": name, "status": f"no plan: {exc}"})
             continue
-        row = {"method": name, "status": "ok", "seconds": seconds,
-               "predicted_ms": predicted_bottleneck(models.cost_model, features, task, placement)}
+        predicted = predicted_bottleneck(models.cost_model, features, task, placement)
+        planning.finite_predictions(np.array([predicted]), models)
+        row = {"method": name, "status": "ok", "seconds": seconds, "predicted_ms": predicted}
         if backend is not None:
             row["measured_ms"] = float(measure(tables, placement, task.devices, args, backend)["total_ms"].max())
         rows.append(row)
@@ -211,14 +241,37 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split("\n")) if "\n" in text else text
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    """Run the command; every failure is one line on stderr (status 2 for bad input, 130/143
+    when interrupted), never a traceback."""
     commands = {"plan": cmd_plan, "score": cmd_score, "compare": cmd_compare}
+    prog = "autoshard"
     try:
-        return commands[args.command](args)
+        with interruptible():
+            args = parser().parse_args(argv)
+            prog = f"autoshard {args.command}"
+            return commands[args.command](args)
     except ConfigError as exc:
-        print(f"autoshard {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
+    except Interrupted as exc:
+        print(f"{prog}: interrupted by {exc}; no partial output left", file=sys.stderr)
+        return exc.status
+    except OSError as exc:
+        where = f"{shown(exc.filename)}: " if exc.filename else ""
+        print(f"{prog}: error: {where}{_one_line(exc.strerror or str(exc))}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"{prog}: error: out of memory (try fewer or smaller tables)", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - a bug, still reported in one line
+        print(f"{prog}: internal error: {exc.__class__.__name__}: {_one_line(str(exc))[:200]} (please report it)",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

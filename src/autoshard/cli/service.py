@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +14,7 @@ import pandas as pd
 
 from autoshard.cli.user_tables import UserTables
 from autoshard.core.errors import ConfigError
+from autoshard.core.inputs import plan_assignment, read_json, shown
 from autoshard.core.seeding import rng
 from autoshard.data.features import feature_matrix
 from autoshard.data.tasks import Task
@@ -26,8 +27,8 @@ if TYPE_CHECKING:  # torch is imported only when a method needs it
 
 METHODS = ("rl", "cost-greedy", "torchrec", *HEURISTICS)
 LEARNED = ("rl", "cost-greedy")  # need the cost model (and rl the policy)
-DEFAULT_POLICY = Path("data/rl/policy.pt")
-DEFAULT_COST_MODEL = Path("data/rl/cost_model.pt")
+MODELS_ENV = "AUTOSHARD_MODELS"
+POLICY_FILE, COST_MODEL_FILE = "policy.pt", "cost_model.pt"
 FORMAT = "autoshard-plan/1"
 
 
@@ -62,25 +63,62 @@ def _file_version(path: Path) -> dict[str, str]:
     return {"path": str(path), "sha256": numpy_planner.sha256(path)[:16]}
 
 
+def project_root() -> Path | None:
+    """The project's folder (holding dvc.yaml and params.yaml) above this package, if any."""
+    for parent in Path(__file__).resolve().parents:
+        if (parent / "dvc.yaml").is_file() and (parent / "params.yaml").is_file():
+            return parent
+    return None
+
+
+def models_folder(option: Path | None = None) -> Path:
+    """Where the study's models are: `--models`, else $AUTOSHARD_MODELS, else the project's
+    data/rl (found from the package, not from the current folder)."""
+    if option is not None:
+        if not option.is_dir():
+            raise ConfigError(f"--models: {option} (no such folder)")
+        return option
+    env = os.environ.get(MODELS_ENV)
+    if env:
+        if not Path(env).is_dir():
+            raise ConfigError(f"${MODELS_ENV}: {shown(env)} (no such folder)")
+        return Path(env)
+    return (project_root() or Path.cwd()) / "data" / "rl"
+
+
+def default_files(folder: Path) -> list[Path]:
+    """The model files looked for in `folder`."""
+    return [folder / POLICY_FILE, folder / COST_MODEL_FILE, folder / numpy_planner.FILE_NAME]
+
+
 def _existing(path: Path | None, default: Path, what: str, option: str) -> Path:
     path = path or default
     if not path.is_file():
-        made_by = f"run `dvc repro train_rl`, which writes it, or pass {option}" if path == default else "no such file"
+        made_by = (f"run `dvc repro train_rl`, which writes it, or pass {option} or --models"
+                   if path == default else "no such file")
         raise ConfigError(f"{path}: {what} not found ({made_by})")
     return path
 
 
-def load_models(method: str, policy_path: Path | None, model_path: Path | None, need_torch: bool = False) -> Models:
-    """The cost model and policy `method` needs. A heuristic or TorchRec plan works without
-    them (predicted costs are then left out) unless a path was given explicitly. Unless
-    `need_torch` (sampling, local search), the NumPy planner next to the policy (or the cost
-    model) stands in for both when it was exported from these very files."""
-    model_path = (_existing(model_path, DEFAULT_COST_MODEL, "cost model", "--cost-model")
-                  if method in LEARNED or model_path is not None or DEFAULT_COST_MODEL.is_file() else None)
-    policy_path = _existing(policy_path, DEFAULT_POLICY, "policy checkpoint", "--policy") if method == "rl" else None
+def load_models(method: str, policy_path: Path | None, model_path: Path | None, need_torch: bool = False,
+                folder: Path | None = None) -> Models:
+    """The cost model and policy `method` needs, by default from `folder` (`models_folder`).
+    A heuristic or TorchRec plan works without them (predicted costs are then left out)
+    unless a path was given explicitly. Unless `need_torch` (sampling), the
+    NumPy planner next to the policy (or the cost model) stands in for both when it was
+    exported from these very files. A policy given to another method than rl is checked
+    (against the NumPy planner's hash, or loaded), never silently ignored."""
+    folder = folder or models_folder()
+    default_model, default_policy = folder / COST_MODEL_FILE, folder / POLICY_FILE
+    model_path = (_existing(model_path, default_model, "cost model", "--cost-model")
+                  if method in LEARNED or model_path is not None or policy_path is not None or default_model.is_file()
+                  else None)
+    policy_path = (_existing(policy_path, default_policy, "policy checkpoint", "--policy")
+                   if method == "rl" or policy_path is not None else None)
     if model_path is None:
         return Models(cost_model=None, policy=None, files={})
-    files = {"cost_model": _file_version(model_path)} | ({"policy": _file_version(policy_path)} if policy_path else {})
+    used = policy_path if method == "rl" else None
+    files = {"cost_model": _file_version(model_path)} | ({"policy": _file_version(used)} if used else {})
     if not need_torch:
         export = (policy_path or model_path).parent / numpy_planner.FILE_NAME
         planner = numpy_planner.load(export, model_path, policy_path)
@@ -89,9 +127,25 @@ def load_models(method: str, policy_path: Path | None, model_path: Path | None, 
     from autoshard.costmodel.model import load_model
     from autoshard.rl.ppo import load_policy
 
-    model = load_model(model_path)
-    policy = load_policy(policy_path, model) if policy_path else None
+    model = _loaded(load_model, model_path, "cost model")
+    if policy_path is not None and not used:  # checked as a checkpoint, not tied to this cost model
+        from autoshard.rl.ppo import load_checkpoint
+
+        _loaded(load_checkpoint, policy_path, "policy checkpoint")
+    policy = _loaded(lambda p: load_policy(p, model), used, "policy checkpoint") if used else None
     return Models(cost_model=model, policy=policy, files=files)
+
+
+def _loaded(load, path: Path, what: str):
+    """`load(path)`, with a file whose format tag is right but whose contents are not refused
+    in one line naming it."""
+    try:
+        return load(path)
+    except ConfigError:
+        raise
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
+        raise ConfigError(f"{path}: not a usable {what} ({exc.__class__.__name__}: "
+                          f"{shown(str(exc).splitlines()[0] if str(exc) else '', 100)})") from None
 
 
 def make_task(tables: UserTables, devices: int, memory_bytes: int) -> Task:
@@ -99,14 +153,14 @@ def make_task(tables: UserTables, devices: int, memory_bytes: int) -> Task:
     a table cannot fit one device or all of them cannot fit the devices together."""
     if devices < 1:
         raise ConfigError(f"--devices: {devices} (must be at least 1)")
-    sizes = tables.features["size_bytes"].to_numpy()
-    too_big = np.flatnonzero(sizes > memory_bytes)
-    if len(too_big):
-        i = int(too_big[0])
-        raise ConfigError(f"{tables.source}: row {i + 1} ({tables.names[i]}): {int(sizes[i])} bytes do not fit one "
+    sizes = tables.features["size_bytes"].tolist()  # Python ints: the sums never overflow
+    too_big = [i for i, size in enumerate(sizes) if size > memory_bytes]
+    if too_big:
+        i = too_big[0]
+        raise ConfigError(f"{tables.source}: row {i + 1} ({tables.names[i]}): {sizes[i]} bytes do not fit one "
                           f"device's memory ({memory_bytes} bytes, --memory-per-device)")
-    if sizes.sum() > devices * memory_bytes:
-        raise ConfigError(f"{tables.source}: the tables need {int(sizes.sum())} bytes, more than the {devices} devices "
+    if sum(sizes) > devices * memory_bytes:
+        raise ConfigError(f"{tables.source}: the tables need {sum(sizes)} bytes, more than the {devices} devices "
                           f"hold together ({devices * memory_bytes} bytes)")
     return Task(name="user", protocol="user", split="test", tables=tuple(range(len(sizes))), devices=devices,
                 memory_bytes=int(memory_bytes), unseen_ratio=1.0)
@@ -136,16 +190,23 @@ def place(method: str, tables: UserTables, task: Task, models: Models, best_of: 
 def _learned(method: str, tables: UserTables, task: Task, models: Models, best_of: int, refine: bool,
              seed: int) -> np.ndarray:
     features = feature_matrix(tables.features)
-    if models.numpy is not None and best_of == 1 and not refine:
-        return models.numpy.place(method, features, tables.features["size_bytes"].to_numpy(), task.devices,
-                                  task.memory_bytes, task.name)
+    if models.numpy is not None and best_of == 1:
+        placement = models.numpy.place(method, features, tables.features["size_bytes"].to_numpy(), task.devices,
+                                       task.memory_bytes, task.name)
+        if refine:
+            from autoshard.placement.search import local_search
+
+            placement = local_search(models.numpy, features, task, placement)
+        return placement
     if models.cost_model is None:
-        raise ValueError("torch models are needed for sampling and local search: load_models(need_torch=True)")
+        raise ValueError("torch models are needed for sampling: load_models(need_torch=True)")
+    from autoshard.core.seeding import one_thread
     from autoshard.rl.infer import cost_greedy, policy_plans
 
-    if method == "rl":
-        return policy_plans(models.policy, models.cost_model, features, [task], best_of, refine, seed)[0]
-    return cost_greedy(models.cost_model, features, [task])[0]
+    with one_thread():  # the same plan whatever torch's thread count
+        if method == "rl":
+            return policy_plans(models.policy, models.cost_model, features, [task], best_of, refine, seed)[0]
+        return cost_greedy(models.cost_model, features, [task])[0]
 
 
 def timed_place(method: str, tables: UserTables, task: Task, models: Models, **options) -> tuple[np.ndarray, float]:
@@ -166,6 +227,7 @@ def device_table(tables: UserTables, task: Task, placement: np.ndarray, models: 
                         "memory_share": [float(sizes[s].sum() / task.memory_bytes) for s in shards]})
     predicted = models.shard_costs(feature_matrix(tables.features), shards)
     if predicted is not None:
+        finite_predictions(predicted, models)
         out["predicted_ms"] = predicted
     names = tables.names
     out["names"] = [[names[t] for t in s] for s in shards]
@@ -185,36 +247,33 @@ def plan_document(method: str, options: dict, tables: UserTables, task: Task, pl
             "sharding_seconds": seconds, "model_files": models.files, "engine": models.engine}
 
 
+def finite_predictions(predicted: np.ndarray, models: Models) -> None:
+    """Refuse predictions that are not finite: the model files, not the tables, are at fault."""
+    if not np.isfinite(predicted).all():
+        files = " and ".join(f["path"] for f in models.files.values())
+        raise ConfigError(f"{files}: the cost model predicts {float(predicted[~np.isfinite(predicted)][0])} ms "
+                          "(not a finite number: the model file is damaged or not trained)")
+
+
 def read_plan(path: str | Path, tables: UserTables) -> tuple[np.ndarray, int]:
     """(device per table in file order, devices) from a plan file of ours or a TorchRec plan
-    written by `--torchrec`; every table must be assigned, and nothing else."""
+    written by `--torchrec`, read strictly (`inputs.plan_assignment`); every table must be
+    assigned, and nothing else (with the rows and dim of the tables, for a TorchRec plan)."""
     path = Path(path)
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: not a plan file (not JSON: {exc.__class__.__name__})") from None
-    if not isinstance(doc, dict) or doc.get("format") not in (FORMAT, "autoshard-torchrec-plan/1"):
-        raise ConfigError(f"{path}: not a plan written by `autoshard plan` (no format {FORMAT!r})")
-    if doc["format"] == FORMAT:
-        assignment, devices = doc["assignment"], int(doc["devices"])
-    else:
-        params = doc["modules"][""]
-        assignment = {name: p["ranks"][0] for name, p in params.items()}
-        devices = int(doc["world_size"])
+    assignment, devices, shapes = plan_assignment(read_json(path, "plan file"), path)
     names = tables.names
     unknown = sorted(set(assignment) - set(names))
     if unknown:
-        raise ConfigError(f"{path}: table {unknown[0]!r} is not in {tables.source}")
+        raise ConfigError(f"{path}: table {shown(unknown[0])} is not in {tables.source}")
     absent = [n for n in names if n not in assignment]
     if absent:
-        raise ConfigError(f"{path}: table {absent[0]!r} of {tables.source} has no device")
-    placement = np.array([assignment[n] for n in names], dtype=np.int64)
-    if placement.min() < 0 or placement.max() >= devices:
-        bad = names[int(np.flatnonzero((placement < 0) | (placement >= devices))[0])]
-        raise ConfigError(f"{path}: table {bad!r} is on device {assignment[bad]} of {devices}")
-    return placement, devices
+        raise ConfigError(f"{path}: table {shown(absent[0])} of {tables.source} has no device")
+    f = tables.features
+    for name, rows, dim in zip(names, f["rows"].tolist(), f["dim"].tolist(), strict=True):
+        if name in shapes and shapes[name] != [rows, dim]:
+            raise ConfigError(f"{path}: table {shown(name)}, field sizes: {shapes[name]} (the table is "
+                              f"[{rows}, {dim}] in {tables.source})")
+    return np.array([assignment[n] for n in names], dtype=np.int64), devices
 
 
 def seed_for(tables: UserTables, seed: int) -> int:

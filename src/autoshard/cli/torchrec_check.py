@@ -14,18 +14,17 @@ import tempfile
 from pathlib import Path
 
 from autoshard.core.errors import ConfigError
+from autoshard.core.inputs import TORCHREC_FORMAT, read_json, torchrec_assignment
 
 
 def plan_ranks(plan: str | Path, processes: int | None) -> int:
     """The number of processes to run a plan file with: one per rank of a CPU plan."""
-    try:
-        doc = json.loads(Path(plan).read_text(encoding="utf-8"))
-        world, device = int(doc["world_size"]), doc["device_type"]
-    except FileNotFoundError:
-        raise ConfigError(f"{plan}: no such file") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ConfigError(f"{plan}: not a TorchRec plan written by `autoshard plan --torchrec` "
-                          f"({exc.__class__.__name__})") from None
+    plan = Path(plan)
+    doc = read_json(plan, "TorchRec plan")
+    if not isinstance(doc, dict) or doc.get("format") != TORCHREC_FORMAT:
+        raise ConfigError(f"{plan}: not a TorchRec plan written by `autoshard plan --torchrec`")
+    _, world, _ = torchrec_assignment(doc, plan)
+    device = doc["device_type"]
     if device != "cpu":
         raise ConfigError(f"{plan}: a plan for {device} ranks; write it with `--torchrec-device cpu` to run it in "
                           "CPU processes")
@@ -37,6 +36,10 @@ def plan_ranks(plan: str | Path, processes: int | None) -> int:
 def check(tables: str | Path, plan: str | Path, processes: int | None = None, timeout_s: float = 600) -> dict:
     """Run the plan with one CPU process per rank; returns each rank's output shape and local tables."""
     processes = plan_ranks(plan, processes)
+    from autoshard.cli.service import read_plan
+    from autoshard.cli.user_tables import read_tables
+
+    read_plan(plan, read_tables(tables))  # the plan is for these tables, before any process starts
     with tempfile.TemporaryDirectory(prefix="autoshard-torchrec-") as tmp:
         out = Path(tmp) / "out.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
@@ -85,21 +88,36 @@ def _worker(tables_path: str, plan_path: str, out_path: str) -> None:
     dist.destroy_process_group()
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        raise ConfigError(f"{message} (see `{self.prog} --help`)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m autoshard.cli.torchrec_check", description=__doc__.split("\n")[0])
+    p = _Parser(prog="python -m autoshard.cli.torchrec_check", description=__doc__.split("\n")[0])
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("tables", type=Path)
     p.add_argument("plan", type=Path)
     p.add_argument("out", type=Path, nargs="?")
     p.add_argument("--processes", type=int, help="one per rank of the plan (the default)")
-    args = p.parse_args(argv)
+    try:
+        args = p.parse_args(argv)
+    except ConfigError as exc:
+        print(f"torchrec_check: error: {exc}", file=sys.stderr)
+        return 2
     if args.worker:
         _worker(str(args.tables), str(args.plan), str(args.out))
         return 0
     try:
         result = check(args.tables, args.plan, args.processes)
     except (ConfigError, RuntimeError) as exc:
-        print(f"torchrec_check: error: {exc}", file=sys.stderr)
+        print(f"torchrec_check: error: {' '.join(str(exc).splitlines())}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("torchrec_check: interrupted", file=sys.stderr)
+        return 130
+    except subprocess.TimeoutExpired as exc:
+        print(f"torchrec_check: error: the processes ran past {exc.timeout} s", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=1))
     return 0

@@ -10,9 +10,13 @@ the table's `zipf_alpha` (default `DEFAULT_ZIPF_ALPHA`, a moderately skewed tabl
 its rows, seeded by the table's name. The same traces are what `autoshard score` measures.
 """
 
+import csv
+import io
 import math
 import zlib
 from dataclasses import dataclass
+from decimal import Decimal
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +24,19 @@ import pandas as pd
 import yaml
 
 from autoshard.core.errors import ConfigError
+from autoshard.core.inputs import (
+    MAX_DIM,
+    MAX_MEMORY,
+    MAX_POOLING_FACTOR,
+    MAX_ROWS,
+    MAX_TABLES,
+    MAX_ZIPF_ALPHA,
+    decimal,
+    number,
+    read_text,
+    shown,
+    table_name,
+)
 from autoshard.data.features import REUSE_BINS, REUSE_COLUMNS, reuse_histogram
 from autoshard.data.synth import bag_trace
 from autoshard.data.traces import Traces, access_counts, from_lengths
@@ -30,6 +47,7 @@ OPTIONAL = ("zipf_alpha", *BINS)
 DEFAULT_ZIPF_ALPHA = 1.05
 DEFAULT_TRACE_BATCH = 2048  # the profile stage's batch: the cost model's features were measured so
 DEFAULT_BAG_DISPERSION = 1.0  # params.yaml's pool.bag_dispersion: the pool the models learnt from
+MAX_TRACE_LOOKUPS = 2**28  # 2 GiB of int64 indices to measure with
 
 
 @dataclass
@@ -51,6 +69,10 @@ class UserTables:
         """The tables' traces: the pool's, or synthetic ones (`table_trace`) for a table list."""
         if self._traces is None:
             f = self.features
+            lookups = int(f["pooling_factor"].sum() * self.trace_batch)
+            if lookups > MAX_TRACE_LOOKUPS:
+                raise ConfigError(f"{self.source}: the tables' synthetic traces would hold about {lookups} lookups "
+                                  f"(at most {MAX_TRACE_LOOKUPS}: fewer tables or lower pooling factors)")
             parts = [table_trace(n, int(r), float(pf), float(a), self.trace_batch)
                      for n, r, pf, a in zip(f["name"], f["rows"], f["pooling_factor"], f["zipf_alpha"], strict=True)]
             self._traces = from_lengths(np.concatenate([p[1] for p in parts]), np.stack([p[0] for p in parts]))
@@ -62,104 +84,116 @@ def read_tables(path: str | Path, weight_bytes: int = 4, trace_batch: int = DEFA
     path = Path(path)
     if path.is_dir():
         return _from_pool(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: no such file")
-    raw = _read_rows(path)
-    rows = _checked(raw, path)
+    columns, records = _read_rows(path)
+    rows = _checked(columns, records, path)
     return _features(rows, path, weight_bytes, trace_batch)
 
 
-def _read_rows(path: Path) -> pd.DataFrame:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a text file (binary content)") from None
+class _NoAliases(yaml.SafeLoader):
+    """YAML without anchors and aliases: an alias bomb is refused at its first alias."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            line = self.peek_event().start_mark.line + 1
+            raise yaml.YAMLError(f"line {line}: aliases (*name) are not accepted in a table file")
+        return super().compose_node(parent, index)
+
+
+def _read_rows(path: Path) -> tuple[list[str], list[dict]]:
+    """The column names and one mapping per table, as written (values not yet checked)."""
+    text = read_text(path, "table file").removeprefix("\ufeff")  # a spreadsheet's byte-order mark
     if not text.strip():
         raise ConfigError(f"{path}: the file is empty")
-    if "\x00" in text:
-        raise ConfigError(f"{path}: not a text file (binary content)")
     if path.suffix.lower() in (".yaml", ".yml"):
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
-        doc = doc.get("tables") if isinstance(doc, dict) else doc
-        if not isinstance(doc, list) or not all(isinstance(r, dict) for r in doc):
-            raise ConfigError(f"{path}: expected a list of tables (mappings), or `tables:` holding one")
-        return pd.DataFrame(doc, dtype=object)
+        return _yaml_rows(text, path)
     if path.suffix.lower() != ".csv":
-        raise ConfigError(f"{path}: unknown table file type {path.suffix!r} (expected .csv, .yaml or a pool folder)")
-    from io import StringIO
-
+        raise ConfigError(f"{path}: unknown table file type {shown(path.suffix)} (expected .csv, .yaml or a pool "
+                          "folder)")
+    reader = csv.reader(io.StringIO(text), skipinitialspace=True, strict=True)
     try:
-        return pd.read_csv(StringIO(text), dtype=str, skipinitialspace=True, keep_default_na=False)
-    except pd.errors.ParserError as exc:
-        raise ConfigError(f"{path}: not a valid CSV table ({str(exc).strip().splitlines()[-1]})") from None
+        lines = [r for r in reader if any(v.strip() for v in r)]
+    except csv.Error as exc:
+        raise ConfigError(f"{path}: not a valid CSV table (line {reader.line_num}: {exc})") from None
+    columns = [c.strip() for c in lines[0]]
+    for i, line in enumerate(lines[1:], start=1):
+        if len(line) != len(columns):
+            raise ConfigError(f"{path}: row {i}: {len(line)} fields, the header has {len(columns)}")
+    return columns, [dict(zip(columns, line, strict=True)) for line in lines[1:]]
 
 
-def _checked(raw: pd.DataFrame, path: Path) -> pd.DataFrame:
-    """Columns present and known, every value a valid number, names distinct."""
-    columns = [str(c).strip() for c in raw.columns]
-    raw.columns = columns
+def _yaml_rows(text: str, path: Path) -> tuple[list[str], list[dict]]:
+    try:
+        doc = yaml.load(text, Loader=_NoAliases)  # noqa: S506 - a SafeLoader, without aliases
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({shown(str(exc).splitlines()[0], 120)})") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid YAML (nested too deeply)") from None
+    doc = doc.get("tables") if isinstance(doc, dict) else doc
+    if not isinstance(doc, list) or not all(isinstance(r, dict) for r in doc):
+        raise ConfigError(f"{path}: expected a list of tables (mappings), or `tables:` holding one")
+    columns: list[str] = []
+    for i, row in enumerate(doc, start=1):
+        for key in row:
+            if not isinstance(key, str):
+                raise ConfigError(f"{path}: row {i}: field {shown(key)} (a field name is a string)")
+            if key not in columns:
+                columns.append(key)
+    return columns, doc
+
+
+def _checked(columns: list[str], records: list[dict], path: Path) -> pd.DataFrame:
+    """Columns present and known, every value a number in its range, names distinct."""
     missing = [c for c in REQUIRED if c not in columns]
     if missing:
         raise ConfigError(f"{path}: missing column {missing[0]!r} (needs {', '.join(REQUIRED)})")
     extra = [c for c in columns if c not in REQUIRED and c not in OPTIONAL]
     if extra:
-        raise ConfigError(f"{path}: unknown column {extra[0]!r} (known: {', '.join(REQUIRED)}, zipf_alpha, "
+        raise ConfigError(f"{path}: unknown column {shown(extra[0])} (known: {', '.join(REQUIRED)}, zipf_alpha, "
                           f"reuse_bin_0..reuse_bin_{REUSE_BINS - 1})")
     bins = [c for c in BINS if c in columns]
     if bins and len(bins) != len(BINS):
         absent = next(c for c in BINS if c not in columns)
         raise ConfigError(f"{path}: missing column {absent!r} (give all {REUSE_BINS} reuse bins or none)")
-    if raw.empty:
+    if not records:
         raise ConfigError(f"{path}: no tables (the file has a header only)")
-    names = raw["name"].map(lambda v: "" if v is None else str(v).strip())
-    where = [f"{path}: row {i + 1}" + (f" ({n})" if n else "") for i, n in enumerate(names)]
-    if (names == "").any():
-        raise ConfigError(f"{where[int(np.flatnonzero(names == '')[0])]}, field name: empty")
-    out = pd.DataFrame({"name": names})
-    out["rows"] = _column(raw, "rows", where, lo=1, whole=True)
-    out["dim"] = _column(raw, "dim", where, lo=1, whole=True)
-    odd = np.flatnonzero(out["dim"].to_numpy() % 4)
-    if len(odd):
-        i = int(odd[0])
-        raise ConfigError(f"{where[i]}, field dim: {out['dim'].iloc[i]} (not a multiple of 4, which FBGEMM's "
-                          "kernels need)")
-    out["pooling_factor"] = _column(raw, "pooling_factor", where, lo=0)
-    out["zipf_alpha"] = DEFAULT_ZIPF_ALPHA
-    if "zipf_alpha" in raw:
-        given = raw["zipf_alpha"].map(lambda v: v is not None and str(v).strip() not in ("", "nan"))
-        alpha = _column(raw[given], "zipf_alpha", [w for w, g in zip(where, given, strict=True) if g], lo=0)
-        out.loc[given.to_numpy(), "zipf_alpha"] = alpha
-    if bins:
-        values = np.stack([_column(raw, c, where, lo=0) for c in BINS], axis=1)
-        off = np.flatnonzero(~np.isclose(values.sum(axis=1), 1.0, atol=1e-3))
-        if len(off):
-            i = int(off[0])
-            raise ConfigError(f"{where[i]}, fields reuse_bin_*: they sum to {values[i].sum():.4f} (shares: expected 1)")
-        out[REUSE_COLUMNS] = values
-    duplicated = np.flatnonzero(out["name"].duplicated().to_numpy())
-    if len(duplicated):
-        i = int(duplicated[0])
-        raise ConfigError(f"{path}: row {i + 1}, field name: {out['name'].iloc[i]!r} (a duplicate table name)")
-    return out
+    if len(records) > MAX_TABLES:
+        raise ConfigError(f"{path}: {len(records)} tables (at most {MAX_TABLES})")
+    out: dict[str, list] = {c: [] for c in ("name", "rows", "dim", "pooling_factor", "zipf_alpha", *bins)}
+    seen: set[str] = set()
+    for i, record in enumerate(records, start=1):
+        name = table_name(record.get("name"), f"{path}: row {i}")
+        where = f"{path}: row {i} ({name})"
+        if name in seen:
+            raise ConfigError(f"{path}: row {i}, field name: {shown(name)} (a duplicate table name)")
+        seen.add(name)
+        field = partial(_field, record, where)
+        dim = field("dim", 1, MAX_DIM, whole=True)
+        if dim % 4:
+            raise ConfigError(f"{where}, field dim: {dim} (not a multiple of 4, which FBGEMM's kernels need)")
+        out["name"].append(name)
+        out["rows"].append(field("rows", 1, MAX_ROWS, whole=True))
+        out["dim"].append(dim)
+        out["pooling_factor"].append(field("pooling_factor", 0, MAX_POOLING_FACTOR))
+        out["zipf_alpha"].append(field("zipf_alpha", 0, MAX_ZIPF_ALPHA, default=DEFAULT_ZIPF_ALPHA))
+        shares = [field(c, 0, 1) for c in bins]
+        if bins and not math.isclose(sum(shares), 1.0, abs_tol=1e-3):
+            raise ConfigError(f"{where}, fields reuse_bin_*: they sum to {sum(shares):.4f} (shares: expected 1)")
+        for c, share in zip(bins, shares, strict=True):
+            out[c].append(share)
+    frame = pd.DataFrame(out)
+    frame[["rows", "dim"]] = frame[["rows", "dim"]].astype(np.int64)
+    return frame.rename(columns=dict(zip(BINS, REUSE_COLUMNS, strict=True)))
 
 
-def _column(raw: pd.DataFrame, column: str, where: list[str], lo: float, whole: bool = False) -> np.ndarray:
-    """One column as numbers; the first value that is not a finite number >= `lo` (and whole,
-    if asked) is an error naming its row and field."""
-    text = raw[column].map(lambda v: "" if v is None or isinstance(v, bool) else str(v).strip())
-    numbers = pd.to_numeric(text, errors="coerce").to_numpy(dtype=float)
-    checks = [(~np.isfinite(numbers), "not a number"), (numbers < lo, f"must be at least {lo}")]
-    if whole:
-        checks.append((np.isfinite(numbers) & (numbers != np.round(numbers)), "expected a whole number"))
-    for bad, why in checks:
-        hits = np.flatnonzero(bad)
-        if len(hits):
-            i = int(hits[0])
-            raise ConfigError(f"{where[i]}, field {column}: {raw[column].iloc[i]!r} ({why})")
-    return numbers.astype(np.int64) if whole else numbers
+def _field(record: dict, where: str, column: str, lo: float, hi: float, whole: bool = False,
+           default: float | None = None) -> int | float:
+    """One value of a table's row, checked (see `inputs.number`); `default` stands in for a blank."""
+    value = record.get(column)
+    if default is not None and (value is None or str(value).strip() in ("", "nan")):
+        return default
+    if value is None:
+        raise ConfigError(f"{where}, field {column}: missing")
+    return number(value, f"{where}, field {column}", lo, hi, whole)
 
 
 def table_trace(name: str, rows: int, pooling_factor: float, alpha: float, batch: int,
@@ -179,7 +213,9 @@ def _features(rows: pd.DataFrame, path: Path, weight_bytes: int, batch: int) -> 
     that of its synthetic trace (computed one table at a time, not kept)."""
     features = pd.DataFrame({"table": np.arange(len(rows)), "dim": rows["dim"], "rows": rows["rows"],
                              "pooling_factor": rows["pooling_factor"].astype(float),
-                             "size_bytes": rows["rows"] * rows["dim"] * weight_bytes})
+                             "size_bytes": np.array([r * d * weight_bytes for r, d in  # exact: Python ints
+                                                     zip(rows["rows"].tolist(), rows["dim"].tolist(), strict=True)],
+                                                    dtype=np.int64)})
     if all(c in rows.columns for c in REUSE_COLUMNS):
         histograms = rows[REUSE_COLUMNS].to_numpy(dtype=float)
     else:
@@ -199,6 +235,10 @@ def _from_pool(folder: Path) -> UserTables:
         pool = load_pool(folder)
     except FileNotFoundError as exc:
         raise ConfigError(f"{folder}: not a pool folder ({exc.filename} is missing)") from None
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - parquet, numpy and JSON each fail their own way on a damaged pool
+        raise ConfigError(f"{folder}: not a readable pool folder ({exc.__class__.__name__})") from None
     features = pool.features.copy()
     features["name"] = [f"table_{t}" for t in features["table"]]
     return UserTables(features=features, source=str(folder), trace_batch=pool.traces.batch_size, _traces=pool.traces)
@@ -210,14 +250,19 @@ def parse_memory(text: str, field: str = "--memory-per-device") -> int:
     units = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
              "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
     s = str(text).strip()
-    number = s.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").strip()
+    digits = s.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").strip()
     unit = s[len(s.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")):].strip().lower()
-    try:
-        value = float(number)
-    except ValueError:
-        raise ConfigError(f"{field}: {text!r} (expected a size such as 16GiB, 16 GB or 1.5e10)") from None
+    value = decimal(digits)
+    if value is None:
+        raise ConfigError(f"{field}: {shown(text)} (expected a size such as 16GiB, 16 GB or 1.5e10)")
     if unit not in units:
-        raise ConfigError(f"{field}: {text!r} (unknown unit {unit!r}; use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(f"{field}: {text!r} (must be a positive size)")
-    return int(value * units[unit])
+        raise ConfigError(f"{field}: {shown(text)} (unknown unit {shown(unit)}; use B, KB, MB, GB, TB, KiB, MiB, GiB, "
+                          "TiB)")
+    if not value.is_finite() or value <= 0:
+        raise ConfigError(f"{field}: {shown(text)} (must be a positive size)")
+    if value > Decimal(MAX_MEMORY) / units[unit]:  # compared before multiplying: 1e999999 cannot overflow
+        raise ConfigError(f"{field}: {shown(text)} (between 1 byte and {MAX_MEMORY} bytes, 1 PiB)")
+    size = int(value * units[unit])
+    if size < 1:
+        raise ConfigError(f"{field}: {shown(text)} (between 1 byte and {MAX_MEMORY} bytes, 1 PiB)")
+    return size

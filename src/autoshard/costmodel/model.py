@@ -19,6 +19,7 @@ from torch import nn
 
 from autoshard.core.checkpoints import load_tagged, save_tagged
 from autoshard.core.errors import ConfigError
+from autoshard.core.inputs import check_state
 from autoshard.core.params import Fields
 from autoshard.data.features import FEATURE_COLUMNS, LOG_COLUMNS
 from autoshard.data.features import check_features as check_feature_array
@@ -142,6 +143,9 @@ def load_model(path) -> CostModel:
     if payload["feature_columns"] != FEATURE_COLUMNS:
         raise ConfigError(f"{path}: built for other table features than this version's")
     state = payload["state_dict"]
-    model = CostModel(CostModelConfig(**payload["config"]), state["mean"], state["std"], state["scale"])
+    width = len(FEATURE_COLUMNS)
+    blank = CostModel(CostModelConfig(**payload["config"]), torch.zeros(width), torch.ones(width))
+    check_state(path, "cost model", blank.state_dict(), state)
+    model = CostModel(blank.cfg, state["mean"], state["std"], state["scale"])
     model.load_state_dict(state)
     return model.eval()

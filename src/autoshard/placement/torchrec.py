@@ -102,18 +102,17 @@ def plan_to_json(plan, world_size: int, device_type: str) -> dict:
 def load_sharding_plan(path: str | Path):
     """The TorchRec `ShardingPlan` saved by `autoshard plan --torchrec`, to hand to
     `DistributedModelParallel(module, plan=...)` (the module: an `EmbeddingBagCollection`)."""
-    import json
-
     from torch.distributed._shard.metadata import ShardMetadata
     from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
     from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
 
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: not a TorchRec plan written by autoshard ({exc.__class__.__name__})") from None
+    from autoshard.core.inputs import read_json, torchrec_assignment
+
+    path = Path(path)
+    doc = read_json(path, "TorchRec plan")
     if not isinstance(doc, dict) or doc.get("format") != TORCHREC_FORMAT:
         raise ConfigError(f"{path}: not a TorchRec plan written by autoshard (format {TORCHREC_FORMAT!r})")
+    torchrec_assignment(doc, path)
     plan = {}
     for module, params in doc["modules"].items():
         plan[module] = EmbeddingModuleShardingPlan({

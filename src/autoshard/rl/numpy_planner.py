@@ -295,4 +295,20 @@ def load(path: str | Path, cost_model_path: str | Path, policy_path: str | Path 
     if stale and required:
         raise ConfigError(f"{path}: exported from other model files than {' and '.join(stale)} "
                           "(run `dvc repro train_rl`)")
-    return None if stale else Planner(arrays, meta)
+    return None if stale else _checked(path, arrays, meta)
+
+
+def _checked(path: Path, arrays: dict[str, np.ndarray], meta: dict) -> Planner:
+    """The planner of a file whose arrays are finite and fit together (one table through the
+    cost model runs)."""
+    bad = [k for k, a in arrays.items() if a.dtype.kind == "f" and not np.isfinite(a).all()]
+    if bad:
+        raise ConfigError(f"{path}: array {bad[0]} holds NaN or infinite values; delete it or run "
+                          "`dvc repro train_rl`")
+    try:
+        planner = Planner(arrays, meta)
+        planner.cost_ms(planner.encode(np.ones((1, len(FEATURE_COLUMNS)))))
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise ConfigError(f"{path}: not a usable NumPy planner file ({exc.__class__.__name__}); delete it or run "
+                          "`dvc repro train_rl`") from None
+    return planner

@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from autoshard.core.checkpoints import load_tagged, save_tagged
 from autoshard.core.digest import array_digest, key, source_digest, value_digest
 from autoshard.core.errors import ConfigError
+from autoshard.core.inputs import check_state
 from autoshard.core.params import Fields
 from autoshard.core.seeding import one_thread
 from autoshard.costmodel.model import CostModel
@@ -213,6 +214,7 @@ def load_policy(path: str | Path, cost_model: CostModel) -> Policy:
     """The trained policy of a checkpoint, ready for inference."""
     payload = load_checkpoint(path)
     policy = Policy(config_from_checkpoint(payload).policy, cost_model)
+    check_state(path, "policy checkpoint", policy.state_dict(), payload["state_dict"])
     policy.load_state_dict(payload["state_dict"])
     return policy.eval()
 

@@ -1,0 +1,281 @@
+"""The validation layer of the `autoshard` command: every value from outside (arguments, table
+files, plan files, TorchRec files, model files) checked for type, range and consistency before
+any work starts. A refusal is a `ConfigError` of one line naming the file, row and field; values
+are shown escaped (`shown`), so no input can split the line. Never imports torch."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+
+from autoshard.core.errors import ConfigError
+
+# Table-wise sharding keeps a table whole on one device: the bounds are beyond any device, and
+# keep every size exact in int64 (and a table's synthetic trace within a few hundred MiB).
+MAX_TABLES = 1_000_000
+MAX_ROWS = 2**31          # 32 GiB even at dim 4 in fp32
+MAX_DIM = 4096
+MAX_POOLING_FACTOR = 1024  # lookups per bag; a table's trace holds 2048 bags
+MAX_ZIPF_ALPHA = 10
+MAX_DEVICES = 65_536
+MAX_MEMORY = 2**50        # bytes per device (1 PiB)
+MAX_BEST_OF = 1024
+MAX_SEED = 2**32 - 1
+MAX_RUNS = 1000
+MAX_FILE_BYTES = 256 * 2**20
+NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,127}")
+NAME_RULE = "letters, digits, '_' and '-', at most 128, as TorchRec's parameter names allow"
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """`value` for a message: escaped (no newline or control character survives) and cut short."""
+    if isinstance(value, str) and len(value) > limit:
+        return ascii(value[:limit]) + "..."
+    text = ascii(value)
+    return text if len(text) <= limit + 2 else text[:limit] + "..."
+
+
+NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")  # no 1_0, no digits of other scripts
+
+
+def decimal(value: int | float | str) -> Decimal | None:
+    """The exact value of a number or of a plain decimal string, else None."""
+    if isinstance(value, str) and not NUMBER.fullmatch(value):
+        return None
+    try:
+        return Decimal(value)
+    except (InvalidOperation, ValueError, ArithmeticError):
+        return None
+
+
+def number(value: object, field: str, lo: float, hi: float, whole: bool = False) -> int | float:
+    """A JSON/YAML number or a numeric string, finite, in [lo, hi], and an exact Python int when
+    `whole` (so 1e19 is refused as too large, never wrapped around in int64)."""
+    if isinstance(value, bool) or value is None or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"{field}: {shown(value)} (not a number)")
+    exact = decimal(value.strip() if isinstance(value, str) else value)
+    if exact is None or not exact.is_finite():
+        raise ConfigError(f"{field}: {shown(value)} (not a number)")
+    if whole and exact != exact.to_integral_value():
+        raise ConfigError(f"{field}: {shown(value)} (expected a whole number)")
+    if exact < Decimal(str(lo)):
+        raise ConfigError(f"{field}: {shown(value)} (must be at least {lo})")
+    if exact > Decimal(str(hi)):
+        raise ConfigError(f"{field}: {shown(value)} (must be at most {hi})")
+    return int(exact) if whole else float(exact)
+
+
+def integer(value: object, field: str, lo: int, hi: int) -> int:
+    """An int (JSON's, not a bool, a float or a string) in [lo, hi]."""
+    if type(value) is not int:
+        raise ConfigError(f"{field}: {shown(value)} (expected an integer)")
+    if not lo <= value <= hi:
+        raise ConfigError(f"{field}: {shown(value)} (expected {lo}..{hi})")
+    return value
+
+
+def table_name(value: object, where: str) -> str:
+    """A table name TorchRec and the plan file can hold."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}, field name: {shown(value)} (expected a string)")
+    name = value.strip()
+    if not name:
+        raise ConfigError(f"{where}, field name: empty")
+    if not NAME.fullmatch(name):
+        raise ConfigError(f"{where}, field name: {shown(name)} (a table name has {NAME_RULE})")
+    return name
+
+
+def check_arguments(args) -> None:
+    """The command's numeric options, bounded (argparse has only made them ints)."""
+    bounds = {"devices": (1, MAX_DEVICES), "best_of": (1, MAX_BEST_OF), "seed": (0, MAX_SEED),
+              "runs": (1, MAX_RUNS), "batch_size": (1, 2**20)}
+    for name, (lo, hi) in bounds.items():
+        value = getattr(args, name, None)
+        if value is None:
+            continue
+        option = "--" + name.replace("_", "-")
+        if value < lo:
+            raise ConfigError(f"{option}: {value} (must be at least {lo})")
+        if value > hi:
+            raise ConfigError(f"{option}: {value} (must be at most {hi})")
+
+
+def regular_file(path: Path, what: str) -> os.stat_result:
+    """`path`'s status if it is a regular file of at most MAX_FILE_BYTES: a FIFO or a device
+    is refused before it is opened, so reading it can never hang."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file ({what})") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the {what} ({exc.strerror})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"{path}: a folder, not a {what}")
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{path}: not a regular file (a FIFO, socket or device), not a {what}")
+    if st.st_size > MAX_FILE_BYTES:
+        raise ConfigError(f"{path}: {st.st_size} bytes, larger than a {what} can be ({MAX_FILE_BYTES} bytes)")
+    return st
+
+
+def read_text(path: Path, what: str) -> str:
+    """The UTF-8 text of a regular file (see `regular_file`)."""
+    regular_file(path, what)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the {what} ({exc.strerror})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (binary content)") from None
+    if "\x00" in text:
+        raise ConfigError(f"{path}: not a text file (binary content)")
+    return text
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    keys = [k for k, _ in pairs]
+    for k in keys:
+        if keys.count(k) > 1:
+            raise ValueError(f"duplicate key {shown(k)}")
+    return dict(pairs)
+
+
+def _no_constant(token: str):
+    raise ValueError(f"{token} is not a JSON number")
+
+
+def read_json(path: Path, what: str) -> object:
+    """A JSON document read strictly: no duplicate keys, no NaN or Infinity."""
+    text = read_text(path, what)
+    try:
+        return json.loads(text, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: not a {what} (not JSON: line {exc.lineno}: {exc.msg})") from None
+    except (ValueError, RecursionError) as exc:
+        raise ConfigError(f"{path}: not a {what} ({str(exc)[:80] or exc.__class__.__name__})") from None
+
+
+def _fields(doc: object, expected: set[str], where: str) -> dict:
+    """`doc` is a mapping with exactly the `expected` keys."""
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{where}: {shown(doc)} (expected an object)")
+    missing, extra = sorted(expected - set(doc)), sorted(set(doc) - expected)
+    if missing:
+        raise ConfigError(f"{where}: field {shown(missing[0])} is missing")
+    if extra:
+        raise ConfigError(f"{where}: field {shown(extra[0])} is unknown")
+    return doc
+
+
+def _typed(doc: dict, key: str, kinds: tuple[type, ...], where: str) -> object:
+    value = doc[key]
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        raise ConfigError(f"{where}, field {key}: {shown(value)} (expected {' or '.join(k.__name__ for k in kinds)})")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}, field {key}: {shown(value)} (not a finite number)")
+    return value
+
+
+PLAN_FORMAT = "autoshard-plan/1"
+TORCHREC_FORMAT = "autoshard-torchrec-plan/1"
+PLAN_FIELDS = {"format", "method", "options", "tables_file", "devices", "memory_per_device_bytes", "assignment",
+               "per_device", "predicted_bottleneck_ms", "predicted", "sharding_seconds", "model_files", "engine"}
+TORCHREC_FIELDS = {"format", "world_size", "device_type", "modules"}
+PARAMETER_FIELDS = {"sharding_type", "compute_kernel", "ranks", "shards"}
+SHARD_FIELDS = {"offsets", "sizes", "placement"}
+
+
+def plan_assignment(doc: object, path: Path) -> tuple[dict[str, int], int, dict[str, list[int]]]:
+    """(device per table, devices, [rows, dim] per table where the file says) of a plan file of
+    ours or of its TorchRec export, every field checked for its exact type."""
+    where = str(path)
+    if not isinstance(doc, dict) or doc.get("format") not in (PLAN_FORMAT, TORCHREC_FORMAT):
+        raise ConfigError(f"{where}: not a plan written by `autoshard plan` (no format {PLAN_FORMAT!r} "
+                          f"or {TORCHREC_FORMAT!r})")
+    if doc["format"] == TORCHREC_FORMAT:
+        return torchrec_assignment(doc, path)
+    _fields(doc, PLAN_FIELDS, where)
+    devices = integer(doc["devices"], f"{where}, field devices", 1, MAX_DEVICES)
+    integer(doc["memory_per_device_bytes"], f"{where}, field memory_per_device_bytes", 1, MAX_MEMORY)
+    for key, kinds in (("method", (str,)), ("options", (dict,)), ("tables_file", (str,)), ("predicted", (str,)),
+                       ("per_device", (list,)), ("model_files", (dict,)), ("engine", (str,)),
+                       ("sharding_seconds", (int, float)), ("assignment", (dict,))):
+        _typed(doc, key, kinds, where)
+    if doc["predicted_bottleneck_ms"] is not None:
+        _typed(doc, "predicted_bottleneck_ms", (int, float), where)
+    if len(doc["per_device"]) != devices:
+        raise ConfigError(f"{where}, field per_device: {len(doc['per_device'])} devices (the plan has {devices})")
+    assignment = {name: integer(d, f"{where}, field assignment.{shown(name)}", 0, devices - 1)
+                  for name, d in doc["assignment"].items()}
+    return assignment, devices, {}
+
+
+def torchrec_assignment(doc: dict, path: Path) -> tuple[dict[str, int], int, dict[str, list[int]]]:
+    """`plan_assignment` of a TorchRec plan written by `--torchrec`: table-wise shards only."""
+    where = str(path)
+    _fields(doc, TORCHREC_FIELDS, where)
+    world = integer(doc["world_size"], f"{where}, field world_size", 1, MAX_DEVICES)
+    device_type = doc["device_type"]
+    if device_type not in ("cuda", "cpu"):
+        raise ConfigError(f"{where}, field device_type: {shown(device_type)} (expected 'cuda' or 'cpu')")
+    modules = doc["modules"]
+    if not isinstance(modules, dict) or list(modules) != [""]:
+        raise ConfigError(f"{where}, field modules: expected one module, \"\" (an EmbeddingBagCollection)")
+    params = modules[""]
+    if not isinstance(params, dict) or not params:
+        raise ConfigError(f"{where}, field modules[\"\"]: expected the tables' shardings")
+    assignment, shapes = {}, {}
+    for name, p in params.items():
+        at = f"{where}, table {shown(name)}"
+        _fields(p, PARAMETER_FIELDS, at)
+        if p["sharding_type"] != "table_wise":
+            raise ConfigError(f"{at}, field sharding_type: {shown(p['sharding_type'])} (expected 'table_wise')")
+        _typed(p, "compute_kernel", (str,), at)
+        ranks = p["ranks"]
+        if not isinstance(ranks, list) or len(ranks) != 1:
+            raise ConfigError(f"{at}, field ranks: {shown(ranks)} (expected one rank)")
+        rank = integer(ranks[0], f"{at}, field ranks", 0, world - 1)
+        shards = p["shards"]
+        if not isinstance(shards, list) or len(shards) != 1:
+            raise ConfigError(f"{at}, field shards: expected one shard (the whole table)")
+        shard = _fields(shards[0], SHARD_FIELDS, f"{at}, shard")
+        if shard["offsets"] != [0, 0] or any(type(v) is not int for v in shard["offsets"]):
+            raise ConfigError(f"{at}, field offsets: {shown(shard['offsets'])} (expected [0, 0])")
+        sizes = shard["sizes"]
+        if not isinstance(sizes, list) or len(sizes) != 2:
+            raise ConfigError(f"{at}, field sizes: {shown(sizes)} (expected [rows, dim])")
+        shapes[name] = [integer(sizes[0], f"{at}, field sizes", 1, MAX_ROWS),
+                        integer(sizes[1], f"{at}, field sizes", 1, MAX_DIM)]
+        placement = f"rank:{rank}/{device_type}:{rank}" if device_type == "cuda" else f"rank:{rank}/cpu"
+        if shard["placement"] != placement:
+            raise ConfigError(f"{at}, field placement: {shown(shard['placement'])} (expected {placement!r})")
+        assignment[name] = rank
+    return assignment, world, shapes
+
+
+def check_state(path: Path, what: str, expected: dict, given: object) -> None:
+    """A model file's tensors, checked before they are loaded: exactly the names and shapes of
+    the module's own (`expected`, a state dict), every floating-point value finite."""
+    if not isinstance(given, dict):
+        raise ConfigError(f"{path}: not a usable {what} (no tensors)")
+    missing, extra = sorted(set(expected) - set(given)), sorted(set(given) - set(expected))
+    if missing or extra:
+        name, why = (missing[0], "is missing") if missing else (extra[0], "is not expected")
+        raise ConfigError(f"{path}: not a usable {what} (tensor {shown(name)} {why})")
+    for name, tensor in expected.items():
+        value = given[name]
+        if type(value) is not type(tensor) or tuple(value.shape) != tuple(tensor.shape):
+            raise ConfigError(f"{path}: not a usable {what} (tensor {name}: shape "
+                              f"{tuple(getattr(value, 'shape', ()))}, expected {tuple(tensor.shape)})")
+        if value.is_floating_point() and not bool(value.isfinite().all()):
+            raise ConfigError(f"{path}: not a usable {what} (tensor {name} holds NaN or infinite values)")
