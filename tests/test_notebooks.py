@@ -165,9 +165,15 @@ def test_evaluate_notebook(profiled, smoke_params, monkeypatch):
     optimum = small[small["method"] == "exact"].set_index("task")["predicted_ms"]
     assert (small["predicted_ms"] >= small["task"].map(optimum) * (1 - 1e-5)).all(), "nothing beats the optimum"
     figures = sorted(p.name for p in (tmp_path / "reports" / "figures" / "evaluate").iterdir())
-    assert figures == ["device_breakdown.png", "predicted_vs_measured.png", "ratios.png", "sharding_time.png"]
+    assert figures == ["device_breakdown.png", "paired.png", "predicted_vs_measured.png", "ratios.png",
+                       "sharding_time.png"]
     _, outputs = executed_outputs(tmp_path / "nb" / "05_evaluate.ipynb")
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == 4
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 5
+    assert {"median_cv", "calibration_drift", "remeasured_share", "met"} <= set(metrics["noise"])
+    pair = metrics["paired"]["dreamshard"]["rl_greedy__vs__cost_greedy"]
+    assert set(pair) == {"tasks", "median_ratio", "ci_low", "ci_high", "p_value", "identical_share", "mde"}
+    assert {"lpt_measured", "milp", "cost_greedy_local_search"} <= set(metrics["results"]["dreamshard"])
+    assert metrics["answer"], "the plain answer is written"
 
 
 def test_transfer_notebook(profiled, smoke_params, monkeypatch):

@@ -14,6 +14,7 @@ from autoshard.studies.stats import (
     paired_comparisons,
     per_task_ratios,
     plain_answer,
+    replicate_summary,
     verdict,
 )
 
@@ -86,3 +87,20 @@ def test_evaluate_metrics_are_strict_json_with_the_contract_keys():
     assert set(loaded["noise"]) >= {"median_cv", "calibration_drift", "remeasured_share"}
     assert set(loaded["paired"]["autoshard"]["rl_greedy__vs__cost_greedy"]) == {
         "tasks", "median_ratio", "ci_low", "ci_high", "p_value", "identical_share", "mde"}
+
+
+def test_replicate_summary_spreads_each_method_over_the_replicates():
+    frame, _, _ = ratios_frame(rl_factor=0.8)
+    best = frame[frame["method"].isin(["size_greedy", "lookup_greedy"])].groupby("task")["measured_ms"].min()
+    frame["ratio"] = frame["measured_ms"] / frame["task"].map(best)
+    again = [frame[frame["method"].isin(["cost_greedy", "rl_greedy"])][["task", "method", "measured_ms"]]
+             .assign(measured_ms=lambda f, k=k: f["measured_ms"] * np.where(f["method"] == "rl_greedy", k, 1.0))
+             for k in (1.1, 1.2)]
+    spread = replicate_summary(frame, again)["autoshard"]
+    rl = spread["rl_greedy"]
+    assert rl["n"] == 3 and rl["values"][1] > rl["values"][0] and rl["std"] > 0
+    assert spread["cost_greedy"]["std"] < 1e-12, "cost_greedy did not change across these replicates"
+    vs = spread["rl_greedy__vs__cost_greedy"]
+    assert np.allclose(vs["values"], [0.8 / 0.9 * k for k in (1.0, 1.1, 1.2)], rtol=0.01)
+    line = plain_answer({"autoshard": {}}, {"met": True}, replicates={"autoshard": spread})[0]
+    assert line.startswith("autoshard, across 3 replicates") and "±" in line

@@ -31,6 +31,14 @@ class Paths:
         """The cost model fitted by the cost_model stage."""
         return self.data / "cost_model" / "model.pt"
 
+    def cost_model_replicate(self, replicate: int) -> Path:
+        """A replicate's cost model (replicate 0 is `cost_model`): the same data, another seed."""
+        return self.cost_model if replicate == 0 else self.data / "cost_model" / f"replicate_{replicate}.pt"
+
+    def rl_replicate(self, replicate: int) -> Path:
+        """A replicate's policy.pt and cost_model.pt (replicate 0 is `rl`)."""
+        return self.rl if replicate == 0 else self.rl / f"replicate_{replicate}"
+
     @property
     def rl(self) -> Path:
         """The train_rl stage's outputs: policy.pt, cost_model.pt (the simulator), planner.npz."""

@@ -154,7 +154,8 @@ def against_targets(comparison: pd.DataFrame, estimator: str, targets: dict[str,
 
 def cost_model_metrics(splits: dict[str, pd.DataFrame], comparison: pd.DataFrame, estimator: str,
                        targets: dict[str, float], noise_floor: float, curve: pd.DataFrame, best_epoch: int,
-                       predict_seconds: float, seconds: float) -> CostModelMetrics:
+                       predict_seconds: float, seconds: float,
+                       replicate_mape: pd.DataFrame | None = None) -> CostModelMetrics:
     """The cost-model stage's metrics: shards per split, every estimator's scores per test set,
     the neural `estimator`'s MAPE against `targets` (a target on an empty test set is not met),
     the noise floor, the learning curve, the best epoch and the prediction time of 10k shards."""
@@ -170,5 +171,16 @@ def cost_model_metrics(splits: dict[str, pd.DataFrame], comparison: pd.DataFrame
         "learning_curve": curve.to_dict("records"),
         "best_epoch": int(best_epoch),
         "predict_10k_shards_seconds": float(predict_seconds),
+        "replicate_mape": {} if replicate_mape is None else {
+            str(k): {"mean": float(r["mean"]), "std": float(r["std"]), "n": int(r["n"])}
+            for k, r in replicate_mape.iterrows()},
         "seconds": seconds,
     }
+
+
+def replicate_spread(models: list[CostModel], features: np.ndarray, test_sets: dict[str, pd.DataFrame]
+                     ) -> pd.DataFrame:
+    """Per test set: each replicate's MAPE, then their mean, standard deviation and count."""
+    table = pd.DataFrame({f"replicate {r}": compare({"m": neural(m, features)}, test_sets).set_index("test set")["mape"]
+                          for r, m in enumerate(models)})
+    return table.assign(mean=table.mean(axis=1), std=table.std(axis=1, ddof=1), n=table.shape[1])

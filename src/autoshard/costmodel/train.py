@@ -116,3 +116,11 @@ def learning_curve(cfg: CostModelConfig, features: np.ndarray, train_tables: np.
             row[f"{name} MAPE"] = mape(pred, shards["total_ms"].to_numpy())
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def fit_replicates(cfg: CostModelConfig, features: np.ndarray, train_tables: np.ndarray,
+                   splits: dict[str, pd.DataFrame], seed: int, replicates: int) -> list[Fitted]:
+    """The stochastic part of the chain again: the same shards and split, fitted from seeds
+    `seed + 1 .. seed + replicates - 1` (replicate 0 is the stage's own fit)."""
+    return [fit(cfg, features, train_tables, splits["train"], splits["val"], seed + r, progress=False)
+            for r in range(1, replicates)]

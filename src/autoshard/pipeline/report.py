@@ -150,17 +150,20 @@ def transfer_table(transfer: TransferMetrics) -> str:
 
 def ablation_table(ablation: AblationMetrics) -> str:
     """Markdown: per ablation variant, the mean over seeds of the measured median ratio to the
-    best heuristic, its spread across seeds, and the change against the full method."""
+    best heuristic, its spread across seeds, the change against the full method and its
+    Holm-corrected Wilcoxon p-value."""
     table = pd.DataFrame(ablation["variants"])
-    scores = [c for c in ("mean", "std", "min", "max", "vs_full") if c in table]
+    scores = [c for c in ("mean", "std", "min", "max", "vs_full", "p_holm") if c in table]
     table[scores] = table[scores].astype(float)
     shown = pd.DataFrame({
         "variant": table["label"],
         "ratio (mean of seeds)": table["mean"].map("{:.3f}".format),
         "std across seeds": table["std"].map("{:.3f}".format),
         "range": table.apply(lambda r: f"[{r['min']:.3f}, {r['max']:.3f}]", axis=1),
-        "vs full method": table["vs_full"].map("{:+.3f}".format) if "vs_full" in table else "n/a"})
-    return shown.to_markdown(index=False, disable_numparse=True)
+        "vs full method": table["vs_full"].map("{:+.3f}".format) if "vs_full" in table else "n/a",
+        "p (Holm)": table["p_holm"].map(lambda v: "n/a" if pd.isna(v) else f"{v:.3g}") if "p_holm" in table
+        else "n/a"})
+    return shown.to_markdown(index=False, disable_numparse=True).replace("nan", "n/a")
 
 
 def stage_times(metrics_dir: Path, stages: list[tuple[str, str]]) -> str:

@@ -39,10 +39,12 @@ def ratio_summary(ratios: pd.DataFrame) -> pd.DataFrame:
 
 
 def train_rl_metrics(inference: pd.DataFrame, heuristic_ratio: pd.Series, speed_seconds: dict[str, float],
-                     refresh: pd.DataFrame, iterations: int, seconds: float) -> TrainRLMetrics:
+                     refresh: pd.DataFrame, iterations: int, seconds: float,
+                     replicates: dict | None = None) -> TrainRLMetrics:
     """The train_rl stage's metrics: each inference mode's mean predicted ratio to the best
     heuristic and win rate on the validation tasks (`inference` as `ratio_summary` returns it),
-    each heuristic's mean ratio to the best, the sharding speed, the refresh rounds' rows."""
+    each heuristic's mean ratio to the best, the sharding speed, the refresh rounds' rows and
+    the replicates' final validation ratios (`replicates.validation_spread`)."""
     return {
         "validation_ratio_to_best_heuristic": {str(k): float(v) for k, v in inference["mean"].items()},
         "validation_win_rate": {str(k): float(v) for k, v in inference["wins"].items()},
@@ -50,5 +52,6 @@ def train_rl_metrics(inference: pd.DataFrame, heuristic_ratio: pd.Series, speed_
         "speed_seconds": {k: float(v) for k, v in speed_seconds.items()},
         "refresh": refresh.to_dict("records"),
         "iterations": iterations,
+        "replicate_val_ratio": replicates or {},
         "seconds": seconds,
     }

@@ -36,12 +36,13 @@ from autoshard.measure.backends import BackendConfig
 from autoshard.measure.collect import load_profile
 from autoshard.placement.heuristics import HEURISTICS
 from autoshard.rl.ppo import RLConfig, RLStageConfig, load_policy, run_key, train
+from autoshard.studies import paired
 from autoshard.studies.evaluate import measuring_backend
 
 FEATURE_GROUPS = {"reuse_histogram": tuple(REUSE_COLUMNS), "pooling_factor": ("pooling_factor",)}
 VARIANTS = ("full", "no_cost_features", "no_lstm", "other_reward", "separate_encoder",
             "no_reuse_histogram", "no_pooling_factor", "refresh")
-INFERENCE = ("best_of_n", "local_search")  # extra inference modes of the full variant
+INFERENCE = ("best_of_n", "local_search", "cost_greedy")  # other modes on the full variant's models
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,8 @@ class AblationConfig:
     def labels(self) -> dict[str, str]:
         """What each row of the results is, in words."""
         out = {name: self.variant(name).label for name in self.variants}
-        return out | {"best_of_n": f"full method, best of {self.best_of}", "local_search": "full method + local search"}
+        return out | {"best_of_n": f"full method, best of {self.best_of}", "local_search": "full method + local search",
+                      "cost_greedy": "cost_greedy on the full method's cost model"}
 
     def seed_list(self, seed: int) -> list[int]:
         """The policy seeds every variant trains with: the study seed and the ones after it."""
@@ -302,9 +304,10 @@ def refresh(cfg: AblationConfig, name: str, seed: int, policy_path: Path, model_
 def plans(cfg: AblationConfig, runs: dict[tuple[str, int], tuple[str, str]], features: np.ndarray,
           pool_features: pd.DataFrame, tasks: list[Task], seed: int) -> dict[str, list[np.ndarray]]:
     """Every run's greedy plans of the test tasks (named `variant|seed`), the full variant's
-    best-of-N and locally searched plans, and the heuristics' plans."""
+    best-of-N and locally searched plans, cost_greedy on the full variant's cost model (the
+    baseline every variant must beat, named `cost_greedy|0`), and the heuristics' plans."""
     from autoshard.placement.heuristics import heuristic_plans
-    from autoshard.rl.infer import policy_plans
+    from autoshard.rl.infer import cost_greedy, policy_plans
 
     out: dict[str, list[np.ndarray]] = dict(heuristic_plans(pool_features, tasks, seed))
     for (name, s), (policy_path, model_path) in tqdm(runs.items(), desc="planning"):
@@ -316,6 +319,7 @@ def plans(cfg: AblationConfig, runs: dict[tuple[str, int], tuple[str, str]], fea
             if name == "full":
                 out[f"best_of_n|{s}"] = policy_plans(policy, model, x, tasks, cfg.best_of, seed=s)
                 out[f"local_search|{s}"] = policy_plans(policy, model, x, tasks, refine=True)
+                out.setdefault("cost_greedy|0", cost_greedy(model, x, tasks))
     return out
 
 
@@ -333,14 +337,21 @@ def ratios(measured: pd.DataFrame) -> pd.DataFrame:
 
 def summary(per_task: pd.DataFrame, labels: dict[str, str]) -> pd.DataFrame:
     """One row per variant: the median ratio over the test tasks for each seed, then the mean,
-    standard deviation, min and max of those medians across seeds, and the change against the
-    full method's mean (negative: the variant is better)."""
+    standard deviation, min and max of those medians across seeds, the change against the full
+    method's mean (negative: the variant is better), and whether that change is a finding: the
+    Wilcoxon signed-rank p-value of the per-task ratios (mean over seeds) against the full
+    method's, raw and Holm-corrected over the variants."""
     per_seed = per_task.groupby(["variant", "seed"])["ratio"].median().unstack("seed")
     per_seed.columns = [f"seed {c}" for c in per_seed.columns]
     stats = per_seed.agg(["mean", "std", "min", "max"], axis=1)
     out = pd.concat([stats, per_seed], axis=1)
     if "full" in out.index:
         out["vs_full"] = out["mean"] - out.loc["full", "mean"]
+        by_task = per_task.groupby(["variant", "task"])["ratio"].mean().unstack("variant")
+        others = [v for v in out.index if v != "full"]
+        raw = [paired.wilcoxon_p(np.log(by_task[v] / by_task["full"]).dropna().to_numpy()) for v in others]
+        out["p_vs_full"] = pd.Series(raw, index=others, dtype=float)
+        out["p_holm"] = pd.Series(paired.holm(raw), index=others, dtype=float)
     order = [v for v in (*VARIANTS, *INFERENCE) if v in out.index]
     out = out.loc[order]
     out.insert(0, "label", [labels.get(v, v) for v in out.index])

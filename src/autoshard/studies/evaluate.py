@@ -180,10 +180,11 @@ def small_tasks(features: pd.DataFrame, test_tables: np.ndarray, cfg: SmallConfi
 
 
 def planners(pool_features: pd.DataFrame, features: np.ndarray, model: CostModel, policy: Policy,
-             best_of: int, batch_size: int, seed: int, single_costs: np.ndarray, milp: MilpConfig,
-             solves: dict | None = None) -> dict[str, Planner]:
+             best_of: int, batch_size: int, seed: int, single_costs: np.ndarray | None = None,
+             milp: MilpConfig | None = None, solves: dict | None = None) -> dict[str, Planner]:
     """Every method of the registry as a planner (the exact search is for small tasks only);
-    `single_costs` (ms per pool table, measured alone) feed the LPT and MILP baselines."""
+    `single_costs` (ms per pool table, measured alone) feed the LPT and MILP baselines, which
+    are left out without them."""
     def heuristic(name: str) -> Planner:
         return lambda t: heuristic_plan(name, pool_features, t, seed)
 
@@ -195,11 +196,19 @@ def planners(pool_features: pd.DataFrame, features: np.ndarray, model: CostModel
             "cost_greedy": lambda t: cost_greedy(model, features, [t])[0],
             "cost_greedy_local_search": lambda t: local_search(model, features, t,
                                                                cost_greedy(model, features, [t])[0]),
-            **surrogate.planners(single_costs, pool_features["size_bytes"].to_numpy(np.int64), milp, seed, solves),
+            **(surrogate.planners(single_costs, pool_features["size_bytes"].to_numpy(np.int64), milp, seed, solves)
+               if single_costs is not None and milp is not None else {}),
             "rl_greedy": lambda t: policy_plans(policy, model, features, [t])[0],
             "rl_best_of_n": lambda t: policy_plans(policy, model, features, [t], best_of, seed=sample_seed(t))[0],
             "rl_local_search": lambda t: policy_plans(policy, model, features, [t], refine=True)[0],
             "exact": lambda t: exact_plan(model, features, t)}
+
+
+def replicate_planners(model: CostModel, policy: Policy, features: np.ndarray) -> dict[str, Planner]:
+    """The methods whose plans change with a replicate's cost model and policy: cost_greedy and
+    rl_greedy (the two the study compares; the others are left to replicate 0)."""
+    return {"cost_greedy": lambda t: cost_greedy(model, features, [t])[0],
+            "rl_greedy": lambda t: policy_plans(policy, model, features, [t])[0]}
 
 
 def numpy_greedy(planner: numpy_planner.Planner, features: np.ndarray) -> Planner:

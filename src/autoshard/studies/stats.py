@@ -161,10 +161,12 @@ def paired_frame(pairs: dict, methods: tuple[str, ...], references: tuple[str, .
 
 def plain_answer(pairs: dict, quality: dict, methods: tuple[str, ...] = ("rl_greedy", "rl_local_search"),
                  references: tuple[str, ...] = ("cost_greedy", "lpt_measured", "milp", "torchrec",
-                                                "best_heuristic")) -> list[str]:
+                                                "best_heuristic"), replicates: dict | None = None) -> list[str]:
     """One sentence per protocol and method: against each reference, faster, slower or not
     distinguishable from the noise, with the median ratio and its 95% interval. A difference
-    counts only when its interval excludes 1 and it exceeds the minimum detectable effect."""
+    counts only when its interval excludes 1 and it exceeds the minimum detectable effect. With
+    `replicates` (`replicate_summary`), each protocol also states the spread of rl_greedy over
+    cost_greedy across replicates of the whole chain."""
     lines = []
     if not quality["met"]:
         lines.append("The measurements under these results are noisier than the targets; read every "
@@ -182,6 +184,11 @@ def plain_answer(pairs: dict, quality: dict, methods: tuple[str, ...] = ("rl_gre
                              f"{s['ci_high']:.3f}], {s['tasks']} tasks)")
             if parts:
                 lines.append(f"{protocol}, {method}: " + "; ".join(parts) + ".")
+        spread = (replicates or {}).get(protocol, {}).get("rl_greedy__vs__cost_greedy")
+        if spread and spread["n"] > 1:
+            lines.append(f"{protocol}, across {spread['n']} replicates of the chain (cost model and policy seeds): "
+                         f"rl_greedy / cost_greedy median {spread['mean_ratio']:.3f} ± {spread['std']:.3f} (mean ± sd; "
+                         f"replicates {', '.join(f'{v:.3f}' for v in spread['values'])}).")
     return lines
 
 
@@ -211,12 +218,13 @@ def per_task_ratios(ratios: pd.DataFrame, pairs: list[tuple[str, str]]) -> pd.Da
 def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_errors: pd.Series,
                      repeat_noise: pd.DataFrame, speed_table: pd.DataFrame, numpy_same: dict[str, float],
                      tasks: list, devices: pd.DataFrame, quality: dict, pairs: dict, answer: list[str],
-                     milp_table: pd.DataFrame, seconds: float) -> dict:
-    """reports/metrics/evaluate.json: `noise` first (the measurement quality), then per protocol
-    and method the summary `results`, the `paired` comparisons (`<method>__vs__<reference>`),
-    the plain `answer`, the targets, the cost model's device error, the MILP's gaps, speed."""
+                     milp_table: pd.DataFrame, seconds: float, replicates: dict | None = None) -> dict:
+    """reports/metrics/evaluate.json: `noise` first (the measurement quality), then the `paired`
+    comparisons per protocol (`<method>__vs__<reference>`), the plain `answer`,
+    `replicates.<protocol>.<method>` (mean_ratio, std, n), the per-method `results`, the targets,
+    the cost model's device error, the MILP's gaps and the sharding speed."""
     return {
-        "noise": quality, "paired": pairs, "answer": answer,
+        "noise": quality, "paired": pairs, "answer": answer, "replicates": replicates or {},
         "results": {proto: g.drop(columns="protocol").set_index("method").to_dict("index")
                     for proto, g in table.groupby("protocol")},
         "targets": target_table.to_dict("records"),
@@ -232,3 +240,29 @@ def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_err
         "shards_measured": int(devices["shard"].nunique()),
         "seconds": seconds,
     }
+
+
+def replicate_summary(ratios: pd.DataFrame, replicates: list[pd.DataFrame],
+                      methods: tuple[str, ...] = ("cost_greedy", "rl_greedy")) -> dict:
+    """`replicates.<protocol>.<method>`: the median measured ratio to the best heuristic in each
+    replicate (0: the stage's own models; then each frame of (task, method, measured_ms) measured
+    for the other replicates' models), its mean across replicates, standard deviation and count;
+    and the same for `rl_greedy__vs__cost_greedy`, the per-task ratio of the two."""
+    best = (ratios["measured_ms"] / ratios["ratio"]).groupby(ratios["task"]).first()
+    protocol = ratios.groupby("task")["protocol"].first()
+    frames = [ratios[ratios["method"].isin(methods)][["task", "method", "measured_ms"]], *replicates]
+    medians: dict[str, dict[str, list[float]]] = {}
+    for frame in frames:
+        frame = frame[frame["task"].isin(best.index)]
+        table = frame.pivot_table(index="task", columns="method", values="measured_ms")
+        for proto, tasks in table.groupby(protocol.reindex(table.index)):
+            entry = medians.setdefault(str(proto), {})
+            for method in methods:
+                if method in tasks:
+                    entry.setdefault(method, []).append(float((tasks[method] / best[tasks.index]).median()))
+            if {"rl_greedy", "cost_greedy"} <= set(tasks):
+                entry.setdefault("rl_greedy__vs__cost_greedy", []).append(
+                    float((tasks["rl_greedy"] / tasks["cost_greedy"]).median()))
+    return {proto: {name: {"mean_ratio": float(np.mean(v)), "std": float(np.std(v, ddof=1)) if len(v) > 1 else None,
+                           "n": len(v), "values": v} for name, v in entry.items()}
+            for proto, entry in medians.items() if proto != "small"}
