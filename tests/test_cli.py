@@ -45,13 +45,14 @@ def files(tmp_path_factory) -> dict[str, Path]:
     return {"root": root, "tables": tables_csv, "model": root / "cost_model.pt", "policy": root / "policy.pt"}
 
 
-def plan(files, out, *extra, method="rl") -> int:
+def plan(files, out, *extra, method="rl_greedy") -> int:
     return main(["plan", "--tables", str(files["tables"]), "--devices", "2", "--memory-per-device", "1GiB",
                  "--method", method, "--policy", str(files["policy"]), "--cost-model", str(files["model"]),
                  "--out", str(out), *extra])
 
 
-@pytest.mark.parametrize("method", ["rl", "cost-greedy", "size_lookup_greedy", "torchrec"])
+@pytest.mark.parametrize("method", ["rl_greedy", "rl_best_of_n", "rl_local_search", "cost_greedy",
+                                    "cost_greedy_local_search", "size_lookup_greedy", "torchrec"])
 def test_plan_writes_a_complete_plan(files, tmp_path, capsys, method):
     out = tmp_path / "plan.json"
     assert plan(files, out, method=method) == 0
@@ -63,15 +64,15 @@ def test_plan_writes_a_complete_plan(files, tmp_path, capsys, method):
     assert all(d["memory_bytes"] <= doc["memory_per_device_bytes"] for d in doc["per_device"])
     assert doc["predicted_bottleneck_ms"] == pytest.approx(max(d["predicted_ms"] for d in doc["per_device"]))
     assert doc["model_files"]["cost_model"]["sha256"] and doc["sharding_seconds"] > 0
-    assert ("policy" in doc["model_files"]) == (method == "rl")
+    assert ("policy" in doc["model_files"]) == method.startswith("rl_")
     assert "predicted bottleneck" in capsys.readouterr().out
 
 
 def test_plan_options_and_json_output(files, tmp_path, capsys):
     out = tmp_path / "plan.json"
-    assert plan(files, out, "--best-of", "4", "--refine", "--json") == 0
+    assert plan(files, out, "--best-of", "4", "--json", method="rl_best_of_n") == 0
     printed = json.loads(capsys.readouterr().out)
-    assert printed["options"] == {"best_of": 4, "refine": True, "seed": 0}
+    assert printed["options"] == {"best_of": 4, "seed": 0}
     assert printed == json.loads(out.read_text())
 
 
@@ -97,7 +98,7 @@ def test_size_lookup_greedy_matches_the_evaluate_stage(tmp_path, smoke_params, m
 @pytest.mark.parametrize("backend", ["analytic", "fbgemm"])
 def test_score_measures_a_plan_and_a_torchrec_plan(files, tmp_path, capsys, backend):
     out, exported = tmp_path / "plan.json", tmp_path / "plan.torchrec.json"
-    assert plan(files, out, "--torchrec", str(exported), "--torchrec-device", "cpu", method="cost-greedy") == 0
+    assert plan(files, out, "--torchrec", str(exported), "--torchrec-device", "cpu", method="cost_greedy") == 0
     capsys.readouterr()
     results = []
     for path in (out, exported):
@@ -120,7 +121,7 @@ def test_compare_runs_every_method(files, capsys):
                  "--policy", str(files["policy"]), "--cost-model", str(files["model"]), "--best-of", "3",
                  "--measure", "--backend", "analytic", "--batch-size", "256", "--json"]) == 0
     rows = pd.DataFrame(json.loads(capsys.readouterr().out))
-    assert set(METHODS) <= set(rows["method"]) and "rl + local search" in set(rows["method"])
+    assert set(METHODS) <= set(rows["method"])
     ok = rows[rows["status"] == "ok"]
     assert len(ok) >= len(METHODS) and (ok["measured_ms"] > 0).all() and (ok["predicted_ms"] > 0).all()
 
@@ -303,12 +304,12 @@ def test_plan_runs_without_torch_when_the_numpy_planner_matches(files, tmp_path)
     root.mkdir()
     models = {k: shutil.copy(files[k], root / files[k].name) for k in ("model", "policy")}
     docs = {}
-    for method in ("rl", "cost-greedy", "size_greedy"):
+    for method in ("rl_greedy", "cost_greedy", "size_greedy"):
         out = tmp_path / f"{method}.torch.json"
         assert plan({**files, **models}, out, method=method) == 0
         docs[method, "torch"] = json.loads(out.read_text())
     numpy_planner.export(models["model"], models["policy"], root / numpy_planner.FILE_NAME)
-    for method in ("rl", "cost-greedy", "size_greedy"):
+    for method in ("rl_greedy", "cost_greedy", "size_greedy"):
         out = tmp_path / f"{method}.numpy.json"
         code = ("import sys; from autoshard.cli.main import main; "
                 f"rc = main(['plan', '--tables', {str(files['tables'])!r}, '--devices', '2', "
@@ -323,11 +324,11 @@ def test_plan_runs_without_torch_when_the_numpy_planner_matches(files, tmp_path)
         assert doc["assignment"] == before["assignment"] and doc["model_files"] == before["model_files"]
         assert doc["predicted_bottleneck_ms"] == pytest.approx(before["predicted_bottleneck_ms"], rel=1e-5)
     out = tmp_path / "sampled.json"
-    assert plan({**files, **models}, out, "--best-of", "2") == 0
+    assert plan({**files, **models}, out, "--best-of", "2", method="rl_best_of_n") == 0
     assert json.loads(out.read_text())["engine"] == "torch"
     save_model(CostModel.fitted_to(CostModelConfig(hidden=4, encoding=4, head_hidden=4),
                                    feature_matrix(read_tables(files["tables"]).features)), models["model"])
-    assert plan({**files, **models}, out, method="cost-greedy") == 0  # the export is stale now
+    assert plan({**files, **models}, out, method="cost_greedy") == 0  # the export is stale now
     assert json.loads(out.read_text())["engine"] == "torch"
 
 

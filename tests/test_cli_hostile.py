@@ -332,7 +332,7 @@ def test_a_damaged_cost_model_is_refused_naming_its_file(corpus, models, change,
     import re
 
     model = damaged_model(models, corpus, change)
-    err = refused(plan_argv(corpus, corpus / "out.json", "--cost-model", str(model), method="cost-greedy"), corpus)
+    err = refused(plan_argv(corpus, corpus / "out.json", "--cost-model", str(model), method="cost_greedy"), corpus)
     assert "damaged.pt" in err and re.search(message, err), err
 
 
@@ -354,10 +354,10 @@ def test_models_are_found_from_the_project_not_the_current_folder(corpus, models
     monkeypatch.chdir(tmp_path)
     assert planning.project_root() == root and planning.models_folder() == root / "data" / "rl"
     monkeypatch.setenv("AUTOSHARD_MODELS", str(models))
-    assert run(plan_argv(corpus, corpus / "a.json", method="rl"))[0] == 0
+    assert run(plan_argv(corpus, corpus / "a.json", method="rl_greedy"))[0] == 0
     monkeypatch.setenv("AUTOSHARD_MODELS", str(tmp_path / "missing"))
-    assert "$AUTOSHARD_MODELS: " in refused(plan_argv(corpus, corpus / "b.json", method="rl"), corpus)
-    assert run(plan_argv(corpus, corpus / "b.json", "--models", str(models), method="rl"))[0] == 0
+    assert "$AUTOSHARD_MODELS: " in refused(plan_argv(corpus, corpus / "b.json", method="rl_greedy"), corpus)
+    assert run(plan_argv(corpus, corpus / "b.json", "--models", str(models), method="rl_greedy"))[0] == 0
     assert json.loads((corpus / "b.json").read_text())["model_files"]["policy"]["path"] == str(models / "policy.pt")
 
 
@@ -398,7 +398,7 @@ def test_refine_gives_the_same_plan_whatever_the_thread_count(models, corpus):
     for threads in (1, 2):
         torch.set_num_threads(threads)
         out = corpus / f"refined{threads}.json"
-        assert run(plan_argv(corpus, out, "--models", str(models), "--refine", method="rl"))[0] == 0
+        assert run(plan_argv(corpus, out, "--models", str(models), method="rl_local_search"))[0] == 0
         docs.append(json.loads(out.read_text())["assignment"])
     torch.set_num_threads(before)
     assert docs[0] == docs[1]
@@ -410,11 +410,11 @@ def test_refine_runs_without_torch_on_the_numpy_planner_and_agrees_with_torch(co
     folder = tmp_path / "with_planner"
     shutil.copytree(models, folder)
     torch_plan = corpus / "torch.json"
-    assert run(plan_argv(corpus, torch_plan, "--models", str(models), "--refine", method="rl"))[0] == 0
+    assert run(plan_argv(corpus, torch_plan, "--models", str(models), method="rl_local_search"))[0] == 0
     numpy_planner.export(folder / "cost_model.pt", folder / "policy.pt", folder / numpy_planner.FILE_NAME)
     out = corpus / "numpy.json"
     code = ("import sys; from autoshard.cli.main import main; "
-            f"rc = main({plan_argv(corpus, out, '--models', str(folder), '--refine', method='rl')!r}); "
+            f"rc = main({plan_argv(corpus, out, '--models', str(folder), method='rl_local_search')!r}); "
             "print('torch' in sys.modules); sys.exit(rc)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)})

@@ -59,7 +59,7 @@ VARIANTS = {"lstm": PolicyConfig(hidden=16, lstm_layers=2),
 def torch_scores(policy: Policy, model: CostModel, x: np.ndarray, task: Task, placement: np.ndarray, method: str
                  ) -> tuple[np.ndarray, np.ndarray]:
     """Replay `placement` in torch's environment: every device's score at every step (the policy's
-    logits for `rl`, minus the predicted cost after placing for `cost-greedy`; -inf where the table
+    logits for `rl_greedy`, minus the predicted cost after placing for `cost_greedy`; -inf where the table
     does not fit) and the table placed at each step."""
     batch = make_batch(model, x, [task])
     order = batch.tables[0]
@@ -71,7 +71,7 @@ def torch_scores(policy: Policy, model: CostModel, x: np.ndarray, task: Task, pl
     scores = []
     for t in range(batch.steps):
         mask = env.mask()
-        if method == "rl":
+        if method == "rl_greedy":
             feats = policy.action_features(device_enc, env.device_cost, env.device_mem, batch.capacity,
                                            batch.reference(), batch.steps / batch.devices)
             step, _ = policy(states[:, t], feats, mask, value=False)
@@ -123,11 +123,12 @@ def test_same_placements_and_costs_as_torch(tmp_path, pool_features, variant, he
     for seed, (tables, devices) in enumerate([(12, 3), (60, 8), (150, 16)]):
         x, task = task_of(pool_features, tables, devices, seed)
         sizes = x[:, SIZE]
-        mine = planner.place("rl", x, sizes, devices, task.memory_bytes)
-        assert_same_up_to_ties(planner, mine, policy_plans(policy, model, x, [task])[0], policy, model, x, task, "rl")
-        greedy = planner.place("cost-greedy", x, sizes, devices, task.memory_bytes)
+        mine = planner.place("rl_greedy", x, sizes, devices, task.memory_bytes)
+        assert_same_up_to_ties(planner, mine, policy_plans(policy, model, x, [task])[0], policy, model, x, task,
+                               "rl_greedy")
+        greedy = planner.place("cost_greedy", x, sizes, devices, task.memory_bytes)
         assert_same_up_to_ties(planner, greedy, cost_greedy(model, x, [task])[0], policy, model, x, task,
-                               "cost-greedy")
+                               "cost_greedy")
         shards = device_shards(task, mine)
         np.testing.assert_allclose(planner.shard_costs(x, shards), predicted_device_costs(model, x, shards),
                                    rtol=1e-5)
@@ -139,22 +140,22 @@ def test_memory_is_respected_and_a_dead_end_is_an_error(tmp_path, pool_features)
                                  model_path, policy_path)
     x, task = task_of(pool_features, 40, 4, 7)
     sizes = x[:, SIZE]
-    for method in ("rl", "cost-greedy"):
+    for method in ("rl_greedy", "cost_greedy"):
         placed = planner.place(method, x, sizes, 4, task.memory_bytes)
         assert (np.bincount(placed, weights=sizes, minlength=4) <= task.memory_bytes).all()
         with pytest.raises(Infeasible, match="fits on no device"):
             planner.place(method, x, sizes, 4, int(sizes.max()) - 1)
-    with pytest.raises(ConfigError, match="rl and cost-greedy"):
+    with pytest.raises(ConfigError, match="rl_greedy and cost_greedy"):
         planner.place("size_greedy", x, sizes, 4, task.memory_bytes)
     with pytest.raises(ConfigError, match="column pooling_factor"):
-        planner.place("rl", np.where(np.arange(21) == 2, np.nan, x), sizes, 4, task.memory_bytes)
+        planner.place("rl_greedy", np.where(np.arange(21) == 2, np.nan, x), sizes, 4, task.memory_bytes)
 
 
 def test_used_only_when_exported_from_these_files(tmp_path, pool_features):
     model_path, policy_path = save_models(tmp_path, pool_features, VARIANTS["lstm"])
     export = numpy_planner.export(model_path, policy_path, tmp_path / "planner.npz")
     assert numpy_planner.load(export, model_path, policy_path) is not None
-    assert numpy_planner.load(export, model_path, None) is not None  # cost model only (cost-greedy, heuristics)
+    assert numpy_planner.load(export, model_path, None) is not None  # cost model only (cost_greedy, heuristics)
     assert numpy_planner.load(tmp_path / "none.npz", model_path, policy_path) is None
     with pytest.raises(ConfigError, match=r"none.npz: NumPy planner not found \(run `dvc repro train_rl`\)"):
         numpy_planner.load(tmp_path / "none.npz", model_path, policy_path, required=True)

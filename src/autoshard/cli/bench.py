@@ -2,7 +2,8 @@
 tables, loading the models, placing, writing the plan) as a user runs it, timed end to end,
 with the process's peak memory.
 
-  python -m autoshard.cli.bench [--sizes 856x128 10000x1024] [--repeats 3] [--method rl] [--refine]
+  python -m autoshard.cli.bench [--sizes 856x128 10000x1024] [--repeats 3] [--method rl_greedy]
+(`--method rl_local_search` times the refinement too)
 
 Table lists come from the study's pool (`data/pool`): its tables with their measured features,
 tiled under new names beyond the pool's size. Each device gets twice its even share of the
@@ -63,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m autoshard.cli.bench", description=__doc__.split("\n")[0])
     p.add_argument("--sizes", nargs="+", default=["856x128", "10000x1024"], help="TABLESxDEVICES")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--method", default="rl")
-    p.add_argument("--refine", action="store_true", help="time `--refine` (local search) too")
+    p.add_argument("--method", default="rl_greedy",
+                   help="any method of `autoshard plan` (rl_local_search: with the search)")
     p.add_argument("--pool", type=Path, default=Path("data/pool"))
     p.add_argument("--models", type=Path, default=Path("data/rl"), help="the command's --models")
     args = p.parse_args(argv)
@@ -82,11 +83,10 @@ def main(argv: list[str] | None = None) -> int:
             memory = int(sizes.max() + 2 * sizes.sum() / devices)
             out = Path(tmp) / "plan.json"
             cmd = ["plan", "--tables", str(path), "--devices", str(devices), "--memory-per-device", str(memory),
-                   "--method", args.method, "--out", str(out), "--models", str(args.models),
-                   *(["--refine"] if args.refine else [])]
+                   "--method", args.method, "--out", str(out), "--models", str(args.models)]
             runs = [run_once(cmd) for _ in range(args.repeats)]
             doc = json.loads(out.read_text())
-            rows.append({"tables": n, "devices": devices, "method": args.method, "refine": args.refine,
+            rows.append({"tables": n, "devices": devices, "method": args.method,
                          "engine": doc["engine"],
                          "command_seconds_median": statistics.median(r[0] for r in runs),
                          "command_seconds_all": [round(r[0], 3) for r in runs],

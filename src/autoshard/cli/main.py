@@ -20,11 +20,10 @@ import pandas as pd
 from autoshard.cli.output import Interrupted, check_outputs, interruptible, write_files
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import check_arguments, shown
-from autoshard.placement.heuristics import HEURISTICS
-
-METHODS = ("rl", "cost-greedy", "torchrec", *HEURISTICS)  # planning.METHODS, without importing torch for --help
+from autoshard.placement.registry import COMMAND as METHODS
 
 BACKENDS = ("fbgemm", "torch", "analytic")
+DEFAULT_BEST_OF = 16  # rl_best_of_n's N, as the study's rl.best_of
 
 
 class UsageError(ConfigError):
@@ -69,9 +68,9 @@ def parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="place the tables on devices and write the plan")
     _common(plan)
     _task_args(plan)
-    plan.add_argument("--method", default="rl", help=f"one of {', '.join(METHODS)} (default rl)")
-    plan.add_argument("--best-of", type=int, default=1, help="rl: the best of N sampled placements (predicted)")
-    plan.add_argument("--refine", action="store_true", help="rl: refine the placement by local search")
+    plan.add_argument("--method", default="rl_greedy", help=f"one of {', '.join(METHODS)} (default rl_greedy)")
+    plan.add_argument("--best-of", type=int, default=None,
+                      help="rl_best_of_n: the best of N sampled placements by predicted bottleneck (default 16)")
     plan.add_argument("--out", required=True, type=Path, help="plan file to write (JSON)")
     plan.add_argument("--torchrec", type=Path, help="also write the plan as a TorchRec sharding plan (JSON)")
     plan.add_argument("--torchrec-device", default="cuda", choices=("cuda", "cpu"),
@@ -83,7 +82,7 @@ def parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="every method on the same tables")
     _common(compare)
     _task_args(compare)
-    compare.add_argument("--best-of", type=int, default=16, help="N for the rl best-of-N row")
+    compare.add_argument("--best-of", type=int, default=DEFAULT_BEST_OF, help="N for the rl_best_of_n row")
     compare.add_argument("--measure", action="store_true", help="also measure every plan")
     _measure_args(compare)
     return top
@@ -104,10 +103,10 @@ def _check_plan_options(args: argparse.Namespace) -> None:
     `--policy` it does not use is still checked, by `planning.load_models`)."""
     if args.method not in METHODS:
         raise ConfigError(f"--method: {shown(args.method)} (expected one of {', '.join(METHODS)})")
-    if args.method != "rl":
-        unused = [o for o, given in (("--best-of", args.best_of != 1), ("--refine", args.refine)) if given]
-        if unused:
-            raise ConfigError(f"{unused[0]}: only --method rl uses it (not --method {args.method})")
+    if args.method != "rl_best_of_n" and args.best_of is not None:
+        raise ConfigError(f"--best-of: only --method rl_best_of_n uses it (not --method {args.method})")
+    if args.best_of is None:
+        args.best_of = DEFAULT_BEST_OF
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -123,10 +122,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     tables = read_tables(args.tables, args.weight_bytes)
     task = planning.make_task(tables, args.devices, memory)
     models = planning.load_models(args.method, args.policy, args.cost_model,
-                                  need_torch=args.best_of > 1, folder=folder)
-    options = {"best_of": args.best_of, "refine": args.refine, "seed": args.seed} if args.method == "rl" else {}
+                                  need_torch=args.method == "rl_best_of_n", folder=folder)
+    options = {"best_of": args.best_of, "seed": args.seed} if args.method == "rl_best_of_n" else {}
     placement, seconds = planning.timed_place(args.method, tables, task, models, best_of=args.best_of,
-                                              refine=args.refine, seed=planning.seed_for(tables, args.seed))
+                                              seed=planning.seed_for(tables, args.seed))
     doc = planning.plan_document(args.method, options, tables, task, placement, models, seconds)
     torchrec_doc = None
     if args.torchrec is not None:
@@ -210,19 +209,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
     memory = parse_memory(args.memory_per_device)
     tables = read_tables(args.tables, args.weight_bytes)
     task = planning.make_task(tables, args.devices, memory)
-    models = planning.load_models("rl", args.policy, args.cost_model, need_torch=True,
+    models = planning.load_models("rl_best_of_n", args.policy, args.cost_model, need_torch=True,
                                   folder=planning.models_folder(args.models))
     seed = planning.seed_for(tables, args.seed)
-    runs = {m: {"method": m} for m in METHODS if m != "rl"}
-    runs |= {"rl": {"method": "rl"}, f"rl, best of {args.best_of}": {"method": "rl", "best_of": args.best_of},
-             "rl + local search": {"method": "rl", "refine": True}}
+    runs = {m: {"method": m} for m in METHODS}
     backend = _backend(tables, args) if args.measure else None
     rows = []
     features = feature_matrix(tables.features)
     for name, run in runs.items():
         try:
             placement, seconds = planning.timed_place(run["method"], tables, task, models, seed=seed,
-                                                      best_of=run.get("best_of", 1), refine=run.get("refine", False))
+                                                      best_of=args.best_of)
         except ConfigError as exc:
             rows.append({"method": name, "status": f"no plan: {exc}"})
             continue

@@ -18,15 +18,15 @@ from autoshard.core.inputs import plan_assignment, read_json, shown
 from autoshard.core.seeding import rng
 from autoshard.data.features import feature_matrix
 from autoshard.data.tasks import Task
-from autoshard.placement.heuristics import HEURISTICS
+from autoshard.placement.registry import COMMAND, LEARNED
 from autoshard.rl import numpy_planner
 
 if TYPE_CHECKING:  # torch is imported only when a method needs it
     from autoshard.costmodel.model import CostModel
     from autoshard.rl.policy import Policy
 
-METHODS = ("rl", "cost-greedy", "torchrec", *HEURISTICS)
-LEARNED = ("rl", "cost-greedy")  # need the cost model (and rl the policy)
+METHODS = COMMAND  # the registry's ids
+
 MODELS_ENV = "AUTOSHARD_MODELS"
 POLICY_FILE, COST_MODEL_FILE = "policy.pt", "cost_model.pt"
 FORMAT = "autoshard-plan/1"
@@ -114,10 +114,10 @@ def load_models(method: str, policy_path: Path | None, model_path: Path | None, 
                   if method in LEARNED or model_path is not None or policy_path is not None or default_model.is_file()
                   else None)
     policy_path = (_existing(policy_path, default_policy, "policy checkpoint", "--policy")
-                   if method == "rl" or policy_path is not None else None)
+                   if _needs_policy(method) or policy_path is not None else None)
     if model_path is None:
         return Models(cost_model=None, policy=None, files={})
-    used = policy_path if method == "rl" else None
+    used = policy_path if _needs_policy(method) else None
     files = {"cost_model": _file_version(model_path)} | ({"policy": _file_version(used)} if used else {})
     if not need_torch:
         export = (policy_path or model_path).parent / numpy_planner.FILE_NAME
@@ -134,6 +134,10 @@ def load_models(method: str, policy_path: Path | None, model_path: Path | None, 
         _loaded(load_checkpoint, policy_path, "policy checkpoint")
     policy = _loaded(lambda p: load_policy(p, model), used, "policy checkpoint") if used else None
     return Models(cost_model=model, policy=policy, files=files)
+
+
+def _needs_policy(method: str) -> bool:
+    return method in LEARNED and method.startswith("rl_")
 
 
 def _loaded(load, path: Path, what: str):
@@ -166,16 +170,16 @@ def make_task(tables: UserTables, devices: int, memory_bytes: int) -> Task:
                 memory_bytes=int(memory_bytes), unseen_ratio=1.0)
 
 
-def place(method: str, tables: UserTables, task: Task, models: Models, best_of: int = 1, refine: bool = False,
-          seed: int = 0, batch_size: int = 2048) -> np.ndarray:
-    """A device per table by the named method (`best_of`/`refine` apply to rl)."""
+def place(method: str, tables: UserTables, task: Task, models: Models, best_of: int = 16, seed: int = 0,
+          batch_size: int = 2048) -> np.ndarray:
+    """A device per table by the method of that registry id (`best_of` is rl_best_of_n's N)."""
     from autoshard.placement.heuristics import heuristic_plan
 
     if method not in METHODS:
         raise ConfigError(f"--method: {method!r} (expected one of {', '.join(METHODS)})")
     try:
         if method in LEARNED:
-            return _learned(method, tables, task, models, best_of, refine, seed)
+            return _learned(method, tables, task, models, best_of, seed)
     except ConfigError as exc:  # a learned placement can paint itself into a corner under a tight cap
         raise ConfigError(f"--method {method}: no placement under --memory-per-device {task.memory_bytes} bytes "
                           f"({exc}; tables go largest predicted cost first, not largest size first: try more "
@@ -187,26 +191,30 @@ def place(method: str, tables: UserTables, task: Task, models: Models, best_of: 
     return heuristic_plan(method, tables.features, task, seed)
 
 
-def _learned(method: str, tables: UserTables, task: Task, models: Models, best_of: int, refine: bool,
-             seed: int) -> np.ndarray:
-    features = feature_matrix(tables.features)
-    if models.numpy is not None and best_of == 1:
-        placement = models.numpy.place(method, features, tables.features["size_bytes"].to_numpy(), task.devices,
-                                       task.memory_bytes, task.name)
-        if refine:
-            from autoshard.placement.search import local_search
+def _learned(method: str, tables: UserTables, task: Task, models: Models, best_of: int, seed: int) -> np.ndarray:
+    """rl_greedy / cost_greedy, each optionally refined by local search (`*_local_search`), or
+    the best of `best_of` sampled policy placements (rl_best_of_n, torch only)."""
+    from autoshard.placement.search import local_search
 
-            placement = local_search(models.numpy, features, task, placement)
-        return placement
+    features = feature_matrix(tables.features)
+    greedy = "rl_greedy" if method.startswith("rl_") else "cost_greedy"
+    if models.numpy is not None and method != "rl_best_of_n":
+        placement = models.numpy.place(greedy, features, tables.features["size_bytes"].to_numpy(), task.devices,
+                                       task.memory_bytes, task.name)
+        return local_search(models.numpy, features, task, placement) if method.endswith("_local_search") \
+            else placement
     if models.cost_model is None:
         raise ValueError("torch models are needed for sampling: load_models(need_torch=True)")
     from autoshard.core.seeding import one_thread
     from autoshard.rl.infer import cost_greedy, policy_plans
 
     with one_thread():  # the same plan whatever torch's thread count
-        if method == "rl":
-            return policy_plans(models.policy, models.cost_model, features, [task], best_of, refine, seed)[0]
-        return cost_greedy(models.cost_model, features, [task])[0]
+        if method == "rl_best_of_n":
+            return policy_plans(models.policy, models.cost_model, features, [task], best_of, seed=seed)[0]
+        placement = (policy_plans(models.policy, models.cost_model, features, [task])[0] if greedy == "rl_greedy"
+                     else cost_greedy(models.cost_model, features, [task])[0])
+        return local_search(models.cost_model, features, task, placement) if method.endswith("_local_search") \
+            else placement
 
 
 def timed_place(method: str, tables: UserTables, task: Task, models: Models, **options) -> tuple[np.ndarray, float]:

@@ -39,6 +39,9 @@ REGISTRY: dict[str, Method] = {m.id: m for m in _METHODS}
 METHODS: tuple[str, ...] = tuple(REGISTRY)
 KIND: dict[str, str] = {m.id: m.kind for m in _METHODS}
 RL_METHODS: tuple[str, ...] = tuple(m.id for m in _METHODS if m.kind == "rl")
+# What the `autoshard` command offers: every method that needs only the tables and the trained files.
+COMMAND: tuple[str, ...] = tuple(m.id for m in _METHODS if m.kind != "optimum" and "profile" not in m.needs)
+LEARNED: tuple[str, ...] = tuple(m.id for m in _METHODS if "cost_model" in m.needs and m.kind != "optimum")
 
 
 def ids(kind: str) -> tuple[str, ...]:

@@ -116,7 +116,7 @@ class Stack:
 
 
 class Planner:
-    """The exported networks; `place` is greedy placement by `rl` or `cost-greedy`."""
+    """The exported networks; `place` is greedy placement by `rl_greedy` or `cost_greedy`."""
 
     def __init__(self, arrays: dict[str, np.ndarray], meta: dict):
         self.meta, self.arrays = meta, arrays
@@ -177,7 +177,7 @@ class Planner:
 
     def place(self, method: str, features: np.ndarray, sizes: np.ndarray, devices: int, capacity: int,
               name: str = "user") -> np.ndarray:
-        """A device per table (in the given order) by greedy `rl` or `cost-greedy`."""
+        """A device per table (in the given order) by `rl_greedy` or `cost_greedy`."""
         # Each distinct table is encoded once: a BLAS product over many rows may round identical
         # rows differently, and tied tables and devices must stay exactly tied (as in torch).
         unique, inverse = np.unique(check_features(features), axis=0, return_inverse=True)
@@ -186,14 +186,14 @@ class Planner:
         order = np.argsort(-single, kind="stable")
         steps = _Steps(enc[inverse[order]], np.asarray(sizes, np.float64)[order], devices, float(capacity), name,
                        order)
-        if method == "cost-greedy":
+        if method == "cost_greedy":
             placed = self._cost_greedy(steps)
-        elif method == "rl":
+        elif method == "rl_greedy":
             own = None if self.meta["policy"]["state_encoder"] == "cost_model" else self.encode(unique, "policy")
             placed = self._policy_greedy(steps, None if own is None else own[inverse[order]],
                                          single[order].sum() / np.float32(devices))
         else:
-            raise ConfigError(f"--method: {method!r} (the NumPy planner knows rl and cost-greedy)")
+            raise ConfigError(f"--method: {method!r} (the NumPy planner knows rl_greedy and cost_greedy)")
         out = np.empty(len(order), np.int64)
         out[order] = placed
         return out

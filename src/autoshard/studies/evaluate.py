@@ -217,7 +217,7 @@ def numpy_greedy(planner: numpy_planner.Planner, features: np.ndarray) -> Planne
 
     def place(t: Task) -> np.ndarray:
         ids = list(t.tables)
-        return planner.place("rl", features[ids], sizes[ids], t.devices, t.memory_bytes, t.name)
+        return planner.place("rl_greedy", features[ids], sizes[ids], t.devices, t.memory_bytes, t.name)
     return place
 
 
