@@ -83,6 +83,13 @@ class Fields:
             raise invalid(self.name(key), value, f"expected one of {', '.join(choices)}")
         return value
 
+    def optional_text(self, key: str) -> str | None:
+        """A string, or None when the key is null or absent."""
+        value = self._raw(key, None)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise invalid(self.name(key), value, "expected a non-empty string or null")
+        return value
+
     def boolean(self, key: str, default: Any = _MISSING) -> bool:
         value = self._raw(key, default)
         if not isinstance(value, bool):
