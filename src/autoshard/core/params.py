@@ -116,6 +116,10 @@ class Fields:
             raise invalid(self.name(key), values, "names a value twice")
         return list(values)
 
+    def entries(self, key: str) -> list:
+        """A non-empty list whose entries the caller checks."""
+        return self._list(key, _MISSING)
+
     def _list(self, key: str, default: Any) -> list:
         values = self._raw(key, default)
         if not isinstance(values, list) or not values:
