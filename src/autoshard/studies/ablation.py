@@ -219,13 +219,14 @@ def run_job(job: Job) -> list[dict]:
 def cost_models(cfg: AblationConfig, engine: Engine, features: np.ndarray, full_model: str | Path,
                 cost_model: dict, data_dir: str | Path, seed: int, work: Path) -> dict[tuple[str, ...], str]:
     """A cost model per set of dropped columns: the stage's model for none, refits for the rest
-    (jobs of `engine`, saved under `work`, reused only for the same inputs: `refit_key`)."""
+    (jobs of `engine`, saved under `work`, reused only for the same inputs: `refit_key`). Paths
+    are absolute: a job's working folder is not this process's on every engine."""
     wanted = sorted({cfg.variant(v).dropped for v in cfg.variants} - {()})
     keys = {d: refit_key(cost_model, features, d, data_dir, cfg.backend.backend, seed) for d in wanted}
-    jobs = [(cost_model, features, d, str(data_dir), cfg.backend.backend, seed,
-             str(work / "cost_models" / f"{keys[d]}.pt")) for d in wanted]
+    jobs = [(cost_model, features, d, str(Path(data_dir).resolve()), cfg.backend.backend, seed,
+             str(work.resolve() / "cost_models" / f"{keys[d]}.pt")) for d in wanted]
     paths = engine.map(refit_job, jobs, progress="refitting cost models")
-    return {(): str(full_model)} | dict(zip(wanted, paths, strict=True))
+    return {(): str(Path(full_model).resolve())} | dict(zip(wanted, paths, strict=True))
 
 
 def train_all(cfg: AblationConfig, engine: Engine, features: np.ndarray, models: dict[tuple[str, ...], str],
@@ -234,9 +235,9 @@ def train_all(cfg: AblationConfig, engine: Engine, features: np.ndarray, models:
     """Train every (variant, seed) as a job of `engine`; returns all history rows, labelled, and
     (policy checkpoint, cost model) per (variant, seed). The refresh variant's first phase
     trains here; its rounds follow in `refresh_all`."""
-    runs = run_paths(cfg, features, models, train_tasks, seed, work)
-    jobs = [Job(name, s, cfg.variant(name).rl, model_path, masked(features, cfg.variant(name).dropped),
-                tuple(train_tasks), checkpoint)
+    runs = run_paths(cfg, features, models, train_tasks, seed, work.resolve())
+    jobs = [Job(name, s, cfg.variant(name).rl, str(Path(model_path).resolve()),
+                masked(features, cfg.variant(name).dropped), tuple(train_tasks), checkpoint)
             for (name, s), (checkpoint, model_path) in runs.items()]
     histories = engine.map(run_job, jobs, progress="training variants")
     rows = [{"variant": job.variant, "seed": job.seed, **r} for job, history in zip(jobs, histories, strict=True)
