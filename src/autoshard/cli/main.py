@@ -3,6 +3,7 @@
   autoshard plan    --tables T --devices D --memory-per-device 16GiB [--method rl] --out plan.json
   autoshard score   --tables T --plan plan.json [--backend fbgemm|torch|analytic]
   autoshard compare --tables T --devices D --memory-per-device 16GiB [--measure]
+  autoshard measure --jobs jobs.json --out rows.json   (the portable measurement worker)
 
 Bad input is one line on stderr naming the file, row and field, exit status 2, and no output
 file (outputs are checked first, written to a temporary file and renamed on success); Ctrl-C or
@@ -85,6 +86,9 @@ def parser() -> argparse.ArgumentParser:
     compare.add_argument("--best-of", type=int, default=DEFAULT_BEST_OF, help="N for the rl_best_of_n row")
     compare.add_argument("--measure", action="store_true", help="also measure every plan")
     _measure_args(compare)
+    worker = sub.add_parser("measure", help="measure the shards of a job file (see autoshard.measure.worker)")
+    worker.add_argument("--jobs", required=True, type=Path, help="job file (JSON): shards, backend, pool")
+    worker.add_argument("--out", required=True, type=Path, help="rows to write (JSON)")
     return top
 
 
@@ -238,6 +242,21 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_measure(args: argparse.Namespace) -> int:
+    from autoshard.measure.worker import ROWS_FORMAT, measure_job, read_job
+
+    check_outputs({"--out": args.out}, [args.jobs])
+    job = read_job(args.jobs)
+    try:
+        rows = measure_job(job)
+    except ConfigError as exc:
+        raise ConfigError(f"{args.jobs}: {exc}") from None
+    write_files({args.out: json.dumps({"format": ROWS_FORMAT, "rows": rows}, indent=1) + "\n"})
+    ok = sum(r["status"] == "ok" for r in rows)
+    print(f"measured {ok} of {len(rows)} shards with {rows[0]['backend']} on {rows[0]['device']}: wrote {args.out}")
+    return 0
+
+
 def _one_line(text: str) -> str:
     return " ".join(text.split("\n")) if "\n" in text else text
 
@@ -245,7 +264,7 @@ def _one_line(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the command; every failure is one line on stderr (status 2 for bad input, 130/143
     when interrupted), never a traceback."""
-    commands = {"plan": cmd_plan, "score": cmd_score, "compare": cmd_compare}
+    commands = {"plan": cmd_plan, "score": cmd_score, "compare": cmd_compare, "measure": cmd_measure}
     prog = "autoshard"
     try:
         with interruptible():

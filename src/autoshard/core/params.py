@@ -83,6 +83,13 @@ class Fields:
             raise invalid(self.name(key), value, f"expected one of {', '.join(choices)}")
         return value
 
+    def optional_text(self, key: str) -> str | None:
+        """A string, or None when the key is null or absent."""
+        value = self._raw(key, None)
+        if value is not None and (not isinstance(value, str) or not value):
+            raise invalid(self.name(key), value, "expected a non-empty string or null")
+        return value
+
     def boolean(self, key: str, default: Any = _MISSING) -> bool:
         value = self._raw(key, default)
         if not isinstance(value, bool):
@@ -108,6 +115,10 @@ class Fields:
         if len(set(values)) != len(values):
             raise invalid(self.name(key), values, "names a value twice")
         return list(values)
+
+    def entries(self, key: str) -> list:
+        """A non-empty list whose entries the caller checks."""
+        return self._list(key, _MISSING)
 
     def _list(self, key: str, default: Any) -> list:
         values = self._raw(key, default)

@@ -9,13 +9,12 @@ model refitted on the policy's measured plans). Every variant trains with the sa
 and the same seeds, places the same test tasks greedily, and each plan is measured. The full
 variant is also run with best-of-N sampling and with local search (inference ablation).
 
-Training runs are independent single-threaded processes (`workers` at a time); each resumes
-from its checkpoint, which sits in a folder keyed by its inputs (`rl.run_key`).
+Training runs and cost-model refits are independent single-threaded jobs of an engine
+(`core.compute`: local processes or Ray tasks, results in job order whatever the engine); each
+run resumes from its checkpoint, which sits in a folder keyed by its inputs (`rl.run_key`).
 """
 
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
-from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +22,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from autoshard.core.compute import Engine
 from autoshard.core.digest import array_digest, file_digest, key, source_digest
 from autoshard.core.errors import invalid
 from autoshard.core.params import Fields
@@ -68,7 +68,6 @@ class AblationConfig:
     refresh_rounds: int
     refresh_iterations: int
     refresh_tasks: int
-    workers: int
     best_of: int
     rl: RLConfig
     backend: BackendConfig
@@ -88,7 +87,7 @@ class AblationConfig:
                   iterations=f.integer("iterations"), tasks_per_batch=f.integer("tasks_per_batch"),
                   test_tasks=f.integer("test_tasks"), refresh_rounds=f.integer("refresh_rounds"),
                   refresh_iterations=f.integer("refresh_iterations"), refresh_tasks=f.integer("refresh_tasks"),
-                  workers=f.integer("workers"), best_of=stage.best_of, rl=stage.train, backend=backend)
+                  best_of=stage.best_of, rl=stage.train, backend=backend)
         f.done()
         if "refresh" in variants and cfg.refresh_rounds * cfg.refresh_iterations >= cfg.iterations:
             raise invalid("ablation.refresh_iterations", cfg.refresh_iterations,
@@ -207,6 +206,11 @@ def refit_key(cost_model: dict, features: np.ndarray, dropped: tuple[str, ...], 
                source_digest(*(f.__module__ for f in (fit, measured_shards, save_model, load_profile))))
 
 
+def refit_job(args: tuple) -> str:
+    """`fit_masked` on one tuple of its arguments (an engine job)."""
+    return fit_masked(*args)
+
+
 def run_job(job: Job) -> list[dict]:
     """Train (or resume) one run; returns its history rows (a worker-process function)."""
     model = load_model(job.model_path)
@@ -214,42 +218,32 @@ def run_job(job: Job) -> list[dict]:
     return history.to_dict("records")
 
 
-def cost_models(cfg: AblationConfig, features: np.ndarray, full_model: str | Path, cost_model: dict,
-                data_dir: str | Path, seed: int, work: Path) -> dict[tuple[str, ...], str]:
+def cost_models(cfg: AblationConfig, engine: Engine, features: np.ndarray, full_model: str | Path,
+                cost_model: dict, data_dir: str | Path, seed: int, work: Path) -> dict[tuple[str, ...], str]:
     """A cost model per set of dropped columns: the stage's model for none, refits for the rest
-    (in parallel, saved under `work`, reused only for the same inputs: `refit_key`)."""
+    (jobs of `engine`, saved under `work`, reused only for the same inputs: `refit_key`). Paths
+    are absolute: a job's working folder is not this process's on every engine."""
     wanted = sorted({cfg.variant(v).dropped for v in cfg.variants} - {()})
-    out = {(): str(full_model)}
     keys = {d: refit_key(cost_model, features, d, data_dir, cfg.backend.backend, seed) for d in wanted}
-    paths = {d: str(work / "cost_models" / f"{k}.pt") for d, k in keys.items()}
-    with _pool(cfg.workers) as pool:
-        futures = {d: pool.submit(fit_masked, cost_model, features, d, str(data_dir), cfg.backend.backend, seed,
-                                  paths[d]) for d in wanted}
-        for d, future in tqdm(futures.items(), desc="refitting cost models"):
-            out[d] = future.result()
-    return out
+    jobs = [(cost_model, features, d, str(Path(data_dir).resolve()), cfg.backend.backend, seed,
+             str(work.resolve() / "cost_models" / f"{keys[d]}.pt")) for d in wanted]
+    paths = engine.map(refit_job, jobs, progress="refitting cost models")
+    return {(): str(Path(full_model).resolve())} | dict(zip(wanted, paths, strict=True))
 
 
-def _pool(workers: int) -> ProcessPoolExecutor:
-    return ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
-
-
-def train_all(cfg: AblationConfig, features: np.ndarray, models: dict[tuple[str, ...], str],
+def train_all(cfg: AblationConfig, engine: Engine, features: np.ndarray, models: dict[tuple[str, ...], str],
               train_tasks: list[Task], seed: int, work: Path
               ) -> tuple[pd.DataFrame, dict[tuple[str, int], tuple[str, str]]]:
-    """Train every (variant, seed) in worker processes; returns all history rows, labelled, and
+    """Train every (variant, seed) as a job of `engine`; returns all history rows, labelled, and
     (policy checkpoint, cost model) per (variant, seed). The refresh variant's first phase
     trains here; its rounds follow in `refresh_all`."""
-    runs = run_paths(cfg, features, models, train_tasks, seed, work)
-    jobs = [Job(name, s, cfg.variant(name).rl, model_path, masked(features, cfg.variant(name).dropped),
-                tuple(train_tasks), checkpoint)
+    runs = run_paths(cfg, features, models, train_tasks, seed, work.resolve())
+    jobs = [Job(name, s, cfg.variant(name).rl, str(Path(model_path).resolve()),
+                masked(features, cfg.variant(name).dropped), tuple(train_tasks), checkpoint)
             for (name, s), (checkpoint, model_path) in runs.items()]
-    rows = []
-    with _pool(cfg.workers) as pool:
-        futures = {pool.submit(run_job, job): job for job in jobs}
-        for future in tqdm(futures, desc="training variants"):
-            job = futures[future]
-            rows += [{"variant": job.variant, "seed": job.seed, **r} for r in future.result()]
+    histories = engine.map(run_job, jobs, progress="training variants")
+    rows = [{"variant": job.variant, "seed": job.seed, **r} for job, history in zip(jobs, histories, strict=True)
+            for r in history]
     return pd.DataFrame(rows), runs
 
 
