@@ -207,7 +207,9 @@ def test_ablation_notebook(profiled, smoke_params, monkeypatch):
     assert run_stage(tmp_path, smoke_params, "ablation") == 0
     metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "ablation.json", schema.AblationMetrics)
     cfg = smoke_params["ablation"]
-    assert [row["variant"] for row in metrics["variants"]] == [*cfg["variants"], "best_of_n", "local_search"]
+    assert [row["variant"] for row in metrics["variants"]] == [*cfg["variants"], "best_of_n", "local_search",
+                                                                "cost_greedy"]
+    assert all(row["variant"] == "full" or "p_holm" in row for row in metrics["variants"])
     assert all(len([k for k in row if k.startswith("seed ")]) == cfg["seeds"] for row in metrics["variants"])
     plans = pd.read_csv(tmp_path / "data" / "ablation" / "plans.csv")
     assert plans.groupby(["variant", "seed"])["task"].nunique().eq(cfg["test_tasks"]).all()

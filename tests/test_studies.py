@@ -169,3 +169,17 @@ def test_ablation_refit_cost_model_not_reused_after_profile_change(tmp_path):
     assert ablation.refit_key({"epochs": 3}, features, ("pooling_factor",), tmp_path, "fbgemm", 1) != base
     (tmp_path / "profile" / "shards.parquet").write_bytes(b"measured 1.26 ms")  # same size
     assert ablation.refit_key({"epochs": 3}, features, ("pooling_factor",), tmp_path, "fbgemm", 0) != base
+
+
+def test_transfer_points_say_when_they_share_tasks_or_must_tie():
+    rows = []
+    for axis, value, shape in [("tables", 40, "40x8"), ("devices", 8, "40x8"), ("devices", 64, "40x64")]:
+        for k in range(3):
+            for method, ms in [("size_greedy", 10.0), ("rl_greedy", 9.0)]:
+                rows.append({"axis": axis, "value": value, "task": f"transfer/{shape}/{k:03d}", "method": method,
+                             "ratio": ms / 10.0, "predicted_ratio": 1.0, "measured_ms": ms})
+    table = transfer.summary(pd.DataFrame(rows), 100, 0)
+    rl = table[table["method"] == "rl_greedy"].set_index(["axis", "value"])
+    assert rl.loc[("tables", 40), "shared_with"] == "devices" and rl.loc[("devices", 8), "shared_with"] == "tables"
+    assert pd.isna(rl.loc[("devices", 64), "shared_with"]) and rl.loc[("devices", 64), "trivial"]
+    assert not rl.loc[("tables", 40), "trivial"]

@@ -137,13 +137,17 @@ def transfer_table(transfer: TransferMetrics) -> str:
     for axis, methods in transfer["axes"].items():
         for method, points in methods.items():
             for value, row in points.items():
+                note = ", ".join(n for n, on in (("same tasks as the " + str(row.get("shared_with")) + " axis",
+                                                   row.get("shared_with")), ("every method ties", row.get("trivial")))
+                                 if on)
                 rows.append({"axis": axis, "value": float(value), "method": method, "cell": _interval(pd.Series(row)),
-                             "tasks": int(row["tasks"])})
+                             "tasks": int(row["tasks"]), "note": note})
     if not rows:
         return "(no transfer results)"
     frame = pd.DataFrame(rows)
     table = frame.pivot_table(index=["axis", "value"], columns="method", values="cell", aggfunc="first")
     table["tasks"] = frame.groupby(["axis", "value"])["tasks"].min()
+    table["note"] = frame.groupby(["axis", "value"])["note"].first()
     table.index = [f"{axis} = {value:g}" for axis, value in table.index]
     return table.rename_axis("point").to_markdown()
 

@@ -108,17 +108,30 @@ def from_evaluate(plans: pd.DataFrame) -> pd.DataFrame:
 
 def summary(ratios: pd.DataFrame, resamples: int, seed: int) -> pd.DataFrame:
     """Per (axis, value, compared method): tasks, median measured ratio to the best heuristic
-    with its 95% bootstrap interval, win rate, median predicted ratio, mean measured bottleneck."""
+    with its 95% bootstrap interval, win rate, median predicted ratio, mean measured bottleneck;
+    `shared_with` names the other axis holding the very same tasks (one point, measured once,
+    shown on both axes but counted once), and `trivial` marks a point whose tasks put at most
+    one table on a device, where every method that fits must tie."""
     rows = []
     compared = ratios[ratios["method"].isin(COMPARED)]
+    task_sets = {key: frozenset(g["task"]) for key, g in ratios.groupby(["axis", "value"])}
     for (axis, value, method), g in compared.groupby(["axis", "value", "method"], sort=True):
         lo, hi = bootstrap_median(g["ratio"].to_numpy(), resamples, seed, "transfer", axis, f"{value:g}", method)
+        twins = [a for (a, v), tasks in task_sets.items() if a != axis and tasks == task_sets[axis, value]]
         rows.append({"axis": axis, "value": value, "method": method, "tasks": len(g),
+                     "shared_with": twins[0] if twins else None, "trivial": bool(g["task"].map(_at_most_one).all()),
                      "ratio_median": g["ratio"].median(), "ratio_lo": lo, "ratio_hi": hi,
                      "win_rate": float((g["ratio"] < 1).mean()),
                      "predicted_ratio_median": g["predicted_ratio"].median(),
                      "mean_ms": g["measured_ms"].mean()})
     return pd.DataFrame(rows)
+
+
+def _at_most_one(task: str) -> bool:
+    """A transfer task `transfer/<tables>x<devices>/<k>` with no more tables than devices."""
+    shape = task.split("/")[1] if task.startswith("transfer/") else ""
+    tables, _, devices = shape.partition("x")
+    return bool(tables and devices) and int(tables) <= int(devices)
 
 
 def best_heuristics(ratios: pd.DataFrame) -> pd.DataFrame:
