@@ -8,7 +8,7 @@ BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
 
-.PHONY: repro test lint lab env clean-env
+.PHONY: repro test test-fast lint lab env clean-env
 
 env: $(STAMP)
 
@@ -26,6 +26,9 @@ repro: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow" -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests notebooks
