@@ -7,9 +7,8 @@ import numpy as np
 import pandas as pd
 
 from autoshard.core.seeding import rng
-from autoshard.placement.registry import KIND, METHODS, ids
-from autoshard.studies import paired
-from autoshard.studies.evaluate import NoiseTargets, Targets
+from autoshard.placement.registry import KIND, METHODS
+from autoshard.studies.evaluate import Targets
 
 
 def bootstrap_median(values: np.ndarray, resamples: int, seed: int, *keys: str) -> tuple[float, float]:
@@ -21,7 +20,6 @@ def bootstrap_median(values: np.ndarray, resamples: int, seed: int, *keys: str) 
     draws = rng(seed, "bootstrap", *keys).integers(0, len(values), size=(resamples, len(values)))
     medians = np.median(values[draws], axis=1)
     return float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))
-
 
 
 def with_ratios(plans: pd.DataFrame) -> pd.DataFrame:
@@ -37,7 +35,6 @@ def with_ratios(plans: pd.DataFrame) -> pd.DataFrame:
     out["measured_vs_optimum"] = out["measured_ms"] / out["task"].map(optimum["measured_ms"])
     out["predicted_gap"] = out["predicted_ms"] / out["task"].map(optimum["predicted_ms"]) - 1
     return out
-
 
 
 def summary(ratios: pd.DataFrame, resamples: int, seed: int) -> pd.DataFrame:
@@ -63,7 +60,6 @@ def summary(ratios: pd.DataFrame, resamples: int, seed: int) -> pd.DataFrame:
                            ignore_index=True)
 
 
-
 def targets(table: pd.DataFrame, goal: Targets) -> pd.DataFrame:
     """The issue's targets against the results: met or not, per protocol."""
     rows = []
@@ -82,7 +78,6 @@ def targets(table: pd.DataFrame, goal: Targets) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-
 def noise(first: pd.DataFrame, again: pd.DataFrame) -> pd.DataFrame:
     """Plans measured twice (`again` holds task, method, measured_ms of the second time): both
     bottlenecks, the relative change, and the change of the RL plan's ratio to the heuristic's."""
@@ -98,121 +93,10 @@ def noise(first: pd.DataFrame, again: pd.DataFrame) -> pd.DataFrame:
                  "ratio_again"]]
 
 
-
 def device_errors(devices: pd.DataFrame) -> pd.Series:
     """Absolute relative error of the cost model on the measured, non-empty device shards."""
     busy = devices[devices["tables"] > 0]
     return (busy["predicted_ms"] / busy["compute_ms"] - 1).abs()
-
-
-REFERENCES = ("best_heuristic", "cost_greedy", "lpt_measured", "milp", "torchrec")
-
-
-def measurement_quality(devices: pd.DataFrame, repeat: pd.DataFrame, targets: NoiseTargets) -> dict:
-    """How far the measurements under the results can be trusted, against the targets:
-    `median_cv` (CV across interleaved rounds, median over distinct shards), `calibration_drift`
-    (median over tasks of the calibration shard's largest drift), `remeasured_share` (tasks
-    measured again because of drift), `plan_repeat_change` (median |change| of a plan's
-    bottleneck measured in a later, separate pass), `noise_sd` per protocol (the standard
-    deviation of one bottleneck's log measurement, for the detectable effect) and `met`."""
-    shards = devices[devices["tables"] > 0].drop_duplicates(["task", "shard"])
-    tasks = devices.drop_duplicates("task")
-    change = repeat["relative_change"].abs()
-    log_change = np.log1p(repeat["relative_change"])
-    noise_sd = {str(p): float(g.std(ddof=1) / np.sqrt(2)) if len(g) > 1 else None
-                for p, g in log_change.groupby(repeat["protocol"])}
-    out = {"median_cv": _finite(shards["cv"].median()), "calibration_drift": _finite(tasks["drift"].median()),
-           "remeasured_share": float(tasks["remeasured"].mean()), "plan_repeat_change": _finite(change.median()),
-           "noise_sd": noise_sd, "targets": {"median_cv": targets.median_cv,
-                                             "plan_repeat_change": targets.plan_repeat_change}}
-    out["met"] = bool(out["median_cv"] is not None and out["median_cv"] <= targets.median_cv
-                      and out["plan_repeat_change"] is not None
-                      and out["plan_repeat_change"] <= targets.plan_repeat_change)
-    return out
-
-
-def _finite(value: float) -> float | None:
-    return float(value) if np.isfinite(value) else None
-
-
-def paired_comparisons(ratios: pd.DataFrame, plans: dict[str, list[np.ndarray | None]], task_names: list[str],
-                       noise_sd: dict[str, float | None], resamples: int, seed: int) -> dict:
-    """`paired.all_pairs` of every method against each of REFERENCES (the best heuristic by
-    measurement per task among them), stratified by unseen ratio, per protocol."""
-    index = {name: i for i, name in enumerate(task_names)}
-    frame = ratios[["task", "protocol", "method", "measured_ms", "unseen_ratio"]].copy()
-    frame["placement"] = [plans[m][index[t]] for t, m in zip(frame["task"], frame["method"], strict=True)]
-    frame = paired.with_best(frame, ids("heuristic"), "best_heuristic")
-    return paired.all_pairs(frame, REFERENCES, strata="unseen_ratio", noise_sd=noise_sd, resamples=resamples,
-                            seed=seed)
-
-
-def paired_frame(pairs: dict, methods: tuple[str, ...], references: tuple[str, ...] = REFERENCES) -> pd.DataFrame:
-    """The paired statistics of `methods` against `references` as one table."""
-    rows = []
-    for protocol, entries in pairs.items():
-        for method in methods:
-            for reference in references:
-                stats = entries.get(f"{method}__vs__{reference}")
-                if stats:
-                    rows.append({"protocol": protocol, "method": method, "reference": reference, **stats})
-    return pd.DataFrame(rows)
-
-
-def plain_answer(pairs: dict, quality: dict, methods: tuple[str, ...] = ("rl_greedy", "rl_local_search"),
-                 references: tuple[str, ...] = ("cost_greedy", "lpt_measured", "milp", "torchrec",
-                                                "best_heuristic"), replicates: dict | None = None) -> list[str]:
-    """One sentence per protocol and method: against each reference, faster, slower or not
-    distinguishable from the noise, with the median ratio and its 95% interval. A difference
-    counts only when its interval excludes 1 and it exceeds the minimum detectable effect. With
-    `replicates` (`replicate_summary`), each protocol also states the spread of rl_greedy over
-    cost_greedy across replicates of the whole chain."""
-    lines = []
-    if not quality["met"]:
-        lines.append("The measurements under these results are noisier than the targets; read every "
-                     "difference below against that.")
-    for protocol, entries in pairs.items():
-        if protocol == "small":
-            continue
-        for method in methods:
-            parts = []
-            for reference in references:
-                s = entries.get(f"{method}__vs__{reference}")
-                if not s or s["median_ratio"] is None:
-                    continue
-                parts.append(f"{verdict(s)} {reference} ({s['median_ratio']:.3f} [{s['ci_low']:.3f}, "
-                             f"{s['ci_high']:.3f}], {s['tasks']} tasks)")
-            if parts:
-                lines.append(f"{protocol}, {method}: " + "; ".join(parts) + ".")
-        spread = (replicates or {}).get(protocol, {}).get("rl_greedy__vs__cost_greedy")
-        if spread and spread["n"] > 1:
-            lines.append(f"{protocol}, across {spread['n']} replicates of the chain (cost model and policy seeds): "
-                         f"rl_greedy / cost_greedy median {spread['mean_ratio']:.3f} ± {spread['std']:.3f} (mean ± sd; "
-                         f"replicates {', '.join(f'{v:.3f}' for v in spread['values'])}).")
-    return lines
-
-
-def verdict(s: dict) -> str:
-    """'beats', 'loses to' or 'ties with': beats only when the whole 95% interval is below 1 and
-    the effect exceeds the minimum detectable effect (when one is known)."""
-    effect = abs(1 - s["median_ratio"])
-    big_enough = s["mde"] is None or effect >= s["mde"]
-    if s["ci_high"] is not None and s["ci_high"] < 1 and big_enough:
-        return "beats"
-    if s["ci_low"] is not None and s["ci_low"] > 1 and big_enough:
-        return "loses to"
-    return "ties with"
-
-
-def per_task_ratios(ratios: pd.DataFrame, pairs: list[tuple[str, str]]) -> pd.DataFrame:
-    """Per task and (method, reference) pair, the measured bottleneck ratio: what the paired
-    statistics summarise, for a figure of every task's difference."""
-    frame = paired.with_best(ratios[["task", "protocol", "method", "measured_ms"]], ids("heuristic"),
-                             "best_heuristic")
-    table = frame.pivot_table(index=["protocol", "task"], columns="method", values="measured_ms")
-    rows = [pd.DataFrame({"pair": f"{m} / {r}", "ratio": table[m] / table[r]}).reset_index()
-            for m, r in pairs if m in table and r in table]
-    return pd.concat(rows, ignore_index=True).dropna(subset=["ratio"])
 
 
 def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_errors: pd.Series,
@@ -230,39 +114,13 @@ def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_err
         "targets": target_table.to_dict("records"),
         "cost_model_device_error_median": device_errors.to_dict(),
         "measurement_repeat": repeat_noise.to_dict("index"),
-        "milp": {"gap_median": _finite(milp_table["gap"].median()) if len(milp_table) else None,
-                 "gap_max": _finite(milp_table["gap"].max()) if len(milp_table) else None,
+        "milp": {"gap_median": float(milp_table["gap"].median()) if len(milp_table) else None,
+                 "gap_max": float(milp_table["gap"].max()) if len(milp_table) else None,
                  "status": milp_table["status"].value_counts().to_dict() if len(milp_table) else {},
-                 "seconds_median": _finite(milp_table["seconds"].median()) if len(milp_table) else None},
+                 "seconds_median": float(milp_table["seconds"].median()) if len(milp_table) else None},
         "sharding_seconds": speed_table.pivot(index="method", columns="tables", values="seconds").to_dict("index"),
         "numpy_planner_same_plan_share": numpy_same,
         "tasks": pd.Series([t.protocol for t in tasks]).value_counts().to_dict(),
         "shards_measured": int(devices["shard"].nunique()),
         "seconds": seconds,
     }
-
-
-def replicate_summary(ratios: pd.DataFrame, replicates: list[pd.DataFrame],
-                      methods: tuple[str, ...] = ("cost_greedy", "rl_greedy")) -> dict:
-    """`replicates.<protocol>.<method>`: the median measured ratio to the best heuristic in each
-    replicate (0: the stage's own models; then each frame of (task, method, measured_ms) measured
-    for the other replicates' models), its mean across replicates, standard deviation and count;
-    and the same for `rl_greedy__vs__cost_greedy`, the per-task ratio of the two."""
-    best = (ratios["measured_ms"] / ratios["ratio"]).groupby(ratios["task"]).first()
-    protocol = ratios.groupby("task")["protocol"].first()
-    frames = [ratios[ratios["method"].isin(methods)][["task", "method", "measured_ms"]], *replicates]
-    medians: dict[str, dict[str, list[float]]] = {}
-    for frame in frames:
-        frame = frame[frame["task"].isin(best.index)]
-        table = frame.pivot_table(index="task", columns="method", values="measured_ms")
-        for proto, tasks in table.groupby(protocol.reindex(table.index)):
-            entry = medians.setdefault(str(proto), {})
-            for method in methods:
-                if method in tasks:
-                    entry.setdefault(method, []).append(float((tasks[method] / best[tasks.index]).median()))
-            if {"rl_greedy", "cost_greedy"} <= set(tasks):
-                entry.setdefault("rl_greedy__vs__cost_greedy", []).append(
-                    float((tasks["rl_greedy"] / tasks["cost_greedy"]).median()))
-    return {proto: {name: {"mean_ratio": float(np.mean(v)), "std": float(np.std(v, ddof=1)) if len(v) > 1 else None,
-                           "n": len(v), "values": v} for name, v in entry.items()}
-            for proto, entry in medians.items() if proto != "small"}

@@ -1,4 +1,4 @@
-"""The evaluate stage's measurement quality, paired comparisons and plain answer, on small frames."""
+"""The evaluate stage's findings: measurement quality, paired comparisons, replicates and the plain answer, on small frames."""
 
 import json
 
@@ -8,8 +8,7 @@ import pandas as pd
 from autoshard.core.metrics import _plain
 from autoshard.data.tasks import Task
 from autoshard.studies.evaluate import NoiseTargets
-from autoshard.studies.stats import (
-    evaluate_metrics,
+from autoshard.studies.findings import (
     measurement_quality,
     paired_comparisons,
     per_task_ratios,
@@ -17,6 +16,7 @@ from autoshard.studies.stats import (
     replicate_summary,
     verdict,
 )
+from autoshard.studies.stats import evaluate_metrics
 
 TARGETS = NoiseTargets(median_cv=0.03, plan_repeat_change=0.01)
 
