@@ -1,4 +1,4 @@
-"""The evaluate stage's findings: measurement quality, paired comparisons, replicates and the plain answer, on small frames."""
+"""The evaluate stage's findings on small frames: quality, paired comparisons, replicates, the answer."""
 
 import json
 
