@@ -32,3 +32,12 @@ def test_dataclass_defaults_equal_params_yaml(config, section):
             assert f.default == values[f.name], f"{config.__name__}.{f.name}: {f.default!r} vs params.yaml"
             compared += 1
     assert compared > 0, "nothing compared: the test lost track of the parameters"
+
+
+def test_the_command_builds_a_tables_features_as_the_study_built_the_pools():
+    """A user's table gets its reuse histogram from a trace of the pool's batch and dispersion:
+    the features the cost model and policy learnt from."""
+    from autoshard.cli.user_tables import DEFAULT_BAG_DISPERSION, DEFAULT_TRACE_BATCH
+
+    assert DEFAULT_TRACE_BATCH == PARAMS["pool"]["batch_size"]
+    assert DEFAULT_BAG_DISPERSION == PARAMS["pool"]["bag_dispersion"]

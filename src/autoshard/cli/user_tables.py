@@ -45,7 +45,8 @@ REQUIRED = ("name", "rows", "dim", "pooling_factor")
 BINS = tuple(f"reuse_bin_{i}" for i in range(REUSE_BINS))
 OPTIONAL = ("zipf_alpha", *BINS)
 DEFAULT_ZIPF_ALPHA = 1.05
-DEFAULT_TRACE_BATCH = 2048  # the profile stage's batch: the cost model's features were measured so
+DEFAULT_TRACE_BATCH = 4096  # params.yaml's pool.batch_size: the pool's features, which the models learnt
+# from, are computed over this many bags (the profile then measures the first profile.batch_size of them)
 DEFAULT_BAG_DISPERSION = 1.0  # params.yaml's pool.bag_dispersion: the pool the models learnt from
 MAX_TRACE_LOOKUPS = 2**28  # 2 GiB of int64 indices to measure with
 
