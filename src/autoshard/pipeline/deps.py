@@ -18,6 +18,8 @@ from pathlib import Path
 
 import yaml
 
+from autoshard.core.digest import PACKAGE_DIR, source_files
+
 LAYERS = ("core", "data", "measure", "costmodel", "placement", "rl", "studies", "cli", "pipeline")
 RANK = {**{layer: i for i, layer in enumerate(LAYERS)}, "cli": LAYERS.index("studies")}
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -51,16 +53,10 @@ def _module_file(dotted: str) -> Path | None:
 
 
 def module_closure(source: str) -> set[str]:
-    """Every package module reachable from `source`'s imports (dotted names)."""
-    todo, seen = list(imported_modules(source)), set()
-    while todo:
-        name = todo.pop()
-        file = _module_file(name)
-        if name in seen or file is None:
-            continue
-        seen.add(name)
-        todo += imported_modules(file.read_text())
-    return seen
+    """Every package module reachable from `source`'s imports (dotted names below `autoshard`):
+    the same import closure that keys the caches (`core.digest.source_files`)."""
+    files = source_files(f"autoshard.{m}" for m in imported_modules(source))
+    return {".".join(f.relative_to(PACKAGE_DIR).with_suffix("").parts) for f in files if f.name != "__init__.py"}
 
 
 def notebook_source(path: Path) -> str:
