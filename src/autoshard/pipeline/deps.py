@@ -22,7 +22,7 @@ from autoshard.core.digest import PACKAGE_DIR, source_files
 
 LAYERS = ("core", "data", "measure", "costmodel", "placement", "rl", "studies", "cli", "pipeline")
 RANK = {**{layer: i for i, layer in enumerate(LAYERS)}, "cli": LAYERS.index("studies")}
-PACKAGE = Path(__file__).resolve().parents[1]
+
 # Every stage notebook opens with the stage context; depending on the whole pipeline folder would
 # rerun every stage whenever the report changes.
 STAGE_RUNNER = "src/autoshard/pipeline/stage.py"
@@ -44,7 +44,7 @@ def imported_modules(source: str) -> set[str]:
 
 
 def _module_file(dotted: str) -> Path | None:
-    path = PACKAGE.joinpath(*dotted.split("."))
+    path = PACKAGE_DIR.joinpath(*dotted.split("."))
     if path.with_suffix(".py").is_file():
         return path.with_suffix(".py")
     if (path / "__init__.py").is_file():
@@ -77,8 +77,8 @@ def code_deps(source: str) -> list[str]:
 def layer_violations() -> list[str]:
     """`module -> import` pairs that import from a later layer (or across studies and cli)."""
     bad = []
-    for file in sorted(PACKAGE.rglob("*.py")):
-        parts = file.relative_to(PACKAGE).with_suffix("").parts
+    for file in sorted(PACKAGE_DIR.rglob("*.py")):
+        parts = file.relative_to(PACKAGE_DIR).with_suffix("").parts
         if len(parts) < 2:
             continue
         layer = parts[0]
