@@ -216,14 +216,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
     models = planning.load_models("rl_best_of_n", args.policy, args.cost_model, need_torch=True,
                                   folder=planning.models_folder(args.models))
     seed = planning.seed_for(tables, args.seed)
-    runs = {m: {"method": m} for m in METHODS}
     backend = _backend(tables, args) if args.measure else None
     rows = []
     features = feature_matrix(tables.features)
-    for name, run in runs.items():
+    for name in METHODS:
         try:
-            placement, seconds = planning.timed_place(run["method"], tables, task, models, seed=seed,
-                                                      best_of=args.best_of)
+            placement, seconds = planning.timed_place(name, tables, task, models, seed=seed, best_of=args.best_of)
         except ConfigError as exc:
             rows.append({"method": name, "status": f"no plan: {exc}"})
             continue
