@@ -10,6 +10,11 @@ import numpy as np
 from autoshard.core.atomic import atomic_file
 
 
+def finite(value: float) -> float | None:
+    """`value` as a float, or None where it is not a finite number (strict JSON's null)."""
+    return float(value) if np.isfinite(value) else None
+
+
 def _plain(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
@@ -18,7 +23,7 @@ def _plain(value: Any) -> Any:
     if isinstance(value, np.generic):
         value = value.item()
     if isinstance(value, float):
-        return round(value, 6) if np.isfinite(value) else None
+        return None if finite(value) is None else round(value, 6)
     return value
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from autoshard.core.metrics import finite
 from autoshard.placement.registry import ids
 from autoshard.studies import paired
 from autoshard.studies.evaluate import NoiseTargets
@@ -28,8 +29,8 @@ def measurement_quality(devices: pd.DataFrame, repeat: pd.DataFrame, targets: No
     log_change = np.log1p(repeat["relative_change"])
     noise_sd = {str(p): float(g.std(ddof=1) / np.sqrt(2)) if len(g) > 1 else None
                 for p, g in log_change.groupby(repeat["protocol"])}
-    out = {"median_cv": _finite(shards["cv"].median()), "calibration_drift": _finite(tasks["drift"].median()),
-           "remeasured_share": float(tasks["remeasured"].mean()), "plan_repeat_change": _finite(change.median()),
+    out = {"median_cv": finite(shards["cv"].median()), "calibration_drift": finite(tasks["drift"].median()),
+           "remeasured_share": float(tasks["remeasured"].mean()), "plan_repeat_change": finite(change.median()),
            "noise_sd": noise_sd, "targets": {"median_cv": targets.median_cv,
                                              "plan_repeat_change": targets.plan_repeat_change}}
     out["met"] = bool(out["median_cv"] is not None and out["median_cv"] <= targets.median_cv
@@ -37,10 +38,6 @@ def measurement_quality(devices: pd.DataFrame, repeat: pd.DataFrame, targets: No
                       and out["plan_repeat_change"] <= targets.plan_repeat_change)
     return out
 
-
-
-def _finite(value: float) -> float | None:
-    return float(value) if np.isfinite(value) else None
 
 
 

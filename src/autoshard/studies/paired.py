@@ -78,17 +78,17 @@ def bootstrap_median(log_ratios: np.ndarray, strata: np.ndarray | None, resample
 
 def compare(method: np.ndarray, reference: np.ndarray, *, strata: np.ndarray | None = None,
             identical: np.ndarray | None = None, noise_sd: float | None = None,
-            resamples: int = 2000, seed: int = 0, keys: Iterable[str] = ()) -> dict[str, float | None]:
+            resamples: int = 2000, seed: int = 0, keys: Iterable[str] = ()) -> dict[str, int | float | None]:
     """The paired statistics of `method` against `reference` (bottlenecks per task, aligned).
     Tasks where either has no positive finite value are left out. `identical` flags the tasks
     (aligned too) where the two placements are the same split; `noise_sd` is one measurement's log-noise sd.
-    Every value is a float or None, never NaN, so the result is strict JSON."""
+    `tasks` is a count; every other value is a float or None, never NaN, so the result is strict JSON."""
     method, reference = np.asarray(method, dtype=float), np.asarray(reference, dtype=float)
     if method.shape != reference.shape:
         raise ValueError(f"method {method.shape} and reference {reference.shape} must align by task")
     ok = np.isfinite(method) & np.isfinite(reference) & (method > 0) & (reference > 0)
-    out: dict[str, float | None] = dict.fromkeys(KEYS)
-    out["tasks"] = float(ok.sum())
+    out: dict[str, int | float | None] = dict.fromkeys(KEYS)
+    out["tasks"] = int(ok.sum())
     if not ok.any():
         return out
     if identical is not None:

@@ -8,18 +8,18 @@ import pandas as pd
 
 from autoshard.core.seeding import rng
 from autoshard.placement.registry import KIND, METHODS
+from autoshard.studies import paired
 from autoshard.studies.evaluate import Targets
 
 
 def bootstrap_median(values: np.ndarray, resamples: int, seed: int, *keys: str) -> tuple[float, float]:
-    """95% percentile-bootstrap interval of the median of `values` (tasks resampled)."""
+    """95% percentile-bootstrap interval of the median of `values` (tasks resampled, NaNs left out):
+    `paired.bootstrap_median` without strata, on a stream named by `keys`."""
     values = np.asarray(values, dtype=float)
     values = values[~np.isnan(values)]
     if len(values) == 0:
         return float("nan"), float("nan")
-    draws = rng(seed, "bootstrap", *keys).integers(0, len(values), size=(resamples, len(values)))
-    medians = np.median(values[draws], axis=1)
-    return float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))
+    return paired.bootstrap_median(values, None, resamples, rng(seed, "bootstrap", *keys))
 
 
 def with_ratios(plans: pd.DataFrame) -> pd.DataFrame:
