@@ -183,3 +183,15 @@ def test_transfer_points_say_when_they_share_tasks_or_must_tie():
     assert rl.loc[("tables", 40), "shared_with"] == "devices" and rl.loc[("devices", 8), "shared_with"] == "tables"
     assert pd.isna(rl.loc[("devices", 64), "shared_with"]) and rl.loc[("devices", 64), "trivial"]
     assert not rl.loc[("tables", 40), "trivial"]
+
+
+def test_a_task_is_bounded_when_its_best_heuristic_is_slowest_on_a_lone_table():
+    rows = [  # task a: size_greedy best, slowest device holds one table; task b: slowest holds two
+        ("a", "size_greedy", 0, 1, 5.0), ("a", "size_greedy", 1, 3, 4.0),
+        ("a", "lookup_greedy", 0, 2, 6.0), ("a", "rl_greedy", 0, 1, 5.0),
+        ("b", "size_greedy", 0, 2, 5.0), ("b", "size_greedy", 1, 1, 4.0)]
+    devices = pd.DataFrame(rows, columns=["task", "method", "device", "tables", "compute_ms"])
+    assert transfer.bounded_tasks(devices) == {"a"}
+    ratios = pd.DataFrame([{"axis": "tables", "value": 2, "task": t, "method": "rl_greedy", "ratio": 1.0,
+                            "predicted_ratio": 1.0, "measured_ms": 5.0} for t in "ab"])
+    assert transfer.summary(ratios, 100, 0, frozenset({"a"}))["bounded_share"].tolist() == [0.5]

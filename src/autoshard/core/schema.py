@@ -99,6 +99,7 @@ class TransferPoint(TypedDict):
     """One method at one point of a transfer axis."""
 
     tasks: int
+    bounded_share: Number  # share of tasks whose best heuristic is slowest on a one-table device
     ratio_median: Number
     ratio_lo: Number
     ratio_hi: Number

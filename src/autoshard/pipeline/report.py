@@ -137,9 +137,11 @@ def transfer_table(transfer: TransferMetrics) -> str:
     for axis, methods in transfer["axes"].items():
         for method, points in methods.items():
             for value, row in points.items():
-                note = ", ".join(n for n, on in (("same tasks as the " + str(row.get("shared_with")) + " axis",
-                                                   row.get("shared_with")), ("every method ties", row.get("trivial")))
-                                 if on)
+                bounded = row.get("bounded_share") or 0.0
+                note = ", ".join(n for n, on in (
+                    ("same tasks as the " + str(row.get("shared_with")) + " axis", row.get("shared_with")),
+                    ("every method ties", row.get("trivial")),
+                    (f"largest table bounds {bounded:.0%} of tasks", not row.get("trivial") and bounded >= 0.5)) if on)
                 rows.append({"axis": axis, "value": float(value), "method": method, "cell": _interval(pd.Series(row)),
                              "tasks": int(row["tasks"]), "note": note})
     if not rows:

@@ -106,12 +106,23 @@ def from_evaluate(plans: pd.DataFrame) -> pd.DataFrame:
     return rows
 
 
-def summary(ratios: pd.DataFrame, resamples: int, seed: int) -> pd.DataFrame:
+def bounded_tasks(devices: pd.DataFrame) -> frozenset[str]:
+    """Tasks whose best heuristic plan (by measurement) is slowest on a device holding one table:
+    its bottleneck is that table alone, which no table-wise placement can go below, so on such
+    a task every method that isolates the table ties (within noise) and none can win."""
+    heuristic = devices[devices["method"].isin(HEURISTICS)]
+    slowest = heuristic.loc[heuristic.groupby(["task", "method"])["compute_ms"].idxmax()]
+    best = slowest.loc[slowest.groupby("task")["compute_ms"].idxmin()]
+    return frozenset(best.loc[best["tables"] == 1, "task"])
+
+
+def summary(ratios: pd.DataFrame, resamples: int, seed: int, bounded: frozenset[str] = frozenset()) -> pd.DataFrame:
     """Per (axis, value, compared method): tasks, median measured ratio to the best heuristic
     with its 95% bootstrap interval, win rate, median predicted ratio, mean measured bottleneck;
     `shared_with` names the other axis holding the very same tasks (one point, measured once,
-    shown on both axes but counted once), and `trivial` marks a point whose tasks put at most
-    one table on a device, where every method that fits must tie."""
+    shown on both axes but counted once), `trivial` marks a point whose tasks put at most
+    one table on a device, where every method that fits must tie, and `bounded_share` is the
+    share of its tasks in `bounded` (see `bounded_tasks`)."""
     rows = []
     compared = ratios[ratios["method"].isin(COMPARED)]
     task_sets = {key: frozenset(g["task"]) for key, g in ratios.groupby(["axis", "value"])}
@@ -120,6 +131,7 @@ def summary(ratios: pd.DataFrame, resamples: int, seed: int) -> pd.DataFrame:
         twins = [a for (a, v), tasks in task_sets.items() if a != axis and tasks == task_sets[axis, value]]
         rows.append({"axis": axis, "value": value, "method": method, "tasks": len(g),
                      "shared_with": twins[0] if twins else None, "trivial": bool(g["task"].map(_at_most_one).all()),
+                     "bounded_share": float(g["task"].isin(bounded).mean()),
                      "ratio_median": g["ratio"].median(), "ratio_lo": lo, "ratio_hi": hi,
                      "win_rate": float((g["ratio"] < 1).mean()),
                      "predicted_ratio_median": g["predicted_ratio"].median(),
