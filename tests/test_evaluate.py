@@ -347,3 +347,13 @@ def test_same_plans_counts_identical_devices_and_identical_splits():
             raise Infeasible("no room")     # like the reference: no plan
         return mine[t.name]
     assert same_plans(reference, planner, tasks) == {"same devices": 0.5, "same split": 0.75}
+
+
+def test_replicate_subset_keeps_the_first_share_of_every_group():
+    from autoshard.studies.evaluate import replicate_subset
+
+    tasks = [Task(f"a{r}-{k}", "autoshard", "test", (0,), 1, 1, r) for r in (0.0, 0.5) for k in range(5)]
+    tasks += [Task(f"d{k}", "dreamshard", "test", (0,), 1, 1, 1.0) for k in range(10)]
+    chosen = [t.name for t in replicate_subset(tasks, 0.6)]
+    assert chosen == ["a0.0-0", "a0.0-1", "a0.0-2", "a0.5-0", "a0.5-1", "a0.5-2"] + [f"d{k}" for k in range(6)]
+    assert replicate_subset(tasks, 1.0) == tasks

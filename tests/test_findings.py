@@ -104,3 +104,13 @@ def test_replicate_summary_spreads_each_method_over_the_replicates():
     assert np.allclose(vs["values"], [0.8 / 0.9 * k for k in (1.0, 1.1, 1.2)], rtol=0.01)
     line = plain_answer({"autoshard": {}}, {"met": True}, replicates={"autoshard": spread})[0]
     assert line.startswith("autoshard, across 3 replicates") and "±" in line
+
+
+def test_replicates_on_a_subset_of_tasks_are_compared_on_that_subset_only():
+    frame, _, _ = ratios_frame(rl_factor=0.8)
+    best = frame[frame["method"].isin(["size_greedy", "lookup_greedy"])].groupby("task")["measured_ms"].min()
+    frame["ratio"] = frame["measured_ms"] / frame["task"].map(best)
+    first = sorted(frame["task"].unique())[: frame["task"].nunique() // 2]
+    again = frame[frame["task"].isin(first) & frame["method"].isin(["cost_greedy", "rl_greedy"])]
+    spread = replicate_summary(frame, [again[["task", "method", "measured_ms"]]])["autoshard"]
+    assert spread["rl_greedy"]["std"] < 1e-12, "same plans on the same tasks must give the same median"

@@ -6,6 +6,7 @@ and timed alike. A method that finds no plan for a task (TorchRec's planner coun
 state and may refuse a tight cap) yields None there, with the reason recorded.
 """
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,6 +76,7 @@ class EvaluateConfig:
     backend: BackendConfig
     bootstrap: int
     noise_tasks: int
+    replicate_share: float  # of each group's held-out tasks, the first ones, re-planned by every replicate
     speed_tables: tuple[int, ...]
     speed_devices: int
     speed_repeats: int
@@ -110,6 +112,7 @@ class EvaluateConfig:
         cfg = cls(autoshard_per_ratio=f.integer("autoshard_tasks_per_ratio", lo=0),
                   dreamshard_tasks=f.integer("dreamshard_tasks", lo=0), small=small, best_of=best_of,
                   backend=backend, bootstrap=f.integer("bootstrap", lo=100), noise_tasks=f.integer("noise_tasks", lo=0),
+                  replicate_share=f.number("replicate_share", lo=0, lo_open=True, hi=1),
                   speed_tables=tuple(f.integers("speed_tables")), speed_devices=f.integer("speed_devices"),
                   speed_repeats=f.integer("speed_repeats"),
                   speed_budget_s=f.number("speed_budget_s", lo=0, lo_open=True),
@@ -158,6 +161,16 @@ def held_out_tasks(tasks: list[Task], cfg: EvaluateConfig) -> list[Task]:
                           f"(unseen ratio {ratio:g}) exist; see tasks.{protocol}.test_tasks")
         out += group[:n]
     return out
+
+
+def replicate_subset(tasks: list[Task], share: float) -> list[Task]:
+    """The first `share` (rounded up) of each group of `tasks` (protocol and unseen ratio), in
+    order: the tasks the replicates re-plan and measure, stratified like the headline's."""
+    groups: dict[tuple[str, float], list[Task]] = {}
+    for t in tasks:
+        groups.setdefault((t.protocol, t.unseen_ratio), []).append(t)
+    keep = {t.name for g in groups.values() for t in g[:math.ceil(share * len(g))]}
+    return [t for t in tasks if t.name in keep]
 
 
 def small_tasks(features: pd.DataFrame, test_tables: np.ndarray, cfg: SmallConfig, seed: int) -> list[Task]:

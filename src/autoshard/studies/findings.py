@@ -131,8 +131,11 @@ def replicate_summary(ratios: pd.DataFrame, replicates: list[pd.DataFrame],
     """`replicates.<protocol>.<method>`: the median measured ratio to the best heuristic in each
     replicate (0: the stage's own models; then each frame of (task, method, measured_ms) measured
     for the other replicates' models), its mean across replicates, standard deviation and count;
-    and the same for `rl_greedy__vs__cost_greedy`, the per-task ratio of the two."""
+    and the same for `rl_greedy__vs__cost_greedy`, the per-task ratio of the two. Every replicate
+    is summarised over the same tasks: those every replicate's frame holds."""
     best = (ratios["measured_ms"] / ratios["ratio"]).groupby(ratios["task"]).first()
+    for frame in replicates:
+        best = best[best.index.isin(frame["task"])]
     protocol = ratios.groupby("task")["protocol"].first()
     frames = [ratios[ratios["method"].isin(methods)][["task", "method", "measured_ms"]], *replicates]
     medians: dict[str, dict[str, list[float]]] = {}
