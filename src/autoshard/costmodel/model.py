@@ -25,6 +25,7 @@ from autoshard.data.features import FEATURE_COLUMNS, LOG_COLUMNS
 from autoshard.data.features import check_features as check_feature_array
 
 FORMAT = "autoshard-cost-model/1"
+SINGLE_COST_COLUMN = "single_ms"  # an optional 22nd feature: the table's measured cost alone (the hybrid's)
 HEADS = {"total": ("total_ms",), "stages": ("forward_ms", "backward_ms")}
 LOSSES = ("mse", "log_mse")
 
@@ -55,17 +56,30 @@ class CostModelConfig:
 
 
 def transform(x: torch.Tensor) -> torch.Tensor:
-    """log1p of rows, pooling factor and size; the rest as they are."""
+    """log1p of rows, pooling factor, size and (when given) the measured single cost; the rest
+    as they are."""
     out = x.clone()
     for name in LOG_COLUMNS:
         i = FEATURE_COLUMNS.index(name)
         out[..., i] = torch.log1p(out[..., i])
+    if x.shape[-1] > len(FEATURE_COLUMNS):
+        out[..., len(FEATURE_COLUMNS)] = torch.log1p(out[..., len(FEATURE_COLUMNS)])
     return out
 
 
 def check_features(x: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """Features as a float32 tensor (N, 21); see `tables.check_features`."""
-    return torch.from_numpy(check_feature_array(x))
+    """Features as a float32 tensor (N, 21), or (N, 22) with each table's measured single cost
+    (ms, positive) last, as the hybrid model takes them; see `data.features.check_features`."""
+    x = np.asarray(x, dtype=np.float64)
+    width = len(FEATURE_COLUMNS)
+    if x.ndim != 2 or x.shape[1] != width + 1:
+        return torch.from_numpy(check_feature_array(x))
+    single = x[:, width].astype(np.float32)
+    bad = np.flatnonzero(~(np.isfinite(single) & (single > 0)))
+    if len(bad):
+        raise ConfigError(f"table features: {float(x[bad[0], width])} in table {bad[0]}, column "
+                          f"{SINGLE_COST_COLUMN} (a measured cost must be positive)")
+    return torch.from_numpy(np.column_stack([check_feature_array(x[:, :width]), single]))
 
 
 class CostModel(nn.Module):
@@ -87,12 +101,13 @@ class CostModel(nn.Module):
     @classmethod
     def fitted_to(cls, cfg: CostModelConfig, train_features: np.ndarray, scale: float = 1.0) -> "CostModel":
         """A fresh model normalised with `train_features` (zero spread -> 1) and an output `scale` (ms)."""
-        x = transform(check_features(train_features))
+        x = transform(check_features(train_features)[:, :len(FEATURE_COLUMNS)])
         std = x.std(dim=0, unbiased=False)
         return cls(cfg, x.mean(dim=0), torch.where(std > 1e-8, std, torch.ones_like(std)), scale)
 
     def encode(self, features: torch.Tensor) -> torch.Tensor:
-        """Encodings (N, encoding) of raw table features (N, 21)."""
+        """Encodings (N, encoding) of raw table features (N, 21; a 22nd column is ignored)."""
+        features = features[..., :len(FEATURE_COLUMNS)]
         return self.encoder((transform(features) - self.mean) / self.std)
 
     def head_ms(self, pooled: torch.Tensor) -> torch.Tensor:
