@@ -19,9 +19,12 @@ from autoshard.costmodel.train import CostStageConfig, fit_hybrid, shard_weights
 from autoshard.data.features import feature_matrix
 from autoshard.data.pool import build_pool
 from autoshard.data.tasks import make_tasks
+from autoshard.placement.exact import exact_plan
 from autoshard.placement.shards import device_shards, predicted_bottleneck
 from autoshard.rl.env import ShardingEnv, make_batch
 from autoshard.rl.infer import cost_greedy
+from autoshard.rl.policy import Policy, PolicyConfig
+from autoshard.rl.ppo import rollout
 
 SMALL = HybridConfig(hidden=32, encoding=9, head_hidden=16, max_epochs=300, patience=60, batch_size=32,
                      learning_rate=1e-2)
@@ -123,7 +126,8 @@ def test_feature_only_model_ignores_the_single_cost_column(features, hybrid_feat
 
 def test_planners_take_the_hybrid(smoke_params, pool, hybrid_features, single_ms):
     """What takes a CostModel takes the hybrid: the predicted bottleneck, the RL environment's
-    batch and steps, and cost_greedy; summed encodings give the same costs as predict_ms."""
+    batch and steps, the policy (either state encoder), cost_greedy and the exact search; summed encodings give
+    the same costs as predict_ms."""
     model = fresh(hybrid_features)
     with torch.no_grad():
         model.head[-1].weight.normal_(0, 0.1)
@@ -142,10 +146,17 @@ def test_planners_take_the_hybrid(smoke_params, pool, hybrid_features, single_ms
     assert float(env.bottleneck()[0]) == pytest.approx(model.predict_ms(hybrid_features, busy).max(), rel=1e-5)
     assert predicted_bottleneck(model, hybrid_features, task, placement) == pytest.approx(
         float(env.bottleneck()[0]), rel=1e-5)
+    for encoder in ("cost_model", "separate"):
+        policy = Policy(PolicyConfig(state_encoder=encoder), model)
+        traj = rollout(policy, model, batch, "sample", generator=torch.Generator().manual_seed(0))
+        assert traj.logp.shape == (1, len(task.tables)) and torch.isfinite(traj.reward).all()
     plan = cost_greedy(model, hybrid_features, [task])[0]
     assert len(plan) == len(task.tables) and set(plan.tolist()) <= set(range(task.devices))
     assert predicted_bottleneck(model, hybrid_features, task, plan) <= predicted_bottleneck(
         model, hybrid_features, task, np.zeros(len(task.tables), dtype=int)) + 1e-9
+    best = exact_plan(model, hybrid_features, task)
+    assert predicted_bottleneck(model, hybrid_features, task, best) <= predicted_bottleneck(
+        model, hybrid_features, task, plan) + 1e-6
 
 
 def test_heuristic_shards_weigh_more():
