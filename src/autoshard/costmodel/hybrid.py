@@ -22,18 +22,23 @@ serves both models.
 """
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import torch
 from torch import nn
 
-from autoshard.core.checkpoints import load_tagged, save_tagged
 from autoshard.core.errors import ConfigError
-from autoshard.core.inputs import check_state
 from autoshard.core.params import Fields
-from autoshard.costmodel.model import SINGLE_COST_COLUMN, check_features, pad_shards, transform
+from autoshard.costmodel.model import (
+    SINGLE_COST_COLUMN,
+    check_features,
+    load_network,
+    pad_shards,
+    save_network,
+    transform,
+)
 from autoshard.data.features import FEATURE_COLUMNS
 
 FORMAT = "autoshard-hybrid-cost-model/1"
@@ -143,18 +148,9 @@ def _checked(features: np.ndarray | torch.Tensor) -> torch.Tensor:
 
 def save_hybrid(model: HybridCostModel, path) -> None:
     """State dict, config and format tag in one file, written at once."""
-    save_tagged(path, FORMAT, {"config": asdict(model.cfg), "feature_columns": FEATURE_COLUMNS,
-                               "state_dict": model.state_dict()})
+    save_network(model, path, FORMAT)
 
 
 def load_hybrid(path) -> HybridCostModel:
     """Load a model written by `save_hybrid` (weights_only=True: no code runs on load)."""
-    payload = load_tagged(path, FORMAT, "hybrid cost model", "cost_model")
-    if payload["feature_columns"] != FEATURE_COLUMNS:
-        raise ConfigError(f"{path}: built for other table features than this version's")
-    state = payload["state_dict"]
-    blank = HybridCostModel(HybridConfig(**payload["config"]), torch.zeros(WIDTH), torch.ones(WIDTH))
-    check_state(path, "hybrid cost model", blank.state_dict(), state)
-    model = HybridCostModel(blank.cfg, state["mean"], state["std"], state["scale"])
-    model.load_state_dict(state)
-    return model.eval()
+    return load_network(path, FORMAT, "hybrid cost model", HybridCostModel, HybridConfig, WIDTH)

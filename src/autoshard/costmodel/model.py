@@ -148,19 +148,30 @@ def pad_shards(shards: Sequence[Sequence[int]], num_tables: int) -> torch.Tensor
 
 def save_model(model: CostModel, path) -> None:
     """State dict, config and format tag in one file, written at once."""
-    save_tagged(path, FORMAT, {"config": asdict(model.cfg), "feature_columns": FEATURE_COLUMNS,
-                               "state_dict": model.state_dict()})
+    save_network(model, path, FORMAT)
 
 
 def load_model(path) -> CostModel:
     """Load a model written by `save_model` (weights_only=True: no code runs on load)."""
-    payload = load_tagged(path, FORMAT, "cost model", "cost_model")
+    return load_network(path, FORMAT, "cost model", CostModel, CostModelConfig, len(FEATURE_COLUMNS))
+
+
+def save_network(model: nn.Module, path, fmt: str) -> None:
+    """A cost network (with `cfg`, `mean`, `std`, `scale`) as format tag, config, feature
+    columns and state dict, written at once."""
+    save_tagged(path, fmt, {"config": asdict(model.cfg), "feature_columns": FEATURE_COLUMNS,
+                            "state_dict": model.state_dict()})
+
+
+def load_network(path, fmt: str, what: str, network: type, config: type, width: int):
+    """A `network(config(...), mean, std, scale)` from a `save_network` file of format `fmt`,
+    its tensors checked against a blank one of input `width`; in eval mode."""
+    payload = load_tagged(path, fmt, what, "cost_model")
     if payload["feature_columns"] != FEATURE_COLUMNS:
         raise ConfigError(f"{path}: built for other table features than this version's")
     state = payload["state_dict"]
-    width = len(FEATURE_COLUMNS)
-    blank = CostModel(CostModelConfig(**payload["config"]), torch.zeros(width), torch.ones(width))
-    check_state(path, "cost model", blank.state_dict(), state)
-    model = CostModel(blank.cfg, state["mean"], state["std"], state["scale"])
+    blank = network(config(**payload["config"]), torch.zeros(width), torch.ones(width))
+    check_state(path, what, blank.state_dict(), state)
+    model = network(blank.cfg, state["mean"], state["std"], state["scale"])
     model.load_state_dict(state)
     return model.eval()
