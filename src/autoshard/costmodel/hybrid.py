@@ -21,7 +21,6 @@ encoding is the shard's cost. The single cost travels as a 22nd feature column
 serves both models.
 """
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,9 +32,9 @@ from autoshard.core.errors import ConfigError
 from autoshard.core.params import Fields
 from autoshard.costmodel.model import (
     SINGLE_COST_COLUMN,
+    PooledCostNetwork,
     check_features,
     load_network,
-    pad_shards,
     save_network,
     transform,
 )
@@ -82,7 +81,7 @@ def with_single_costs(features: np.ndarray, single_ms: pd.Series) -> np.ndarray:
                             single_ms.loc[list(range(len(features)))].to_numpy(dtype=np.float64)])
 
 
-class HybridCostModel(nn.Module):
+class HybridCostModel(PooledCostNetwork):
     """Shard cost = summed measured single costs x exp(head(summed encodings))."""
 
     def __init__(self, cfg: HybridConfig, mean: torch.Tensor, std: torch.Tensor,
@@ -102,7 +101,7 @@ class HybridCostModel(nn.Module):
     @classmethod
     def fitted_to(cls, cfg: HybridConfig, train_features: np.ndarray, scale: float = 1.0) -> "HybridCostModel":
         """A fresh model normalised with `train_features` (N, 22) and an output `scale` (ms)."""
-        x = transform(_checked(train_features))
+        x = transform(cls.checked(train_features))
         std = x.std(dim=0, unbiased=False)
         return cls(cfg, x.mean(dim=0), torch.where(std > 1e-8, std, torch.ones_like(std)), scale)
 
@@ -125,25 +124,14 @@ class HybridCostModel(nn.Module):
         """The cost as the one head (..., 1), like the feature-only model's `heads: total`."""
         return self.cost_ms(pooled)[..., None]
 
-    def forward(self, features: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """Cost (S, 1) in ms of shards given as padded table indices (S, T), -1 = none."""
-        enc = self.encode(features)
-        padded = torch.cat([enc, enc.new_zeros(1, enc.shape[1])])
-        return self.head_ms(padded[index].sum(dim=1))
-
-    @torch.no_grad()
-    def predict_ms(self, features: np.ndarray | torch.Tensor, shards: Sequence[Sequence[int]]) -> np.ndarray:
-        """Predicted cost (ms) of each shard; `features` from `with_single_costs`."""
-        x = _checked(features)
-        return self(x, pad_shards(shards, len(x))).sum(-1).numpy()
-
-
-def _checked(features: np.ndarray | torch.Tensor) -> torch.Tensor:
-    x = check_features(features)
-    if x.shape[1] != WIDTH:
-        raise ConfigError(f"hybrid cost model: features need the measured single cost as column "
-                          f"{SINGLE_COST_COLUMN!r} (22 values per table), got shape {tuple(x.shape)}")
-    return x
+    @staticmethod
+    def checked(features: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """Features with single costs (`with_single_costs`) as a float32 tensor (N, 22)."""
+        x = check_features(features)
+        if x.shape[1] != WIDTH:
+            raise ConfigError(f"hybrid cost model: features need the measured single cost as column "
+                              f"{SINGLE_COST_COLUMN!r} (22 values per table), got shape {tuple(x.shape)}")
+        return x
 
 
 def save_hybrid(model: HybridCostModel, path) -> None:

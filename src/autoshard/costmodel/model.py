@@ -82,7 +82,35 @@ def check_features(x: np.ndarray | torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(np.column_stack([check_feature_array(x[:, :width]), single]))
 
 
-class CostModel(nn.Module):
+class PooledCostNetwork(nn.Module):
+    """What the cost models share: a shard's cost is `head_ms` of the sum of its tables'
+    `encode`d features (so the order of tables never matters and any shard size works)."""
+
+    def encode(self, features: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def head_ms(self, pooled: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    @staticmethod
+    def checked(features: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """The features this model takes, as a float32 tensor; see `check_features`."""
+        return check_features(features)
+
+    def forward(self, features: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Cost per head (S, heads) in ms of shards given as padded table indices (S, T), -1 = none."""
+        enc = self.encode(features)
+        padded = torch.cat([enc, enc.new_zeros(1, enc.shape[1])])
+        return self.head_ms(padded[index].sum(dim=1))
+
+    @torch.no_grad()
+    def predict_ms(self, features: np.ndarray | torch.Tensor, shards: Sequence[Sequence[int]]) -> np.ndarray:
+        """Predicted total cost (ms) of each shard; `features` are the pool's raw features."""
+        x = self.checked(features)
+        return self(x, pad_shards(shards, len(x))).sum(-1).numpy()
+
+
+class CostModel(PooledCostNetwork):
     """Shard cost from the sum of its tables' encodings."""
 
     def __init__(self, cfg: CostModelConfig, mean: torch.Tensor, std: torch.Tensor,
@@ -118,18 +146,6 @@ class CostModel(nn.Module):
         """Total predicted cost (ms) of non-empty shards from their summed encodings."""
         return self.head_ms(pooled).sum(-1)
 
-    def forward(self, features: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """Cost per head (S, heads) in ms of shards given as padded table indices (S, T), -1 = none."""
-        enc = self.encode(features)
-        padded = torch.cat([enc, enc.new_zeros(1, enc.shape[1])])
-        return self.head_ms(padded[index].sum(dim=1))
-
-    @torch.no_grad()
-    def predict_ms(self, features: np.ndarray | torch.Tensor, shards: Sequence[Sequence[int]]) -> np.ndarray:
-        """Predicted total cost (ms) of each shard; `features` are the pool's raw features."""
-        x = check_features(features)
-        index = pad_shards(shards, len(x))
-        return self(x, index).sum(-1).numpy()
 
 
 def pad_shards(shards: Sequence[Sequence[int]], num_tables: int) -> torch.Tensor:
