@@ -11,9 +11,9 @@ fusion factor, starts at 0 (the last layer is zero-initialised, so an untrained 
 the sum of singles) and is fitted by log-MSE, the loss that matches a multiplicative error.
 
 g has the same shape as AutoShard's network, so that every planner can use the hybrid
-unchanged: a shared table encoder over the 21 features plus the log of the table's own
-single cost, the encodings summed over the shard, a head over the sum and the log of the
-summed single costs. A table's `encode` output ends with its single cost (in units of
+unchanged: a shared table encoder over the 21 features plus log1p of the table's own single
+cost, the encodings summed over the shard, a head over the sum and the log of the summed
+single costs. A table's `encode` output ends with its single cost (in units of
 `scale`, the median training cost), so summing encodings -- what the RL environment, the
 greedy and the exact search do -- also sums the single costs, and `cost_ms` of a summed
 encoding is the shard's cost. The single cost travels as a 22nd feature column
