@@ -11,6 +11,8 @@ import yaml
 
 from autoshard.core import schema
 from autoshard.core.metrics import read_metrics
+from autoshard.costmodel.dataset import measured_shards, single_costs
+from autoshard.costmodel.hybrid import load_hybrid, with_single_costs
 from autoshard.costmodel.model import load_model
 from autoshard.data.features import feature_matrix
 from autoshard.data.pool import load_pool
@@ -125,6 +127,10 @@ def test_cost_model_notebook(profiled, smoke_params, monkeypatch):
     assert {"comparison", "neural_mape", "learning_curve", "noise_floor_cv"} <= set(metrics)
     assert len(metrics["learning_curve"]) == len(smoke_params["cost_model"]["learning_curve"])
     assert metrics["predict_10k_shards_seconds"] > 0
+    hybrid = load_hybrid(tmp_path / "data" / "cost_model" / "hybrid.pt")
+    single = single_costs(measured_shards(load_profile(tmp_path / "data" / "profile"), "fbgemm"))
+    assert (hybrid.predict_ms(with_single_costs(feature_matrix(pool.features), single), [[0, 1], [2]]) > 0).all()
+    assert 0 < metrics["hybrid"]["mape_unseen"] < 1 and 0 < metrics["hybrid"]["rescaled_sum_mape_seen"] < 1
     _, outputs = executed_outputs(tmp_path / "nb" / "03_cost_model.ipynb")
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 4
 

@@ -31,6 +31,11 @@ class Paths:
         """The cost model fitted by the cost_model stage."""
         return self.data / "cost_model" / "model.pt"
 
+    @property
+    def hybrid_cost_model(self) -> Path:
+        """The hybrid cost model (measured single costs x learnt fusion) of the cost_model stage."""
+        return self.data / "cost_model" / "hybrid.pt"
+
     def cost_model_replicate(self, replicate: int) -> Path:
         """A replicate's cost model (replicate 0 is `cost_model`): the same data, another seed."""
         return self.cost_model if replicate == 0 else self.data / "cost_model" / f"replicate_{replicate}.pt"

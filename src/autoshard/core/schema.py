@@ -70,6 +70,23 @@ class EstimatorScores(TypedDict):
     tau_similar_size: Number
 
 
+class HybridMetrics(TypedDict):
+    """The hybrid cost model against the feature-only model and the rescaled sum of single
+    costs, on multi-table shards of seen and of unseen tables (MAPE, a share)."""
+
+    mape_seen: Number
+    mape_unseen: Number
+    rescaled_sum_mape_seen: Number
+    rescaled_sum_mape_unseen: Number
+    feature_only_mape_seen: Number
+    feature_only_mape_unseen: Number
+    mape_target: float
+    targets_met: dict[str, bool]
+    beats_rescaled_sum: dict[str, bool]
+    mape: dict[str, Number]
+    best_epoch: int
+
+
 class CostModelMetrics(StageTime):
     """reports/metrics/cost_model.json. Built by `costmodel.evaluate.cost_model_metrics`."""
 
@@ -82,6 +99,7 @@ class CostModelMetrics(StageTime):
     learning_curve: list[dict[str, Any]]
     best_epoch: int
     predict_10k_shards_seconds: float
+    hybrid: NotRequired[HybridMetrics]
 
 
 class TrainRLMetrics(StageTime):

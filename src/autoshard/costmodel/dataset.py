@@ -74,3 +74,14 @@ def test_sets(splits: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
     return {SEEN_MULTI: multi(splits["test_seen"]),
             UNSEEN_MULTI: multi(unseen),
             "unseen tables, single": unseen[unseen["num_tables"] == 1].reset_index(drop=True)}
+
+
+def model_test_sets(splits: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """The hybrid comparison's test sets: multi-table shards of seen and of unseen tables, and
+    the unseen ones again by how they were drawn (`test_random`, `test_heuristic`: random
+    shards and the devices of heuristic plans)."""
+    sets = test_sets(splits)
+    out = {SEEN_MULTI: sets[SEEN_MULTI], UNSEEN_MULTI: sets[UNSEEN_MULTI]}
+    for kind, part in sets[UNSEEN_MULTI].groupby("kind", sort=True):
+        out[f"{UNSEEN_MULTI} ({kind})"] = part.reset_index(drop=True)
+    return out

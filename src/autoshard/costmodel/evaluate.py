@@ -2,7 +2,8 @@
 
 Estimators compared on the same test shards: the sum of the tables' measured single costs,
 a linear regression on summed (normalised) table features, TorchRec's analytic estimate (as
-is, and scaled by one factor fitted on the training shards), and the neural model.
+is, and scaled by one factor fitted on the training shards), and the neural model; then the
+hybrid model against the two it has to beat (`compare_models`).
 """
 
 from collections.abc import Callable
@@ -12,7 +13,9 @@ import pandas as pd
 import torch
 from scipy.stats import kendalltau
 
-from autoshard.core.schema import CostModelMetrics
+from autoshard.core.schema import CostModelMetrics, HybridMetrics
+from autoshard.costmodel.dataset import SEEN_MULTI, UNSEEN_MULTI
+from autoshard.costmodel.hybrid import HybridCostModel, with_single_costs
 from autoshard.costmodel.model import CostModel, transform
 from autoshard.measure.analytic import AnalyticBackend
 
@@ -99,8 +102,44 @@ def _rescaled(estimate: Estimator, train: pd.DataFrame) -> Estimator:
     return lambda shards: scale * estimate(shards)
 
 
-def neural(model: CostModel, features: np.ndarray) -> Estimator:
+def neural(model: CostModel | HybridCostModel, features: np.ndarray) -> Estimator:
     return lambda shards: model.predict_ms(features, shards["tables"].tolist())
+
+
+FEATURE_ONLY, RESCALED_SUM, HYBRID = "feature-only (AutoShard)", "sum of single costs, rescaled", "hybrid"
+
+
+def compare_models(feature_model: CostModel, hybrid: HybridCostModel, features: np.ndarray,
+                   single_ms: pd.Series, train: pd.DataFrame, test_sets: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """The feature-only model, the rescaled sum of measured single costs (its factor fitted on
+    `train`) and the hybrid on the same `test_sets`: one row per (estimator, test set)."""
+    return compare({FEATURE_ONLY: neural(feature_model, features),
+                    RESCALED_SUM: sum_of_singles(single_ms, train),
+                    HYBRID: neural(hybrid, with_single_costs(features, single_ms))}, test_sets)
+
+
+def hybrid_metrics(models: pd.DataFrame, target: float, best_epoch: int) -> HybridMetrics:
+    """`compare_models`' MAPEs as metrics: the hybrid's on seen and unseen multi-table shards,
+    the two references', whether the hybrid meets `target` and beats the rescaled sum there
+    (a NaN MAPE meets nothing), and every (estimator | test set) MAPE."""
+    table = models.set_index(["estimator", "test set"])["mape"]
+
+    def get(estimator: str, test_set: str) -> float:
+        return float(table.get((estimator, test_set), float("nan")))
+
+    sets = {"seen": SEEN_MULTI, "unseen": UNSEEN_MULTI}
+    return {
+        "mape_seen": get(HYBRID, SEEN_MULTI), "mape_unseen": get(HYBRID, UNSEEN_MULTI),
+        "rescaled_sum_mape_seen": get(RESCALED_SUM, SEEN_MULTI),
+        "rescaled_sum_mape_unseen": get(RESCALED_SUM, UNSEEN_MULTI),
+        "feature_only_mape_seen": get(FEATURE_ONLY, SEEN_MULTI),
+        "feature_only_mape_unseen": get(FEATURE_ONLY, UNSEEN_MULTI),
+        "mape_target": float(target),
+        "targets_met": {k: bool(get(HYBRID, s) <= target) for k, s in sets.items()},
+        "beats_rescaled_sum": {k: bool(get(HYBRID, s) < get(RESCALED_SUM, s)) for k, s in sets.items()},
+        "mape": {f"{e} | {s}": float(v) for (e, s), v in table.items()},
+        "best_epoch": int(best_epoch),
+    }
 
 
 def compare(estimators: dict[str, Estimator], test_sets: dict[str, pd.DataFrame]) -> pd.DataFrame:
@@ -155,12 +194,14 @@ def against_targets(comparison: pd.DataFrame, estimator: str, targets: dict[str,
 def cost_model_metrics(splits: dict[str, pd.DataFrame], comparison: pd.DataFrame, estimator: str,
                        targets: dict[str, float], noise_floor: float, curve: pd.DataFrame, best_epoch: int,
                        predict_seconds: float, seconds: float,
-                       replicate_mape: pd.DataFrame | None = None) -> CostModelMetrics:
+                       replicate_mape: pd.DataFrame | None = None,
+                       hybrid: HybridMetrics | None = None) -> CostModelMetrics:
     """The cost-model stage's metrics: shards per split, every estimator's scores per test set,
     the neural `estimator`'s MAPE against `targets` (a target on an empty test set is not met),
-    the noise floor, the learning curve, the best epoch and the prediction time of 10k shards."""
+    the noise floor, the learning curve, the best epoch, the prediction time of 10k shards and,
+    when fitted, the hybrid model's comparison (`hybrid_metrics`)."""
     mapes = comparison[comparison["estimator"] == estimator].set_index("test set")["mape"]
-    return {
+    metrics: CostModelMetrics = {
         "shards": {name: len(s) for name, s in splits.items()},
         "comparison": {f"{r['estimator']} | {r['test set']}": {k: float(r[k]) for k in SCORES}
                        for _, r in comparison.iterrows()},
@@ -176,6 +217,9 @@ def cost_model_metrics(splits: dict[str, pd.DataFrame], comparison: pd.DataFrame
             for k, r in replicate_mape.iterrows()},
         "seconds": seconds,
     }
+    if hybrid is not None:
+        metrics["hybrid"] = hybrid
+    return metrics
 
 
 def replicate_spread(models: list[CostModel], features: np.ndarray, test_sets: dict[str, pd.DataFrame]

@@ -25,6 +25,7 @@ from autoshard.data.features import FEATURE_COLUMNS, LOG_COLUMNS
 from autoshard.data.features import check_features as check_feature_array
 
 FORMAT = "autoshard-cost-model/1"
+SINGLE_COST_COLUMN = "single_ms"  # an optional 22nd feature: the table's measured cost alone (the hybrid's)
 HEADS = {"total": ("total_ms",), "stages": ("forward_ms", "backward_ms")}
 LOSSES = ("mse", "log_mse")
 
@@ -55,20 +56,61 @@ class CostModelConfig:
 
 
 def transform(x: torch.Tensor) -> torch.Tensor:
-    """log1p of rows, pooling factor and size; the rest as they are."""
+    """log1p of rows, pooling factor, size and (when given) the measured single cost; the rest
+    as they are."""
     out = x.clone()
     for name in LOG_COLUMNS:
         i = FEATURE_COLUMNS.index(name)
         out[..., i] = torch.log1p(out[..., i])
+    if x.shape[-1] > len(FEATURE_COLUMNS):
+        out[..., len(FEATURE_COLUMNS)] = torch.log1p(out[..., len(FEATURE_COLUMNS)])
     return out
 
 
 def check_features(x: np.ndarray | torch.Tensor) -> torch.Tensor:
-    """Features as a float32 tensor (N, 21); see `tables.check_features`."""
-    return torch.from_numpy(check_feature_array(x))
+    """Features as a float32 tensor (N, 21), or (N, 22) with each table's measured single cost
+    (ms, positive) last, as the hybrid model takes them; see `data.features.check_features`."""
+    x = np.asarray(x, dtype=np.float64)
+    width = len(FEATURE_COLUMNS)
+    if x.ndim != 2 or x.shape[1] != width + 1:
+        return torch.from_numpy(check_feature_array(x))
+    single = x[:, width].astype(np.float32)
+    bad = np.flatnonzero(~(np.isfinite(single) & (single > 0)))
+    if len(bad):
+        raise ConfigError(f"table features: {float(x[bad[0], width])} in table {bad[0]}, column "
+                          f"{SINGLE_COST_COLUMN} (a measured cost must be positive)")
+    return torch.from_numpy(np.column_stack([check_feature_array(x[:, :width]), single]))
 
 
-class CostModel(nn.Module):
+class PooledCostNetwork(nn.Module):
+    """What the cost models share: a shard's cost is `head_ms` of the sum of its tables'
+    `encode`d features (so the order of tables never matters and any shard size works)."""
+
+    def encode(self, features: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def head_ms(self, pooled: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    @staticmethod
+    def checked(features: np.ndarray | torch.Tensor) -> torch.Tensor:
+        """The features this model takes, as a float32 tensor; see `check_features`."""
+        return check_features(features)
+
+    def forward(self, features: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Cost per head (S, heads) in ms of shards given as padded table indices (S, T), -1 = none."""
+        enc = self.encode(features)
+        padded = torch.cat([enc, enc.new_zeros(1, enc.shape[1])])
+        return self.head_ms(padded[index].sum(dim=1))
+
+    @torch.no_grad()
+    def predict_ms(self, features: np.ndarray | torch.Tensor, shards: Sequence[Sequence[int]]) -> np.ndarray:
+        """Predicted total cost (ms) of each shard; `features` are the pool's raw features."""
+        x = self.checked(features)
+        return self(x, pad_shards(shards, len(x))).sum(-1).numpy()
+
+
+class CostModel(PooledCostNetwork):
     """Shard cost from the sum of its tables' encodings."""
 
     def __init__(self, cfg: CostModelConfig, mean: torch.Tensor, std: torch.Tensor,
@@ -87,12 +129,13 @@ class CostModel(nn.Module):
     @classmethod
     def fitted_to(cls, cfg: CostModelConfig, train_features: np.ndarray, scale: float = 1.0) -> "CostModel":
         """A fresh model normalised with `train_features` (zero spread -> 1) and an output `scale` (ms)."""
-        x = transform(check_features(train_features))
+        x = transform(check_features(train_features)[:, :len(FEATURE_COLUMNS)])
         std = x.std(dim=0, unbiased=False)
         return cls(cfg, x.mean(dim=0), torch.where(std > 1e-8, std, torch.ones_like(std)), scale)
 
     def encode(self, features: torch.Tensor) -> torch.Tensor:
-        """Encodings (N, encoding) of raw table features (N, 21)."""
+        """Encodings (N, encoding) of raw table features (N, 21; a 22nd column is ignored)."""
+        features = features[..., :len(FEATURE_COLUMNS)]
         return self.encoder((transform(features) - self.mean) / self.std)
 
     def head_ms(self, pooled: torch.Tensor) -> torch.Tensor:
@@ -103,18 +146,6 @@ class CostModel(nn.Module):
         """Total predicted cost (ms) of non-empty shards from their summed encodings."""
         return self.head_ms(pooled).sum(-1)
 
-    def forward(self, features: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        """Cost per head (S, heads) in ms of shards given as padded table indices (S, T), -1 = none."""
-        enc = self.encode(features)
-        padded = torch.cat([enc, enc.new_zeros(1, enc.shape[1])])
-        return self.head_ms(padded[index].sum(dim=1))
-
-    @torch.no_grad()
-    def predict_ms(self, features: np.ndarray | torch.Tensor, shards: Sequence[Sequence[int]]) -> np.ndarray:
-        """Predicted total cost (ms) of each shard; `features` are the pool's raw features."""
-        x = check_features(features)
-        index = pad_shards(shards, len(x))
-        return self(x, index).sum(-1).numpy()
 
 
 def pad_shards(shards: Sequence[Sequence[int]], num_tables: int) -> torch.Tensor:
@@ -133,19 +164,30 @@ def pad_shards(shards: Sequence[Sequence[int]], num_tables: int) -> torch.Tensor
 
 def save_model(model: CostModel, path) -> None:
     """State dict, config and format tag in one file, written at once."""
-    save_tagged(path, FORMAT, {"config": asdict(model.cfg), "feature_columns": FEATURE_COLUMNS,
-                               "state_dict": model.state_dict()})
+    save_network(model, path, FORMAT)
 
 
 def load_model(path) -> CostModel:
     """Load a model written by `save_model` (weights_only=True: no code runs on load)."""
-    payload = load_tagged(path, FORMAT, "cost model", "cost_model")
+    return load_network(path, FORMAT, "cost model", CostModel, CostModelConfig, len(FEATURE_COLUMNS))
+
+
+def save_network(model: nn.Module, path, fmt: str) -> None:
+    """A cost network (with `cfg`, `mean`, `std`, `scale`) as format tag, config, feature
+    columns and state dict, written at once."""
+    save_tagged(path, fmt, {"config": asdict(model.cfg), "feature_columns": FEATURE_COLUMNS,
+                            "state_dict": model.state_dict()})
+
+
+def load_network(path, fmt: str, what: str, network: type, config: type, width: int):
+    """A `network(config(...), mean, std, scale)` from a `save_network` file of format `fmt`,
+    its tensors checked against a blank one of input `width`; in eval mode."""
+    payload = load_tagged(path, fmt, what, "cost_model")
     if payload["feature_columns"] != FEATURE_COLUMNS:
         raise ConfigError(f"{path}: built for other table features than this version's")
     state = payload["state_dict"]
-    width = len(FEATURE_COLUMNS)
-    blank = CostModel(CostModelConfig(**payload["config"]), torch.zeros(width), torch.ones(width))
-    check_state(path, "cost model", blank.state_dict(), state)
-    model = CostModel(blank.cfg, state["mean"], state["std"], state["scale"])
+    blank = network(config(**payload["config"]), torch.zeros(width), torch.ones(width))
+    check_state(path, what, blank.state_dict(), state)
+    model = network(blank.cfg, state["mean"], state["std"], state["scale"])
     model.load_state_dict(state)
     return model.eval()

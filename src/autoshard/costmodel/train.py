@@ -10,13 +10,15 @@ from tqdm.auto import tqdm
 from autoshard.core.params import Fields
 from autoshard.core.seeding import one_thread
 from autoshard.costmodel.dataset import SEEN_MULTI, UNSEEN_MULTI
+from autoshard.costmodel.hybrid import HybridConfig, HybridCostModel
 from autoshard.costmodel.model import HEADS, CostModel, CostModelConfig, check_features, pad_shards
 
 
 @dataclass(frozen=True)
 class CostStageConfig:
-    """The `cost_model` section: the network, the data split, the study's extras, and the
-    neural model's MAPE targets per test set (`mape_targets.seen` / `.unseen`)."""
+    """The `cost_model` section: the network, the data split, the study's extras, the
+    neural model's MAPE targets per test set (`mape_targets.seen` / `.unseen`), and the hybrid
+    model (None when `hybrid.enabled` is false) with its MAPE target on both test sets."""
 
     model: CostModelConfig
     val_share: float
@@ -24,6 +26,8 @@ class CostStageConfig:
     learning_curve: tuple[float, ...]
     compare_stage_heads: bool
     mape_targets: dict[str, float]
+    hybrid: HybridConfig | None
+    hybrid_mape_target: float
 
     @classmethod
     def from_params(cls, values: dict) -> "CostStageConfig":
@@ -32,7 +36,12 @@ class CostStageConfig:
         targets = {SEEN_MULTI: t.number("seen", lo=0, lo_open=True),
                    UNSEEN_MULTI: t.number("unseen", lo=0, lo_open=True)}
         t.done()
+        h = f.sub("hybrid")
+        enabled, hybrid_target = h.boolean("enabled"), h.number("mape_target", lo=0, lo_open=True)
+        hybrid = HybridConfig.from_fields(h)
+        h.done()
         cfg = cls(model=CostModelConfig.from_fields(f), mape_targets=targets,
+                  hybrid=hybrid if enabled else None, hybrid_mape_target=hybrid_target,
                   val_share=f.number("val_share", lo=0, hi=0.5, lo_open=True),
                   test_share=f.number("test_share", lo=0, hi=0.5, lo_open=True),
                   learning_curve=tuple(f.numbers("learning_curve", lo=0.01, hi=1.0)),
@@ -43,7 +52,7 @@ class CostStageConfig:
 
 @dataclass
 class Fitted:
-    model: CostModel
+    model: CostModel | HybridCostModel
     history: pd.DataFrame  # epoch, train_loss, val_loss
     best_epoch: int
 
@@ -75,29 +84,70 @@ def _fit(cfg: CostModelConfig, features: np.ndarray, train_tables: np.ndarray, t
                                  weight_decay=cfg.weight_decay)
     index, target = pad_shards(train["tables"].tolist(), len(x)), _targets(train, cfg)
     val_index, val_target = pad_shards(val["tables"].tolist(), len(x)), _targets(val, cfg)
+    return _descend(model, optimizer, len(index), cfg.batch_size, cfg.max_epochs, cfg.patience, seed,
+                    lambda batch: _loss(model(x, index[batch]), target[batch], cfg.loss, model.scale),
+                    lambda: _loss(model(x, val_index), val_target, cfg.loss, model.scale), progress,
+                    "fit cost model")
+
+
+def _descend(model: torch.nn.Module, optimizer: torch.optim.Optimizer, rows: int, batch_size: int,
+             max_epochs: int, patience: int, seed: int, batch_loss, val_loss, progress: bool,
+             desc: str) -> Fitted:
+    """Mini-batch epochs over `rows` training shards in a seeded order; early stopping on
+    `val_loss()`, keeping the weights of the best validation epoch."""
     g = torch.Generator().manual_seed(seed)
     best, best_epoch, history = float("inf"), 0, []
     best_state = {k: v.clone() for k, v in model.state_dict().items()}
-    for epoch in tqdm(range(cfg.max_epochs), desc="fit cost model", disable=not progress):
+    for epoch in tqdm(range(max_epochs), desc=desc, disable=not progress):
         model.train()
         losses = []
-        for batch in torch.randperm(len(index), generator=g).split(cfg.batch_size):
-            loss = _loss(model(x, index[batch]), target[batch], cfg.loss, model.scale)
+        for batch in torch.randperm(rows, generator=g).split(batch_size):
+            loss = batch_loss(batch)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
         model.eval()
         with torch.no_grad():
-            val_loss = _loss(model(x, val_index), val_target, cfg.loss, model.scale).item()
-        history.append({"epoch": epoch, "train_loss": float(np.mean(losses)), "val_loss": val_loss})
-        if val_loss < best:
-            best, best_epoch = val_loss, epoch
+            val = val_loss().item()
+        history.append({"epoch": epoch, "train_loss": float(np.mean(losses)), "val_loss": val})
+        if val < best:
+            best, best_epoch = val, epoch
             best_state = {k: v.clone() for k, v in model.state_dict().items()}
-        elif epoch - best_epoch >= cfg.patience:
+        elif epoch - best_epoch >= patience:
             break
     model.load_state_dict(best_state)
     return Fitted(model.eval(), pd.DataFrame(history), best_epoch)
+
+
+def shard_weights(shards: pd.DataFrame, heuristic_weight: float) -> torch.Tensor:
+    """Per-shard loss weights: shards of heuristic plans (what planners produce, the devices
+    whose cost decides a placement) weigh `heuristic_weight`, every other shard 1."""
+    heuristic = shards["kind"].astype(str).str.contains("heuristic").to_numpy()
+    return torch.tensor(np.where(heuristic, heuristic_weight, 1.0), dtype=torch.float32)
+
+
+def fit_hybrid(cfg: HybridConfig, features: np.ndarray, train_tables: np.ndarray, train: pd.DataFrame,
+               val: pd.DataFrame, seed: int, progress: bool = True) -> Fitted:
+    """Train the hybrid on `train` shards (`features` with single costs, see
+    `hybrid.with_single_costs`) by weighted log-MSE; keep the best validation epoch's weights."""
+    with one_thread():
+        torch.manual_seed(seed)
+        x = check_features(features)
+        scale = float(np.median(train["total_ms"].to_numpy()))
+        model = HybridCostModel.fitted_to(cfg, x.numpy()[np.asarray(train_tables)], scale)
+        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        data = {name: (pad_shards(s["tables"].tolist(), len(x)),
+                       torch.log(torch.tensor(s["total_ms"].to_numpy(dtype=np.float32))),
+                       shard_weights(s, cfg.heuristic_weight)) for name, s in (("train", train), ("val", val))}
+
+        def loss(name: str, rows=slice(None)) -> torch.Tensor:
+            index, log_target, weight = (t[rows] for t in data[name])
+            err = torch.log(model(x, index).squeeze(-1).clamp_min(1e-9)) - log_target
+            return (weight * err ** 2).sum() / weight.sum()
+
+        return _descend(model, optimizer, len(train), cfg.batch_size, cfg.max_epochs, cfg.patience, seed,
+                        lambda batch: loss("train", batch), lambda: loss("val"), progress, "fit hybrid cost model")
 
 
 def learning_curve(cfg: CostModelConfig, features: np.ndarray, train_tables: np.ndarray,

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from autoshard.core.errors import ConfigError
 from autoshard.data.features import FEATURE_COLUMNS, LOG_COLUMNS, check_features
 from autoshard.data.tasks import Task
 
@@ -37,6 +38,9 @@ Layer = tuple[np.ndarray, np.ndarray, bool]  # weight, bias, followed by a ReLU
 
 def _network(model: CostModel | Planner) -> tuple[list[Layer], list[Layer], np.ndarray, np.ndarray, float]:
     """(encoder, head, mean, std, scale) of the cost model, in float64."""
+    if hasattr(model, "log_fusion"):
+        raise ConfigError("local search: the hybrid cost model's head is not linear in the tables' shares "
+                          "(it takes the log of their summed single costs); refine with the feature-only model")
     if hasattr(model, "stacks"):  # the NumPy planner's copy
         def layers(stack) -> list[Layer]:
             return [(w.astype(np.float64), b.astype(np.float64), r)
