@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from autoshard.core.errors import ConfigError
+from autoshard.costmodel.hybrid import HybridConfig, HybridCostModel, with_single_costs
 from autoshard.costmodel.model import CostModel, CostModelConfig
 from autoshard.data.features import feature_matrix
 from autoshard.data.pool import build_pool
@@ -125,8 +126,11 @@ def test_every_method_respects_memory_on_random_tasks(world):
     pool, features, model, policy = world
     sizes = pool.features["size_bytes"].to_numpy()
     singles = np.random.default_rng(0).uniform(0.1, 2.0, pool.num_tables)  # stand-ins for measured single costs
+    with_singles = with_single_costs(features, pd.Series(singles))
+    hybrid = HybridCostModel.fitted_to(HybridConfig(), with_singles)  # untrained: the sum of single costs
     methods = planners(pool.features, features, model, policy, best_of=3, batch_size=256, seed=0,
-                       single_costs=singles, milp=MilpConfig(node_limit=20, time_limit_s=5))
+                       single_costs=singles, milp=MilpConfig(node_limit=20, time_limit_s=5),
+                       hybrid=(hybrid, with_singles))
     assert set(methods) == set(METHODS)
     planned = {m: 0 for m in methods}
 
@@ -143,8 +147,8 @@ def test_every_method_respects_memory_on_random_tasks(world):
             planned[name] += 1
 
     check()
-    for name in ("random", "cost_greedy", "cost_greedy_local_search", "lpt_measured", "milp", "rl_greedy",
-                 "rl_best_of_n", "rl_local_search", "exact"):
+    for name in ("random", "cost_greedy", "cost_greedy_local_search", "hybrid_greedy", "lpt_measured", "milp",
+                 "rl_greedy", "rl_best_of_n", "rl_local_search", "exact"):
         assert planned[name] > 0, f"{name} never planned: the property was never exercised"
 
 

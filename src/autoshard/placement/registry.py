@@ -24,6 +24,8 @@ _METHODS = (
            summary="largest predicted table first onto the device with the lowest predicted cost after it"),
     Method("cost_greedy_local_search", "baseline", ("cost_model",),
            summary="cost_greedy refined by local search on the cost model"),
+    Method("hybrid_greedy", "baseline", ("hybrid", "profile"),
+           summary="cost_greedy on the hybrid cost model (measured single costs x a learnt fusion factor)"),
     Method("lpt_measured", "baseline", ("profile",),
            summary="LPT on the profile's measured single-table costs: largest first onto the least-loaded device"),
     Method("milp", "baseline", ("profile",),

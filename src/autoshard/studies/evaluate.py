@@ -194,10 +194,12 @@ def small_tasks(features: pd.DataFrame, test_tables: np.ndarray, cfg: SmallConfi
 
 def planners(pool_features: pd.DataFrame, features: np.ndarray, model: CostModel, policy: Policy,
              best_of: int, batch_size: int, seed: int, single_costs: np.ndarray | None = None,
-             milp: MilpConfig | None = None, solves: dict | None = None) -> dict[str, Planner]:
+             milp: MilpConfig | None = None, solves: dict | None = None,
+             hybrid: tuple[CostModel, np.ndarray] | None = None) -> dict[str, Planner]:
     """Every method of the registry as a planner (the exact search is for small tasks only);
     `single_costs` (ms per pool table, measured alone) feed the LPT and MILP baselines, which
-    are left out without them."""
+    are left out without them; `hybrid` (the hybrid cost model and its features with the single
+    costs) gives `hybrid_greedy`, left out without it."""
     def heuristic(name: str) -> Planner:
         return lambda t: heuristic_plan(name, pool_features, t, seed)
 
@@ -209,6 +211,7 @@ def planners(pool_features: pd.DataFrame, features: np.ndarray, model: CostModel
             "cost_greedy": lambda t: cost_greedy(model, features, [t])[0],
             "cost_greedy_local_search": lambda t: local_search(model, features, t,
                                                                cost_greedy(model, features, [t])[0]),
+            **({"hybrid_greedy": lambda t: cost_greedy(hybrid[0], hybrid[1], [t])[0]} if hybrid else {}),
             **(surrogate.planners(single_costs, pool_features["size_bytes"].to_numpy(np.int64), milp, seed, solves)
                if single_costs is not None and milp is not None else {}),
             "rl_greedy": lambda t: policy_plans(policy, model, features, [t])[0],

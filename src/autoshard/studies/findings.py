@@ -67,7 +67,8 @@ def paired_frame(pairs: dict, methods: tuple[str, ...], references: tuple[str, .
 
 
 
-def plain_answer(pairs: dict, quality: dict, methods: tuple[str, ...] = ("rl_greedy", "rl_local_search"),
+def plain_answer(pairs: dict, quality: dict,
+                 methods: tuple[str, ...] = ("rl_greedy", "rl_local_search", "hybrid_greedy"),
                  references: tuple[str, ...] = ("cost_greedy", "lpt_measured", "milp", "torchrec",
                                                 "best_heuristic"), replicates: dict | None = None) -> list[str]:
     """One sentence per protocol and method: against each reference, faster, slower or not
