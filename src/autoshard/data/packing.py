@@ -64,13 +64,27 @@ def pack_rows(room: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return ok, device
 
 
+def surely_packs(room: np.ndarray, rest_sum: np.ndarray, rest_min: np.ndarray,
+                 rest_max: np.ndarray) -> np.ndarray:
+    """(N,): rows where FFD cannot fail to place tables of total `rest_sum`, sizes in
+    [`rest_min`, `rest_max`], into devices with `room` (N, D) left. FFD fails at a table of size
+    s only when every device has less than s left, so each device d has taken more than
+    max(0, room_d - s): g(s) = sum_d max(0, room_d - s) + s - rest_sum <= 0. g is convex and
+    piecewise linear, so checking g > 0 at the interval's ends and at every room_d inside is
+    enough."""
+    s = np.concatenate([rest_min[:, None], rest_max[:, None], np.clip(room, rest_min[:, None], rest_max[:, None])],
+                       axis=1)                                                        # (N, D + 2)
+    g = np.maximum(room[:, None, :] - s[:, :, None], 0).sum(2) + s - rest_sum[:, None]
+    return (g > 0).all(1) | (rest_sum == 0)
+
+
 class PackingGuard:
     """Per step of a batched placement (B tasks, tables in a fixed order, D devices): the
     devices that hold the current table *and* leave the remaining tables placeable.
 
-    A device passes when (1) the room left after it exceeds what remains to place by (D - 1)
-    of the largest remaining table (then FFD cannot fail), or (2) it is the task's certificate's
-    device, or (3) FFD packs the rest after it. Certificates are made only when (1) fails."""
+    A device passes when the room left after it surely packs the rest (`surely_packs`), or FFD
+    packs the rest after it, or, where neither holds for any device, it is the device of the
+    task's certificate (kept while followed, else FFD's packing of the current state)."""
 
     def __init__(self, sizes: np.ndarray, capacity: np.ndarray, devices: int):
         self.sizes = np.asarray(sizes, dtype=np.float64)         # (B, T), placement order
@@ -78,21 +92,20 @@ class PackingGuard:
         self.devices = devices
         self.fallbacks = 0  # (task, step) pairs where no device passed and any with room was allowed
         b, t = self.sizes.shape
-        after = np.concatenate([np.zeros((b, 1)), self.sizes[:, ::-1]], axis=1)
-        self.rest_sum = np.cumsum(after, axis=1)[:, ::-1][:, 1:]                 # tables after t
-        self.rest_max = np.maximum.accumulate(after, axis=1)[:, ::-1][:, 1:]
+        after = self.sizes[:, ::-1]
+        self.rest_sum = _after(np.cumsum(after, axis=1), 0.0)  # of the tables after each step
+        self.rest_max = _after(np.maximum.accumulate(after, axis=1), 0.0)
+        self.rest_min = _after(np.minimum.accumulate(after, axis=1), 0.0)
         self.certificate = np.full((b, t), -1, dtype=np.int64)
         self.certified = np.zeros(b, dtype=bool)
+        self._packed: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def _remaining(self, rows: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
         """Indices and sizes of tables start.. of `rows`, largest first (ties: placement order)."""
         order = start + np.argsort(-self.sizes[rows, start:], axis=1, kind="stable")
         return order, np.take_along_axis(self.sizes[rows], order, axis=1)
 
-    def _certify(self, rows: np.ndarray, t: int, room: np.ndarray) -> None:
-        """Certificates for `rows` from table `t` on, by FFD into `room` (rows, D)."""
-        order, sizes = self._remaining(rows, t)
-        ok, device = pack_rows(room, sizes)
+    def _adopt(self, rows: np.ndarray, order: np.ndarray, device: np.ndarray, ok: np.ndarray) -> None:
         certificate = self.certificate[rows]
         np.put_along_axis(certificate, order, device, axis=1)
         self.certificate[rows] = certificate
@@ -104,29 +117,53 @@ class PackingGuard:
         all is all False: the caller reports it."""
         room = self.capacity[:, None] - np.asarray(memory, dtype=np.float64)
         size = self.sizes[:, t]
-        fits = room >= size[:, None]
         d = room.shape[1]
-        surely = room.sum(1) - size - self.rest_sum[:, t] >= (d - 1) * self.rest_max[:, t]
-        safe = fits & surely[:, None]
-        check = np.flatnonzero(~surely)
-        if not len(check):
-            return safe
-        uncertified = check[~self.certified[check]]
-        if len(uncertified):
-            self._certify(uncertified, t, room[uncertified])
-        held = check[self.certified[check]]
+        fits = room >= size[:, None]
+        self._packed = None
+        # room left beyond what is left to place by (D - 1) largest tables: g > 0 whatever the device
+        easy = room.sum(1) - size - self.rest_sum[:, t] >= (d - 1) * self.rest_max[:, t]
+        if easy.all():
+            return fits
+        safe = fits & easy[:, None]
+        hard = np.flatnonzero(~easy)
+        after = room[hard, None, :] - np.eye(d) * size[hard, None, None]   # (H, A, D): table t on device a
+        stats = (np.repeat(x[hard, t], d) for x in (self.rest_sum, self.rest_min, self.rest_max))
+        safe[hard] = fits[hard] & surely_packs(after.reshape(-1, d), *stats).reshape(len(hard), d)
+        local, actions = np.nonzero(fits[hard] & ~safe[hard])
+        if len(local):
+            rows = hard[local]
+            order, sizes = self._remaining(rows, t + 1)
+            ok, device = pack_rows(after[local, actions], sizes)
+            safe[rows[ok], actions[ok]] = True
+            self._packed = (t, rows, actions, ok, order, device)
+        stuck = np.flatnonzero(~safe.any(1) & fits.any(1))
+        fresh = stuck[~self.certified[stuck]]
+        if len(fresh):
+            order, sizes = self._remaining(fresh, t)
+            ok, device = pack_rows(room[fresh], sizes)
+            self._adopt(fresh, order, device, ok)
+        held = stuck[self.certified[stuck]]
         safe[held, self.certificate[held, t]] = True
-        # row (task, a): the room left once table t is on device a
-        after = (room[check, None, :] - np.eye(d) * size[check, None, None]).reshape(-1, d)
-        _, sizes = self._remaining(check, t + 1)
-        ok, _ = pack_rows(after, np.repeat(sizes, d, axis=0))
-        safe[check] |= fits[check] & ok.reshape(len(check), d)
         stuck = ~safe.any(1) & fits.any(1)
         self.fallbacks += int(stuck.sum())
         safe[stuck] = fits[stuck]
         return safe
 
     def placed(self, t: int, devices: np.ndarray) -> None:
-        """Table `t` went to `devices` (B,): a certificate not followed is dropped (a new one is
-        made when needed)."""
-        self.certified &= self.certificate[:, t] == np.asarray(devices)
+        """Table `t` went to `devices` (B,): a certificate followed is kept, else FFD's packing
+        after that device, if `allowed` made one; else none (made when needed)."""
+        devices = np.asarray(devices)
+        followed = self.certified & (self.certificate[:, t] == devices)
+        self.certified = followed
+        if self._packed is not None and self._packed[0] == t:
+            _, rows, actions, ok, order, device = self._packed
+            chosen = (devices[rows] == actions) & ~followed[rows]
+            self._adopt(rows[chosen], order[chosen], device[chosen], ok[chosen])
+        self._packed = None
+
+
+def _after(running: np.ndarray, empty: float) -> np.ndarray:
+    """Per step t, a running statistic over reversed columns turned into one over the columns
+    after t (`empty` for the last)."""
+    b = running.shape[0]
+    return np.concatenate([running[:, ::-1][:, 1:], np.full((b, 1), empty)], axis=1)
