@@ -178,11 +178,14 @@ def test_env_and_cost_greedy_place_tight_tasks_within_memory(world):
     batch = make_batch(model, features, tasks)
     env = ShardingEnv(model, batch)
     g = torch.Generator().manual_seed(0)
+    refused = 0
     while not env.done:
+        room = env.device_mem + batch.sizes[:, env.t, None] <= batch.capacity[:, None]
         mask = env.mask()
-        assert mask.any(1).all()
+        assert mask.any(1).all() and not (mask & ~room).any()
+        refused += int((room & ~mask).sum())
         env.step(torch.multinomial(mask.double(), 1, generator=g).squeeze(1), mask)
-    assert env.fallbacks == 0
+    assert env.fallbacks == 0 and refused > 0  # the guard was needed, and enough
     for t, placed in zip(tasks, env.pool_placement(), strict=True):
         assert memory_ok(t, [placed[i] for i in t.tables], sizes)
     torch.manual_seed(0)
