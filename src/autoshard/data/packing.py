@@ -4,11 +4,12 @@ dead-ending (leaving tables that fit on no device).
 
 The guard's check is first-fit-decreasing (FFD) of the tables still to place into the room
 the devices have left: FFD succeeding proves the rest can be placed; FFD failing only says
-"may be infeasible". To make the guarantee hold step after step, the guard keeps, per task, a
-certificate: a placement of the remaining tables that fits. The certificate's device for the
-current table is always allowed (the certificate stays valid after it), and any other device
-allowed leaves a state FFD packs (a new certificate), so a task FFD can place never dead-ends,
-whatever order the tables come in.
+"may be infeasible". Most steps need no FFD run: a bound on the room FFD can waste
+(`surely_packs`) settles them in a few array operations. To make the guarantee hold step
+after step, the guard keeps, per task, a certificate: a placement of the remaining tables
+that fits. The certificate's device for the current table is always allowed (the certificate
+stays valid after it), and any other device allowed leaves a state FFD packs (a new
+certificate), so a task FFD can place never dead-ends, whatever order the tables come in.
 """
 
 import numpy as np
@@ -30,7 +31,8 @@ def first_fit_decreasing(sizes: np.ndarray, devices: int, capacity: int) -> np.n
 def memory_bounds(sizes: np.ndarray, devices: int) -> tuple[int, int]:
     """(lower, reached): the optimum per-device maximum memory lies between them. `lower` is
     max(largest table, ceil(total / devices)); `reached` is the lowest maximum of a placement
-    found by binary search on the cap with FFD (started from largest-first least-loaded)."""
+    found by binary search on the cap with FFD, between `lower` and the maximum of the
+    largest-first least-loaded placement (which FFD's anomalies may not beat)."""
     sizes = np.asarray(sizes, dtype=np.int64)
     lower = int(max(sizes.max(), -(-int(sizes.sum()) // devices)))
     load = np.zeros(devices, dtype=np.int64)
@@ -98,7 +100,7 @@ class PackingGuard:
         self.rest_min = _after(np.minimum.accumulate(after, axis=1), 0.0)
         self.certificate = np.full((b, t), -1, dtype=np.int64)
         self.certified = np.zeros(b, dtype=bool)
-        self._packed: tuple[int, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._packed: tuple | None = None  # the step's FFD runs: (t, rows, devices, ok, order, packing)
 
     def _remaining(self, rows: np.ndarray, start: int) -> tuple[np.ndarray, np.ndarray]:
         """Indices and sizes of tables start.. of `rows`, largest first (ties: placement order)."""
