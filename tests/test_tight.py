@@ -27,6 +27,7 @@ from autoshard.placement.shards import memory_ok
 from autoshard.rl.env import ShardingEnv, make_batch
 from autoshard.rl.infer import cost_greedy, policy_plans
 from autoshard.rl.policy import Policy, PolicyConfig
+from autoshard.studies.evaluate import plan_all
 from autoshard.studies.memory import failed_counts, placement_failed
 
 # make_tasks on the smoke parameters before the tight protocol existed (commit 72bf472)
@@ -226,3 +227,13 @@ def test_failed_placements_are_counted_per_protocol_and_method():
         check({"failed": {"tight": {"naive": "2"}}}, FailedPlacements, "evaluate.json")
     with pytest.raises(ValueError, match="2 plans for 3 tasks"):
         failed_counts(tasks, {"naive": plans["naive"][:2]}, sizes)
+
+
+def test_a_plan_over_the_cap_is_recorded_as_no_plan_and_counted():
+    sizes = np.array([4, 4, 4, 4])
+    tasks = [Task("tight/0", "tight", "test", (0, 1, 2, 3), 2, 8, 1.0)]
+    methods = {"overflow": lambda t: np.array([0, 0, 0, 1]), "fine": lambda t: np.array([0, 0, 1, 1])}
+    plans, status = plan_all(methods, tasks, sizes, progress=False)
+    assert plans["overflow"] == [None] and plans["fine"][0].tolist() == [0, 0, 1, 1]
+    assert status.set_index("method").loc["overflow", "status"].startswith("no plan: ")
+    assert failed_counts(tasks, plans, sizes, status) == {"tight": {"overflow": 1, "fine": 0}}
