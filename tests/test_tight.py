@@ -6,6 +6,7 @@ import hashlib
 import itertools
 import json
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -15,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from autoshard.core.errors import ConfigError
+from autoshard.core.params import load_params
 from autoshard.core.schema import FailedPlacements, check
 from autoshard.costmodel.model import CostModel, CostModelConfig
 from autoshard.data.features import feature_matrix
@@ -30,9 +32,11 @@ from autoshard.rl.policy import Policy, PolicyConfig
 from autoshard.studies.evaluate import plan_all
 from autoshard.studies.memory import failed_counts, placement_failed
 
-# make_tasks on the smoke parameters before the tight protocol existed (commit 72bf472)
-PAPERS_TASKS = {0: "14da66b596f5168ef11229dd97522d68dee7737f8fe5fd953d3c2a9093a12883",
-                7: "e08c41d551ec0d5b34fc65f02d4383891ed80d74e764702a5961a239b8283b1c"}
+# make_tasks before the tight protocol existed (commit 72bf472): (config, seed) -> digest
+PAPERS_TASKS = {("smoke", 0): "14da66b596f5168ef11229dd97522d68dee7737f8fe5fd953d3c2a9093a12883",
+                ("smoke", 7): "e08c41d551ec0d5b34fc65f02d4383891ed80d74e764702a5961a239b8283b1c",
+                ("params.yaml", 0): "dd881f68005b58a8375bf2e6430ef2ad0826b0e340d7fecab81b0fcc83601204"}
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -92,10 +96,14 @@ def test_memory_bounds_bracket_the_optimum():
 
 def test_the_papers_tasks_are_unchanged(world, params):
     pool, _, _ = world
-    for seed, digest in PAPERS_TASKS.items():
-        tasks, train, test = make_tasks(pool.features, params["tasks"], seed=seed)
+    full = load_params(ROOT / "params.yaml")
+    features = {"smoke": pool.features,
+                "params.yaml": build_pool(full["dataset"], full["pool"], seed=0, progress=False).features}
+    for (config, seed), digest in PAPERS_TASKS.items():
+        values = params["tasks"] if config == "smoke" else full["tasks"]
+        tasks, train, test = make_tasks(features[config], values, seed=seed)
         doc = json.dumps([asdict(t) for t in tasks] + [train.tolist(), test.tolist()], sort_keys=True)
-        assert hashlib.sha256(doc.encode()).hexdigest() == digest
+        assert hashlib.sha256(doc.encode()).hexdigest() == digest, (config, seed)
         assert {t.protocol for t in tasks} == {"autoshard", "dreamshard"}
     other = copy.deepcopy(params["tasks"])
     other["tight"] |= {"tables": 4, "test_tasks": 9, "cap_slack": [1.1, 1.1]}
