@@ -2,6 +2,8 @@
 it places tables as the torch greedy rollout and cost-model greedy do, and it is used only
 when it was exported from the very model files in use."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -10,6 +12,7 @@ from autoshard.core.errors import ConfigError
 from autoshard.costmodel import model as costmodel
 from autoshard.costmodel.model import CostModel, CostModelConfig, save_model
 from autoshard.data.features import FEATURE_COLUMNS, feature_matrix
+from autoshard.data.packing import first_fit_decreasing, memory_bounds
 from autoshard.data.pool import build_pool
 from autoshard.data.tasks import Task
 from autoshard.placement.heuristics import Infeasible
@@ -177,3 +180,37 @@ def test_used_only_when_exported_from_these_files(tmp_path, pool_features):
 
 def test_log_columns_follow_the_cost_model():
     assert numpy_planner.LOG_COLUMNS == costmodel.LOG_COLUMNS
+
+
+def test_same_placements_as_torch_under_a_tight_cap(tmp_path, pool_features):
+    """The NumPy planner masks as the environment does (the packing guard), so the plans agree
+    where the cap binds too (here the guard removes devices at some steps), and neither dead-ends."""
+    model_path, policy_path = save_models(tmp_path, pool_features, VARIANTS["lstm"])
+    planner = numpy_planner.load(numpy_planner.export(model_path, policy_path, tmp_path / "planner.npz"),
+                                 model_path, policy_path, required=True)
+    model = costmodel.load_model(model_path)
+    policy = load_policy(policy_path, model)
+    for seed, (tables, devices) in [(1, (12, 3)), (0, (40, 4))]:
+        x, task = task_of(pool_features, tables, devices, seed)
+        sizes = x[:, SIZE]
+        cap = memory_bounds(sizes.astype(np.int64), devices)[1]  # no slack at all
+        assert first_fit_decreasing(sizes, devices, cap) is not None
+        task = replace(task, memory_bytes=cap)
+        for method, theirs in (("rl_greedy", policy_plans(policy, model, x, [task])[0]),
+                               ("cost_greedy", cost_greedy(model, x, [task])[0])):
+            mine = planner.place(method, x, sizes, devices, cap)
+            assert (np.bincount(mine, weights=sizes, minlength=devices) <= cap).all()
+            assert_same_up_to_ties(planner, mine, theirs, policy, model, x, task, method)
+        assert guarded_steps(model, x, task, cost_greedy(model, x, [task])[0]) > 0
+
+
+def guarded_steps(model: CostModel, x: np.ndarray, task: Task, placement: np.ndarray) -> int:
+    """Steps of `placement` replayed in the environment where the mask refused a device with room."""
+    env = ShardingEnv(model, make_batch(model, x, [task]))
+    refused = 0
+    for t in range(env.batch.steps):
+        room = env.device_mem + env.batch.sizes[:, t, None] <= env.batch.capacity[:, None]
+        mask = env.mask()
+        refused += int((room & ~mask).any())
+        env.step(torch.as_tensor(placement)[env.batch.tables[:, t]], mask)
+    return refused

@@ -40,6 +40,14 @@ class SynthesisMetrics(StageTime):
     tasks: dict[str, int]
 
 
+class FailedPlacements(TypedDict):
+    """The entry `failed` of reports/metrics/evaluate.json: protocol -> method -> number of test
+    tasks whose placement failed (no plan, or a device over the memory cap), as
+    `failed.<protocol>.<method>: int`. Built by `studies.memory.failed_counts`."""
+
+    failed: dict[str, dict[str, int]]
+
+
 class ProfileMetrics(StageTime):
     """reports/metrics/profile.json. Built by `measure.analysis.profile_metrics`."""
 

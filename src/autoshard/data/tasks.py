@@ -5,6 +5,14 @@ Two protocols, as in the papers:
   of unseen tables (from the test half) with seen ones, one group of tasks per r.
 - `dreamshard`: train tasks from the train pool, test tasks from the test pool.
 Every task is checked feasible: first-fit-decreasing must find a placement under the cap.
+
+A third, `tight`, puts the memory cap near the bin-packing optimum: its test tasks draw tables
+like its base protocol's test tasks, then take a cap of `cap_slack` (drawn per task in the
+range) times the lowest per-device maximum memory a placement was found to reach (binary
+search on the cap with first-fit-decreasing; `packing.memory_bounds`). That bound is reached
+by a placement, so the cap is never below the slack; the optimum lies between it and
+max(largest table, total / devices). Tight tasks come from their own function and random
+streams, so the two papers' tasks stay the same for a seed.
 """
 
 import json
@@ -18,6 +26,9 @@ from autoshard.core.atomic import atomic_file
 from autoshard.core.errors import ConfigError, invalid
 from autoshard.core.params import Fields
 from autoshard.core.seeding import rng
+from autoshard.data.packing import first_fit_decreasing, memory_bounds
+
+__all__ = ["first_fit_decreasing"]  # re-exported: callers import it from here
 
 PROTOCOLS = ("autoshard", "dreamshard")
 GIB = 2**30
@@ -48,12 +59,24 @@ class ProtocolConfig:
 
 
 @dataclass(frozen=True)
+class TightConfig:
+    """`tasks.tight`: test tasks of `base`'s kind whose cap is a slack over the packing bound."""
+
+    tables: int
+    devices: int
+    cap_slack: tuple[float, float]
+    base: str
+    test_tasks: int
+
+
+@dataclass(frozen=True)
 class TaskConfig:
     """The `tasks` section of params.yaml."""
 
     train_share: float
     max_draws: int
     protocols: tuple[ProtocolConfig, ...]
+    tight: TightConfig
 
     @classmethod
     def from_params(cls, values: dict) -> "TaskConfig":
@@ -70,8 +93,16 @@ class TaskConfig:
                 train_tasks=p.integer("train_tasks", lo=0), test_tasks=p.integer("test_tasks", lo=0),
                 unseen_ratios=ratios))
             p.done()
+        t = f.sub("tight")
+        slack = t.numbers("cap_slack", lo=1.0)
+        if len(slack) != 2 or slack[0] > slack[1]:
+            raise invalid(t.name("cap_slack"), slack, "expected [low, high] with 1 <= low <= high")
+        tight = TightConfig(tables=t.integer("tables"), devices=t.integer("devices"),
+                            cap_slack=(slack[0], slack[1]), base=t.text("base", PROTOCOLS),
+                            test_tasks=t.integer("test_tasks", lo=0))
+        t.done()
         f.done()
-        return cls(train_share=train_share, max_draws=max_draws, protocols=tuple(protocols))
+        return cls(train_share=train_share, max_draws=max_draws, protocols=tuple(protocols), tight=tight)
 
 
 def split_pool(num_tables: int, train_share: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -82,19 +113,6 @@ def split_pool(num_tables: int, train_share: float, seed: int) -> tuple[np.ndarr
         raise invalid("tasks.train_share", train_share,
                       f"leaves an empty train or test pool of {num_tables} tables")
     return np.sort(order[:cut]), np.sort(order[cut:])
-
-
-def first_fit_decreasing(sizes: np.ndarray, devices: int, capacity: int) -> np.ndarray | None:
-    """A placement (device per table) under `capacity`, largest first, or None if FFD fails."""
-    load = np.zeros(devices, dtype=np.int64)
-    placement = np.full(len(sizes), -1, dtype=np.int64)
-    for i in np.argsort(-np.asarray(sizes), kind="stable"):
-        fits = np.flatnonzero(load + sizes[i] <= capacity)
-        if fits.size == 0:
-            return None
-        placement[i] = fits[0]
-        load[fits[0]] += sizes[i]
-    return placement
 
 
 def make_tasks(features: pd.DataFrame, tasks: dict, seed: int
@@ -118,6 +136,44 @@ def make_tasks(features: pd.DataFrame, tasks: dict, seed: int
                                 split=split, tables=tables, devices=p.devices,
                                 memory_bytes=p.memory_bytes, unseen_ratio=unseen / p.tables))
     return out, train, test
+
+
+def tight_tasks(features: pd.DataFrame, tasks: dict, seed: int) -> list[Task]:
+    """The tight-memory protocol's test tasks (named `tight/test/...`), drawn from the same pool
+    split as `make_tasks`'s, each with its own cap."""
+    cfg = TaskConfig.from_params(tasks)
+    c = cfg.tight
+    base = next(p for p in cfg.protocols if p.name == c.base)
+    sizes = features["size_bytes"].to_numpy()
+    train, test = split_pool(len(features), cfg.train_share, seed)
+    # the shape checks of a protocol, with a cap no table exceeds (the cap is set per task)
+    shape = ProtocolConfig(name="tight", tables=c.tables, devices=c.devices, memory_bytes=int(sizes.max()),
+                           train_tasks=0, test_tasks=c.test_tasks, unseen_ratios=base.unseen_ratios)
+    _check_protocol(shape, sizes, len(train), len(test))
+    out = []
+    for ratio in base.unseen_ratios:
+        for k in range(c.test_tasks):
+            g = rng(seed, "tasks", "tight", "test", f"{ratio:.4f}", k)
+            unseen = int(round(ratio * c.tables))
+            tables, cap = _draw_tight(g, c, train, test, unseen, sizes, cfg.max_draws)
+            suffix = f"r{ratio:.2f}/" if len(base.unseen_ratios) > 1 else ""
+            out.append(Task(name=f"tight/test/{suffix}{k:03d}", protocol="tight", split="test", tables=tables,
+                            devices=c.devices, memory_bytes=cap, unseen_ratio=unseen / c.tables))
+    return out
+
+
+def _draw_tight(g: np.random.Generator, c: TightConfig, train: np.ndarray, test: np.ndarray, unseen: int,
+                sizes: np.ndarray, max_draws: int) -> tuple[tuple[int, ...], int]:
+    """Sorted table ids and a cap of slack x the packing bound under which FFD places them."""
+    for _ in range(max_draws):
+        tables = np.sort(np.concatenate([g.choice(train, c.tables - unseen, replace=False),
+                                         g.choice(test, unseen, replace=False)]))
+        _, reached = memory_bounds(sizes[tables], c.devices)
+        cap = int(np.ceil(g.uniform(*c.cap_slack) * reached))
+        if first_fit_decreasing(sizes[tables], c.devices, cap) is not None:
+            return tuple(int(t) for t in tables), cap
+    raise invalid("tasks.tight.cap_slack", list(c.cap_slack),
+                  f"first-fit-decreasing placed no drawn task under its cap in {max_draws} draws")
 
 
 def _check_protocol(p: ProtocolConfig, sizes: np.ndarray, n_train: int, n_test: int) -> None:

@@ -2,8 +2,10 @@
 
 All greedy heuristics share one loop: sort tables by a key, largest first; put each on the
 device with the lowest accumulated key among those where it still fits; ties go to the
-device with less memory used, then the lower index. Unlike the prototypes, a table that
-fits nowhere is an error (`Infeasible`), never silently put on the last device.
+device with less memory used, then the lower index. "Fits" is the RL environment's mask
+(`PackingGuard`): room for the table and, after it, for the tables still to place, so a task
+first-fit-decreasing can place never dead-ends. Unlike the prototypes, a table that fits
+nowhere is an error (`Infeasible`), never silently put on the last device.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import pandas as pd
 
 from autoshard.core.errors import ConfigError
 from autoshard.core.seeding import rng
+from autoshard.data.packing import PackingGuard
 from autoshard.data.tasks import Task
 
 
@@ -42,43 +45,54 @@ HEURISTICS = ("random", "naive", *GREEDY)
 
 
 
-def _fitting(memory: np.ndarray, sizes: np.ndarray, i: int, capacity: int) -> np.ndarray:
-    """Devices with room for table `i`; none is an error, never a silent overflow."""
-    fits = np.flatnonzero(memory + sizes[i] <= capacity)
-    if fits.size == 0:
-        raise Infeasible(f"table {i} ({sizes[i]} bytes) fits on no device")
-    return fits
+class _Fitting:
+    """The devices a table may go to when the tables are placed in `order` (see the module note)."""
 
+    def __init__(self, sizes: np.ndarray, order: np.ndarray, devices: int, capacity: int):
+        self.sizes, self.order, self.step = sizes, order, 0
+        self.memory = np.zeros(devices, dtype=np.int64)
+        self.guard = PackingGuard(sizes[order][None, :], np.array([capacity]), devices)
+
+    def devices(self) -> np.ndarray:
+        """Allowed devices for the next table, in index order; none is an error."""
+        fits = np.flatnonzero(self.guard.allowed(self.step, self.memory[None, :])[0])
+        if fits.size == 0:
+            i = self.order[self.step]
+            raise Infeasible(f"table {i} ({self.sizes[i]} bytes) fits on no device")
+        return fits
+
+    def put(self, device: int) -> int:
+        """Place the next table on `device`; returns the table's index."""
+        i = self.order[self.step]
+        self.memory[device] += self.sizes[i]
+        self.guard.placed(self.step, np.array([device]))
+        self.step += 1
+        return i
 
 
 def greedy(keys: np.ndarray, sizes: np.ndarray, devices: int, capacity: int) -> np.ndarray:
     """Largest key first, onto the fitting device with the lowest accumulated key."""
     load = np.zeros(devices)
-    memory = np.zeros(devices, dtype=np.int64)
     placement = np.full(len(keys), -1, dtype=np.int64)
-    for i in np.argsort(-keys, kind="stable"):
-        fits = _fitting(memory, sizes, i, capacity)
-        best = fits[np.lexsort((fits, memory[fits], load[fits]))[0]]
+    fitting = _Fitting(sizes, np.argsort(-keys, kind="stable"), devices, capacity)
+    for _ in range(len(keys)):
+        fits = fitting.devices()
+        best = fits[np.lexsort((fits, fitting.memory[fits], load[fits]))[0]]
+        i = fitting.put(best)
         placement[i] = best
         load[best] += keys[i]
-        memory[best] += sizes[i]
     return placement
 
 
 
 def naive(sizes: np.ndarray, devices: int, capacity: int) -> np.ndarray:
     """Round-robin in table order, skipping devices that are full."""
-    memory = np.zeros(devices, dtype=np.int64)
     placement = np.full(len(sizes), -1, dtype=np.int64)
+    fitting = _Fitting(sizes, np.arange(len(sizes)), devices, capacity)
     for i in range(len(sizes)):
-        for step in range(devices):
-            d = (i + step) % devices
-            if memory[d] + sizes[i] <= capacity:
-                break
-        else:
-            raise Infeasible(f"table {i} ({sizes[i]} bytes) fits on no device")
-        placement[i] = d
-        memory[d] += sizes[i]
+        fits = fitting.devices()
+        placement[i] = fits[np.argmin((fits - i) % devices)]  # the first from device i on
+        fitting.put(placement[i])
     return placement
 
 
@@ -86,11 +100,11 @@ def naive(sizes: np.ndarray, devices: int, capacity: int) -> np.ndarray:
 def random_placement(sizes: np.ndarray, devices: int, capacity: int,
                      rng: np.random.Generator) -> np.ndarray:
     """A uniformly random device per table among those with room (largest tables first)."""
-    memory = np.zeros(devices, dtype=np.int64)
     placement = np.full(len(sizes), -1, dtype=np.int64)
-    for i in np.argsort(-sizes, kind="stable"):
-        placement[i] = rng.choice(_fitting(memory, sizes, i, capacity))
-        memory[placement[i]] += sizes[i]
+    fitting = _Fitting(sizes, np.argsort(-sizes, kind="stable"), devices, capacity)
+    for _ in range(len(sizes)):
+        device = rng.choice(fitting.devices())
+        placement[fitting.put(device)] = device
     return placement
 
 

@@ -2,9 +2,12 @@
 
 Tables are placed one per step, largest predicted single-table cost first. A device that
 cannot hold the current table is masked out, so a placement never exceeds the memory cap;
-if no device can hold a table the task is infeasible and `step`'s caller gets `Infeasible`,
-never a silent overflow. Device costs come from the cost model: the head applied to the
-sum of the encodings of the device's tables (the cost model is the simulator).
+so is a device after which the remaining tables could not be placed (`PackingGuard`: a task
+that first-fit-decreasing can place never dead-ends). Where the guard can vouch for no device
+any device with room is allowed and the step is counted in `fallbacks`; if no device can hold
+a table the task is infeasible and `step`'s caller gets `Infeasible`, never a silent overflow.
+Device costs come from the cost model: the head applied to the sum of the encodings of the
+device's tables (the cost model is the simulator).
 """
 
 from collections.abc import Sequence
@@ -15,6 +18,7 @@ import torch
 
 from autoshard.costmodel.model import CostModel, check_features
 from autoshard.data.features import FEATURE_COLUMNS
+from autoshard.data.packing import PackingGuard
 from autoshard.data.tasks import Task
 from autoshard.placement.heuristics import Infeasible
 
@@ -81,14 +85,25 @@ class ShardingEnv:
         self.device_mem = torch.zeros(b, d, dtype=torch.float64)
         self.device_cost = torch.zeros(b, d)
         self.placement = torch.full((b, self.batch.steps), -1, dtype=torch.long)
+        self.guard = PackingGuard(self.batch.sizes.numpy(), self.batch.capacity.numpy(), d)
+        self._mask: tuple[int, torch.Tensor] | None = None
 
     @property
     def done(self) -> bool:
         return self.t >= self.batch.steps
 
+    @property
+    def fallbacks(self) -> int:
+        """(task, step) pairs where the guard vouched for no device and any with room was allowed."""
+        return self.guard.fallbacks
+
     def mask(self) -> torch.Tensor:
-        """(B, D) devices that can hold the current table; raises if some task has none."""
-        fits = self.device_mem + self.batch.sizes[:, self.t, None] <= self.batch.capacity[:, None]
+        """(B, D) devices that can hold the current table and leave the rest placeable (see the
+        module note); raises if some task has no device with room."""
+        if self._mask is not None and self._mask[0] == self.t:
+            return self._mask[1]
+        fits = torch.from_numpy(self.guard.allowed(self.t, self.device_mem.numpy()))
+        self._mask = (self.t, fits)
         stuck = ~fits.any(1)
         if stuck.any():
             i = int(torch.nonzero(stuck)[0])
@@ -104,11 +119,12 @@ class ShardingEnv:
         fits = self.mask() if mask is None else mask
         rows = torch.arange(self.batch.size)
         if not fits[rows, actions].all():
-            raise ValueError("an action chose a device without room for the table")
+            raise ValueError("an action chose a device the mask refuses (no room, or no room left for the rest)")
         self.device_sum[rows, actions] += self.batch.encodings[:, self.t]
         self.device_mem[rows, actions] += self.batch.sizes[:, self.t]
         self.device_cost[rows, actions] = self.model.cost_ms(self.device_sum[rows, actions])
         self.placement[:, self.t] = actions
+        self.guard.placed(self.t, actions.numpy())
         self.t += 1
 
     def bottleneck(self) -> torch.Tensor:

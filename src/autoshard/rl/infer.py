@@ -43,8 +43,9 @@ def policy_plans(policy: Policy, model: CostModel, features: np.ndarray, tasks: 
 
 @torch.inference_mode()
 def cost_greedy(model: CostModel, features: np.ndarray, tasks: list[Task]) -> list[np.ndarray]:
-    """Each table, largest predicted single cost first, to the fitting device whose predicted
-    cost after placing it is lowest: the strong baseline a careful engineer would try first."""
+    """Each table, largest predicted single cost first, to the device whose predicted cost after
+    placing it is lowest among those the environment allows (room for the table and for the tables
+    after it): the strong baseline a careful engineer would try first."""
     plans: dict[str, np.ndarray] = {}
     for group in group_by_shape(tasks):
         batch = make_batch(model, features, group)

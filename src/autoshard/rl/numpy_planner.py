@@ -26,6 +26,7 @@ import numpy as np
 from autoshard.core.atomic import atomic_file
 from autoshard.core.errors import ConfigError
 from autoshard.data.features import FEATURE_COLUMNS, LOG_COLUMNS, check_features
+from autoshard.data.packing import PackingGuard
 from autoshard.placement.heuristics import Infeasible
 
 FORMAT = "autoshard-numpy-planner/1"
@@ -256,9 +257,11 @@ class _Steps:
         self.device_sum = np.zeros((devices, enc.shape[1]), np.float32)
         self.memory = np.zeros(devices, np.float64)
         self.placement = np.full(len(enc), -1, np.int64)
+        self.guard = PackingGuard(sizes[None, :], np.array([capacity]), devices)
 
     def fits(self, t: int) -> np.ndarray:
-        fits = self.memory + self.sizes[t] <= self.capacity
+        """The devices the environment's mask allows for table `t` (room, and room for the rest)."""
+        fits = self.guard.allowed(t, self.memory[None, :])[0]
         if not fits.any():
             raise Infeasible(f"task {self.name}: table {int(self.order[t])} fits on no device at step {t}")
         return fits
@@ -267,6 +270,7 @@ class _Steps:
         self.device_sum[k] += self.enc[t]
         self.memory[k] += self.sizes[t]
         self.placement[t] = k
+        self.guard.placed(t, np.array([k]))
 
 
 def load(path: str | Path, cost_model_path: str | Path, policy_path: str | Path | None,
