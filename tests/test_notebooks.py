@@ -161,10 +161,11 @@ def test_evaluate_notebook(profiled, smoke_params, monkeypatch):
         assert run_stage(tmp_path, smoke_params, "train_rl") == 0
     assert run_stage(tmp_path, smoke_params, "evaluate") == 0
     metrics = read_metrics(tmp_path / "reports" / "metrics" / "evaluate.json")
-    assert set(metrics["results"]) == {"autoshard", "dreamshard", "small"}
+    assert set(metrics["results"]) == {"autoshard", "dreamshard", "tight", "small"}
     assert "exact" in metrics["results"]["small"] and "exact" not in metrics["results"]["autoshard"]
     assert {"rl_greedy", "rl_best_of_n", "rl_local_search", "cost_greedy"} <= set(metrics["results"]["dreamshard"])
-    assert {t["protocol"] for t in metrics["targets"]} == {"autoshard", "dreamshard", "small"}
+    assert {t["protocol"] for t in metrics["targets"]} == {"autoshard", "dreamshard", "tight", "small"}
+    assert set(metrics["failed"]) >= {"autoshard", "dreamshard", "tight"}
     plans = pd.read_csv(tmp_path / "data" / "evaluate" / "plans.csv")
     assert (plans["memory_share"] <= 1).all() and (plans["measured_ms"] > 0).all()
     small = plans[plans["protocol"] == "small"]

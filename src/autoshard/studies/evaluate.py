@@ -71,6 +71,7 @@ class EvaluateConfig:
 
     autoshard_per_ratio: int
     dreamshard_tasks: int
+    tight_tasks: int  # the first tight-memory tasks (tasks.tight) evaluated
     small: SmallConfig
     best_of: int
     backend: BackendConfig
@@ -110,7 +111,8 @@ class EvaluateConfig:
                              plan_repeat_change=n.number("plan_repeat_change", lo=0, lo_open=True))
         n.done()
         cfg = cls(autoshard_per_ratio=f.integer("autoshard_tasks_per_ratio", lo=0),
-                  dreamshard_tasks=f.integer("dreamshard_tasks", lo=0), small=small, best_of=best_of,
+                  dreamshard_tasks=f.integer("dreamshard_tasks", lo=0),
+                  tight_tasks=f.integer("tight_tasks", lo=0), small=small, best_of=best_of,
                   backend=backend, bootstrap=f.integer("bootstrap", lo=100), noise_tasks=f.integer("noise_tasks", lo=0),
                   replicate_share=f.number("replicate_share", lo=0, lo_open=True, hi=1),
                   speed_tables=tuple(f.integers("speed_tables")), speed_devices=f.integer("speed_devices"),
