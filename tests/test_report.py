@@ -162,3 +162,11 @@ def test_every_committed_metrics_file_is_strict_json():
     assert files
     for path in files:
         json.loads(path.read_text(), parse_constant=lambda token, name=path.name: pytest.fail(f"{name}: {token}"))
+
+
+def test_failed_placements_are_listed_per_protocol():
+    from autoshard.pipeline.report import failed_table
+
+    text = failed_table({"failed": {"tight": {"cost_greedy": 0, "torchrec": 3}, "dreamshard": {"cost_greedy": 0}}})
+    assert "torchrec: 3" in text and "cost_greedy" not in text.split("tight")[1].split("\n")[0]
+    assert "none: every method placed every task" in text

@@ -111,7 +111,7 @@ def answer(evaluate: dict) -> str:
 
 
 def paired_table(evaluate: dict, methods: tuple[str, ...] = ("rl_greedy", "rl_local_search", "cost_greedy",
-                                                            "milp", "lpt_measured")) -> str:
+                                                            "hybrid_greedy", "milp", "lpt_measured")) -> str:
     """Markdown: the paired comparisons of the learned methods and the solver baselines."""
     rows = []
     for protocol, entries in evaluate.get("paired", {}).items():
@@ -211,6 +211,17 @@ def plot_files(data_dir: Path, plots: Path) -> None:
         plots / "ratios.csv", index=False)
 
 
+def failed_table(evaluate: dict) -> str:
+    """Markdown: per protocol, the methods that failed to place some tasks (no plan, or a device
+    over the memory cap), with how many; a protocol where every method placed every task says so."""
+    rows = []
+    for protocol, methods in evaluate.get("failed", {}).items():
+        failed = {m: n for m, n in methods.items() if n}
+        rows.append({"protocol": protocol, "failed placements": ", ".join(f"{m}: {n}" for m, n in failed.items())
+                     or "none: every method placed every task"})
+    return pd.DataFrame(rows).to_markdown(index=False) if rows else "(no placement counts)"
+
+
 def readme(reports: Path, stages: list[tuple[str, str]]) -> str:
     """The text of `reports/README.md`."""
     metrics = reports / "metrics"
@@ -227,6 +238,9 @@ def readme(reports: Path, stages: list[tuple[str, str]]) -> str:
                   "95% interval of the median ratio is below 1 and the effect exceeds the minimum detectable "
                   "effect at this noise; otherwise they tie.", "", answer(evaluate), "",
                   "### Paired comparisons", "", paired_table(evaluate), "",
+                  "### Failed placements", "",
+                  "The tight-memory protocol caps each device just above what bin packing reaches; a method that "
+                  "finds no placement under the cap (or exceeds it) fails that task.", "", failed_table(evaluate), "",
                   "## Headline: every method on held-out tasks", "", headline(evaluate), "",
                   "### Targets", "", targets(evaluate), ""]
     if (metrics / "transfer.json").exists():
