@@ -352,3 +352,60 @@ def test_plan_bench_times_the_command(files, tmp_path, smoke_params, monkeypatch
     assert (row["tables"], row["devices"], row["engine"]) == (30, 4, "numpy")
     assert len(row["command_seconds_all"]) == 2 and row["command_seconds_median"] > row["placing_seconds_last"] > 0
     assert 0 < row["peak_memory_gib"] < 4
+
+
+def column_plan(files, out, *extra) -> int:
+    return plan(files, out, "--sharding", "column", "--split", "history=2", *extra, method="cost_greedy")
+
+
+def test_a_column_wise_plan_lists_each_split_tables_columns(files, tmp_path):
+    from autoshard.cli.column_plan import read
+
+    out = tmp_path / "plan.json"
+    assert column_plan(files, out, "--column-ways", "1,2,4") == 0
+    doc = json.loads(out.read_text())
+    assert doc["sharding"] == "column" and doc["options"]["split"] == {"history": 2}
+    assert [(c["start"], c["width"]) for c in doc["columns"]["history"]] == [(0, 16), (16, 16)]
+    names = pd.read_csv(files["tables"])["name"].tolist()
+    assert set(doc["assignment"]) | set(doc["columns"]) == set(names)
+    shards, placement, devices = read(out, read_tables(files["tables"]))
+    assert devices == 2 and len(shards) == len(placement) == len(doc["assignment"]) + sum(
+        len(c) for c in doc["columns"].values())
+    assert sum(d["shards"] for d in doc["per_device"]) == len(shards)
+
+
+def test_a_column_wise_plan_runs_in_torchrec_and_computes_what_the_unsharded_module_does(files, tmp_path):
+    from autoshard.cli.torchrec_check import check
+
+    out, exported = tmp_path / "plan.json", tmp_path / "plan.torchrec.json"
+    assert column_plan(files, out, "--torchrec", str(exported), "--torchrec-device", "cpu") == 0
+    params = json.loads(exported.read_text())["modules"][""]
+    assert params["history"]["sharding_type"] == "column_wise"
+    assert [s["sizes"] for s in params["history"]["shards"]] == [[80000, 16], [80000, 16]]
+    result = check(files["tables"], exported, processes=2)
+    assert result["world_size"] == 2
+    for r in result["ranks"]:
+        assert r["output_shape"] == [4, result["output_width"]]
+        assert r["max_abs_error"] < 1e-4
+
+
+@pytest.mark.parametrize("extra,pattern", [
+    (["--split", "query_terms=8"], r"table query_terms: dim 16 cannot be split into 8 column shards of a multiple "
+                                   r"of 4 columns \(2 each\)"),
+    (["--split", "history=3"], r"table history: dim 32 cannot be split into 3 column shards"),
+    (["--split", "nope=2"], r"--split: 'nope=2' \(no table 'nope'"),
+    (["--column-ways", "1,x"], r"--column-ways: '1,x'"),
+])
+def test_column_wise_bad_input_is_refused_in_one_line(files, tmp_path, capsys, extra, pattern):
+    out = tmp_path / "plan.json"
+    assert plan(files, out, "--sharding", "column", *extra, method="cost_greedy") == 2
+    err = capsys.readouterr().err
+    assert re.search(pattern, err) and len(err.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+def test_column_options_need_column_sharding(files, tmp_path, capsys):
+    assert plan(files, tmp_path / "p.json", "--split", "history=2", method="size_greedy") == 2
+    assert "--split: only --sharding column uses it" in capsys.readouterr().err
+    assert plan(files, tmp_path / "p.json", "--sharding", "column", method="rl_greedy") == 2
+    assert "only cost_greedy" in capsys.readouterr().err

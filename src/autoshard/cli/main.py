@@ -1,6 +1,7 @@
 """`autoshard`: shard your own embedding tables with the study's methods.
 
   autoshard plan    --tables T --devices D --memory-per-device 16GiB [--method rl] --out plan.json
+  autoshard plan    ... --sharding column [--column-ways 1,2,4] [--split NAME=K]   (column-wise shards)
   autoshard score   --tables T --plan plan.json [--backend fbgemm|torch|analytic]
   autoshard compare --tables T --devices D --memory-per-device 16GiB [--measure]
   autoshard measure --jobs jobs.json --out rows.json   (the portable measurement worker)
@@ -69,9 +70,18 @@ def parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="place the tables on devices and write the plan")
     _common(plan)
     _task_args(plan)
-    plan.add_argument("--method", default="rl_greedy", help=f"one of {', '.join(METHODS)} (default rl_greedy)")
+    plan.add_argument("--method", default=None, help=f"one of {', '.join(METHODS)} (default rl_greedy; "
+                                                     "cost_greedy with --sharding column)")
     plan.add_argument("--best-of", type=int, default=None,
                       help="rl_best_of_n: the best of N sampled placements by predicted bottleneck (default 16)")
+    plan.add_argument("--sharding", default="table", choices=("table", "column"),
+                      help="table: every table whole on one device; column: tables may be split into column "
+                           "shards, chosen with the placement (split-then-place on the cost model)")
+    plan.add_argument("--column-ways", default=None,
+                      help="with --sharding column: the numbers of column shards a table may be split into "
+                           "(default 1,2,4; each shard a multiple of 4 columns)")
+    plan.add_argument("--split", action="append", metavar="NAME=K",
+                      help="with --sharding column: split table NAME into K column shards (repeatable)")
     plan.add_argument("--out", required=True, type=Path, help="plan file to write (JSON)")
     plan.add_argument("--torchrec", type=Path, help="also write the plan as a TorchRec sharding plan (JSON)")
     plan.add_argument("--torchrec-device", default="cuda", choices=("cuda", "cpu"),
@@ -97,7 +107,9 @@ def _print_devices(doc: dict) -> None:
     frame["memory_share"] = frame["memory_share"].map("{:.1%}".format)
     print(frame.to_string(index=False))
     predicted = doc["predicted_bottleneck_ms"]
-    print(f"\nmethod {doc['method']}: {len(doc['assignment'])} tables on {doc['devices']} devices in "
+    split = f" ({len(doc['columns'])} split into column shards)" if doc.get("columns") else ""
+    tables = len(doc["assignment"]) + len(doc.get("columns", {}))
+    print(f"\nmethod {doc['method']}: {tables} tables{split} on {doc['devices']} devices in "
           f"{doc['sharding_seconds']:.3f} s; predicted bottleneck "
           f"{'n/a (no cost model)' if predicted is None else f'{predicted:.3f} ms'}")
 
@@ -105,6 +117,16 @@ def _print_devices(doc: dict) -> None:
 def _check_plan_options(args: argparse.Namespace) -> None:
     """`--method` is known, and options it does not use are refused rather than ignored (a
     `--policy` it does not use is still checked, by `planning.load_models`)."""
+    if args.sharding == "column":
+        if args.method not in (None, "cost_greedy"):
+            raise ConfigError(f"--method: {shown(args.method)} (with --sharding column only cost_greedy, "
+                              "split-then-place on the cost model, places column shards)")
+        args.method = "cost_greedy"
+    else:
+        for option, value in (("--column-ways", args.column_ways), ("--split", args.split)):
+            if value is not None:
+                raise ConfigError(f"{option}: only --sharding column uses it")
+    args.method = args.method or "rl_greedy"
     if args.method not in METHODS:
         raise ConfigError(f"--method: {shown(args.method)} (expected one of {', '.join(METHODS)})")
     if args.method != "rl_best_of_n" and args.best_of is not None:
@@ -125,6 +147,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                   [args.tables, args.policy, args.cost_model, *planning.default_files(folder)])
     tables = read_tables(args.tables, args.weight_bytes)
     task = planning.make_task(tables, args.devices, memory)
+    if args.sharding == "column":
+        return _plan_columns(args, tables, task, folder)
     models = planning.load_models(args.method, args.policy, args.cost_model,
                                   need_torch=args.method == "rl_best_of_n", folder=folder)
     options = {"best_of": args.best_of, "seed": args.seed} if args.method == "rl_best_of_n" else {}
@@ -140,6 +164,39 @@ def cmd_plan(args: argparse.Namespace) -> int:
     outputs = {args.out: json.dumps(doc, indent=1, default=_plain, allow_nan=False)}
     if torchrec_doc is not None:
         outputs[args.torchrec] = json.dumps(torchrec_doc, indent=1, allow_nan=False)
+    write_files(outputs)
+    if args.json:
+        print(json.dumps(doc, default=_plain))
+    else:
+        _print_devices(doc)
+    return 0
+
+
+def _plan_columns(args: argparse.Namespace, tables, task, folder: Path) -> int:
+    """`plan --sharding column`: split-then-place on the cost model, the plan file listing each
+    split table's column shards, and optionally its TorchRec export (`column_wise` shardings)."""
+    import time
+
+    from autoshard.cli import column_plan
+    from autoshard.cli import service as planning
+
+    ways = column_plan.parse_ways(args.column_ways or column_plan.DEFAULT_WAYS)
+    fixed = column_plan.parse_splits(args.split, tables)
+    models = planning.load_models("cost_greedy", args.policy, args.cost_model, need_torch=True, folder=folder)
+    start = time.perf_counter()
+    result = column_plan.plan(models.cost_model, tables, task, ways, fixed)
+    seconds = time.perf_counter() - start
+    options = {"column_ways": list(ways), "split": {tables.names[t]: k for t, k in fixed.items()}}
+    doc = column_plan.document(options, tables, task, result, models.cost_model, models.files, seconds)
+    planning.finite_predictions(np.array([doc["predicted_bottleneck_ms"]]), models)
+    outputs = {args.out: json.dumps(doc, indent=1, default=_plain, allow_nan=False)}
+    if args.torchrec is not None:
+        from autoshard.placement.torchrec import column_sharding_plan, plan_to_json
+
+        plan = column_sharding_plan(tables.features, tables.names, result.shards, result.placement, task.devices,
+                                    args.torchrec_device)
+        outputs[args.torchrec] = json.dumps(plan_to_json(plan, task.devices, args.torchrec_device), indent=1,
+                                            allow_nan=False)
     write_files(outputs)
     if args.json:
         print(json.dumps(doc, default=_plain))

@@ -1,6 +1,7 @@
 """Apply an exported TorchRec plan for real: `DistributedModelParallel` over an
 `EmbeddingBagCollection` of the tables, one CPU process per rank (gloo, started by torchrun),
-and one forward pass. Proves the plan file is what TorchRec accepts, and where each table went.
+and one forward pass whose output must equal the unsharded module's on the same weights. Proves
+the plan file is what TorchRec accepts, that it computes the same, and where each table went.
 
   python -m autoshard.cli.torchrec_check TABLES PLAN.torchrec.json   (a plan for CPU ranks: --torchrec-device cpu)
 """
@@ -14,7 +15,9 @@ import tempfile
 from pathlib import Path
 
 from autoshard.core.errors import ConfigError
-from autoshard.core.inputs import TORCHREC_FORMAT, read_json, torchrec_assignment
+from autoshard.core.inputs import TORCHREC_FORMAT, read_json, torchrec_columns
+
+TOLERANCE = 1e-4  # float32 sums of a few rows, in another order
 
 
 def plan_ranks(plan: str | Path, processes: int | None) -> int:
@@ -23,7 +26,7 @@ def plan_ranks(plan: str | Path, processes: int | None) -> int:
     doc = read_json(plan, "TorchRec plan")
     if not isinstance(doc, dict) or doc.get("format") != TORCHREC_FORMAT:
         raise ConfigError(f"{plan}: not a TorchRec plan written by `autoshard plan --torchrec`")
-    _, world, _ = torchrec_assignment(doc, plan)
+    _, world, _ = torchrec_columns(doc, plan)
     device = doc["device_type"]
     if device != "cpu":
         raise ConfigError(f"{plan}: a plan for {device} ranks; write it with `--torchrec-device cpu` to run it in "
@@ -36,10 +39,10 @@ def plan_ranks(plan: str | Path, processes: int | None) -> int:
 def check(tables: str | Path, plan: str | Path, processes: int | None = None, timeout_s: float = 600) -> dict:
     """Run the plan with one CPU process per rank; returns each rank's output shape and local tables."""
     processes = plan_ranks(plan, processes)
-    from autoshard.cli.service import read_plan
+    from autoshard.cli.column_plan import read
     from autoshard.cli.user_tables import read_tables
 
-    read_plan(plan, read_tables(tables))  # the plan is for these tables, before any process starts
+    read(plan, read_tables(tables))  # the plan is for these tables, before any process starts
     with tempfile.TemporaryDirectory(prefix="autoshard-torchrec-") as tmp:
         out = Path(tmp) / "out.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
@@ -49,7 +52,12 @@ def check(tables: str | Path, plan: str | Path, processes: int | None = None, ti
         if done.returncode != 0 or not out.exists():
             tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
             raise RuntimeError(f"TorchRec plan check failed: {' | '.join(tail)}")
-        return json.loads(out.read_text())
+        result = json.loads(out.read_text())
+    worst = max(r["max_abs_error"] for r in result["ranks"])
+    if worst > TOLERANCE:
+        raise RuntimeError(f"TorchRec plan check failed: the sharded output differs from the unsharded "
+                           f"module's by up to {worst:g}")
+    return result
 
 
 def _worker(tables_path: str, plan_path: str, out_path: str) -> None:
@@ -77,15 +85,41 @@ def _worker(tables_path: str, plan_path: str, out_path: str) -> None:
     values = torch.cat([torch.randint(0, c.num_embeddings, (int(bags.sum()),), generator=g) for c in configs])
     kjt = KeyedJaggedTensor(keys=[c.feature_names[0] for c in configs], values=values,
                             lengths=bags.repeat(len(configs)))
+    full = {c.name: torch.randn(c.num_embeddings, c.embedding_dim, generator=torch.Generator().manual_seed(i))
+            for i, c in enumerate(configs)}  # the same weights on every rank
+    _load_local_shards(model, full)
     pooled = model(kjt)
+    reference = EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
+    with torch.no_grad():
+        for name, bag in reference.embedding_bags.items():
+            bag.weight.copy_(full[name])
+    expected = reference(kjt).to_dict()
+    got = pooled.to_dict()
+    error = max(float((got[k] - expected[k]).abs().max()) for k in expected)
     shape = list(pooled.values().shape)
-    local = sorted(n for n, p in plan.plan[""].items() if p.ranks[0] == rank)
+    local = sorted(n for n, p in plan.plan[""].items() if rank in p.ranks)
     gathered = [None] * world
-    dist.all_gather_object(gathered, {"rank": rank, "output_shape": shape, "tables": local})
+    dist.all_gather_object(gathered, {"rank": rank, "output_shape": shape, "tables": local,
+                                      "max_abs_error": error})
     if rank == 0:
         Path(out_path).write_text(json.dumps({"world_size": world, "ranks": gathered,
                                               "output_width": sum(c.embedding_dim for c in configs)}))
     dist.destroy_process_group()
+
+
+def _load_local_shards(model, full: dict) -> None:
+    """Copy each rank's shards of the tables' weights (`full`, by table name) into the sharded
+    module, through its state dict (whose local shards are views of the fused weights)."""
+    import torch
+
+    with torch.no_grad():
+        for key, value in model.state_dict().items():
+            name = key.split(".")[-2]  # ...embedding_bags.<table>.weight
+            if name not in full:
+                continue
+            for shard in value.local_shards():
+                (r, c), (h, w) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
+                shard.tensor.copy_(full[name][r:r + h, c:c + w])
 
 
 class _Parser(argparse.ArgumentParser):

@@ -204,6 +204,8 @@ def plan_assignment(doc: object, path: Path) -> tuple[dict[str, int], int, dict[
                           f"or {TORCHREC_FORMAT!r})")
     if doc["format"] == TORCHREC_FORMAT:
         return torchrec_assignment(doc, path)
+    if "columns" in doc:
+        raise ConfigError(f"{where}: a column-wise plan (this reader takes table-wise plans)")
     _fields(doc, PLAN_FIELDS, where)
     devices = integer(doc["devices"], f"{where}, field devices", 1, MAX_DEVICES)
     integer(doc["memory_per_device_bytes"], f"{where}, field memory_per_device_bytes", 1, MAX_MEMORY)
@@ -220,8 +222,66 @@ def plan_assignment(doc: object, path: Path) -> tuple[dict[str, int], int, dict[
     return assignment, devices, {}
 
 
+COLUMN_PLAN_FIELDS = PLAN_FIELDS | {"sharding", "columns"}
+COLUMN_FIELDS = {"start", "width", "device"}
+
+
+def plan_columns(doc: object, path: Path) -> tuple[dict[str, list[tuple[int, int | None, int]]], int,
+                                                    dict[str, list[int]]]:
+    """(column shards per table as (first column, width, device), devices, [rows, dim] per table
+    where the file says) of any plan file: ours, table-wise (a whole table: (0, None, device)) or
+    column-wise (its `columns` list the split tables, `assignment` the whole ones), or a TorchRec export."""
+    where = str(path)
+    if isinstance(doc, dict) and doc.get("format") == TORCHREC_FORMAT:
+        return torchrec_columns(doc, path)
+    if not (isinstance(doc, dict) and doc.get("format") == PLAN_FORMAT and "columns" in doc):
+        assignment, devices, shapes = plan_assignment(doc, path)
+        return {n: [(0, None, d)] for n, d in assignment.items()}, devices, shapes
+    table_doc = {k: v for k, v in doc.items() if k not in ("sharding", "columns")}
+    _fields(doc, COLUMN_PLAN_FIELDS, where)
+    if doc["sharding"] != "column":
+        raise ConfigError(f"{where}, field sharding: {shown(doc['sharding'])} (expected 'column')")
+    assignment, devices, _ = plan_assignment(table_doc, path)
+    out: dict[str, list[tuple[int, int | None, int]]] = {n: [(0, None, d)] for n, d in assignment.items()}
+    _typed(doc, "columns", (dict,), where)
+    for name, shards in doc["columns"].items():
+        at = f"{where}, columns.{shown(name)}"
+        if name in out:
+            raise ConfigError(f"{at}: the table is also in field assignment")
+        if not isinstance(shards, list) or len(shards) < 2:
+            raise ConfigError(f"{at}: expected a list of at least two column shards")
+        start, found = 0, []
+        for shard in shards:
+            _fields(shard, COLUMN_FIELDS, at)
+            if integer(shard["start"], f"{at}, field start", 0, MAX_DIM) != start:
+                raise ConfigError(f"{at}, field start: {shown(shard['start'])} (expected {start}: shards cover "
+                                  "the columns left to right)")
+            width = integer(shard["width"], f"{at}, field width", 4, MAX_DIM)
+            if width % 4:
+                raise ConfigError(f"{at}, field width: {width} (column shards are multiples of 4 columns)")
+            found.append((start, width, integer(shard["device"], f"{at}, field device", 0, devices - 1)))
+            start += width
+        out[name] = found
+    return out, devices, {}
+
+
 def torchrec_assignment(doc: dict, path: Path) -> tuple[dict[str, int], int, dict[str, list[int]]]:
-    """`plan_assignment` of a TorchRec plan written by `--torchrec`: table-wise shards only."""
+    """`plan_assignment` of a TorchRec plan written by `--torchrec`: table-wise shards only
+    (a column-wise plan is read with `torchrec_columns`)."""
+    columns, world, shapes = torchrec_columns(doc, path)
+    split = next((name for name, shards in columns.items() if len(shards) != 1), None)
+    if split is not None:
+        raise ConfigError(f"{path}, table {shown(split)}: column-wise shards (this reader takes table-wise plans)")
+    return {name: shards[0][2] for name, shards in columns.items()}, world, shapes
+
+
+ColumnShards = list[tuple[int, int, int]]  # (first column, width, rank) per column shard, left to right
+
+
+def torchrec_columns(doc: dict, path: Path) -> tuple[dict[str, ColumnShards], int, dict[str, list[int]]]:
+    """(column shards per table, world size, [rows, dim] per table) of a TorchRec plan written by
+    `--torchrec`: each table `table_wise` (one shard) or `column_wise` (shards that cover its
+    columns left to right, one rank each, widths multiples of 4)."""
     where = str(path)
     _fields(doc, TORCHREC_FIELDS, where)
     world = integer(doc["world_size"], f"{where}, field world_size", 1, MAX_DEVICES)
@@ -234,33 +294,43 @@ def torchrec_assignment(doc: dict, path: Path) -> tuple[dict[str, int], int, dic
     params = modules[""]
     if not isinstance(params, dict) or not params:
         raise ConfigError(f"{where}, field modules[\"\"]: expected the tables' shardings")
-    assignment, shapes = {}, {}
+    columns, shapes = {}, {}
     for name, p in params.items():
         at = f"{where}, table {shown(name)}"
         _fields(p, PARAMETER_FIELDS, at)
-        if p["sharding_type"] != "table_wise":
-            raise ConfigError(f"{at}, field sharding_type: {shown(p['sharding_type'])} (expected 'table_wise')")
+        kind = p["sharding_type"]
+        if kind not in ("table_wise", "column_wise"):
+            raise ConfigError(f"{at}, field sharding_type: {shown(kind)} (expected 'table_wise' or 'column_wise')")
         _typed(p, "compute_kernel", (str,), at)
-        ranks = p["ranks"]
-        if not isinstance(ranks, list) or len(ranks) != 1:
-            raise ConfigError(f"{at}, field ranks: {shown(ranks)} (expected one rank)")
-        rank = integer(ranks[0], f"{at}, field ranks", 0, world - 1)
-        shards = p["shards"]
-        if not isinstance(shards, list) or len(shards) != 1:
-            raise ConfigError(f"{at}, field shards: expected one shard (the whole table)")
-        shard = _fields(shards[0], SHARD_FIELDS, f"{at}, shard")
-        if shard["offsets"] != [0, 0] or any(type(v) is not int for v in shard["offsets"]):
-            raise ConfigError(f"{at}, field offsets: {shown(shard['offsets'])} (expected [0, 0])")
-        sizes = shard["sizes"]
-        if not isinstance(sizes, list) or len(sizes) != 2:
-            raise ConfigError(f"{at}, field sizes: {shown(sizes)} (expected [rows, dim])")
-        shapes[name] = [integer(sizes[0], f"{at}, field sizes", 1, MAX_ROWS),
-                        integer(sizes[1], f"{at}, field sizes", 1, MAX_DIM)]
-        placement = f"rank:{rank}/{device_type}:{rank}" if device_type == "cuda" else f"rank:{rank}/cpu"
-        if shard["placement"] != placement:
-            raise ConfigError(f"{at}, field placement: {shown(shard['placement'])} (expected {placement!r})")
-        assignment[name] = rank
-    return assignment, world, shapes
+        ranks, shards = p["ranks"], p["shards"]
+        if not isinstance(ranks, list) or not ranks or (kind == "table_wise" and len(ranks) != 1):
+            raise ConfigError(f"{at}, field ranks: {shown(ranks)} (expected one rank per shard)")
+        if not isinstance(shards, list) or len(shards) != len(ranks):
+            raise ConfigError(f"{at}, field shards: expected {len(ranks)} shard(s), one per rank")
+        rows, start, found = None, 0, []
+        for rank_value, shard in zip(ranks, shards, strict=True):
+            rank = integer(rank_value, f"{at}, field ranks", 0, world - 1)
+            shard = _fields(shard, SHARD_FIELDS, f"{at}, shard")
+            if shard["offsets"] != [0, start] or any(type(v) is not int for v in shard["offsets"]):
+                raise ConfigError(f"{at}, field offsets: {shown(shard['offsets'])} (expected [0, {start}])")
+            sizes = shard["sizes"]
+            if not isinstance(sizes, list) or len(sizes) != 2:
+                raise ConfigError(f"{at}, field sizes: {shown(sizes)} (expected [rows, columns])")
+            shard_rows = integer(sizes[0], f"{at}, field sizes", 1, MAX_ROWS)
+            width = integer(sizes[1], f"{at}, field sizes", 1, MAX_DIM)
+            if rows is not None and shard_rows != rows:
+                raise ConfigError(f"{at}, field sizes: {shown(sizes)} (every shard has the table's {rows} rows)")
+            if kind == "column_wise" and width % 4:
+                raise ConfigError(f"{at}, field sizes: {shown(sizes)} (column shards are multiples of 4 columns)")
+            placement = f"rank:{rank}/{device_type}:{rank}" if device_type == "cuda" else f"rank:{rank}/cpu"
+            if shard["placement"] != placement:
+                raise ConfigError(f"{at}, field placement: {shown(shard['placement'])} (expected {placement!r})")
+            rows = shard_rows
+            found.append((start, width, rank))
+            start += width
+        columns[name] = found
+        shapes[name] = [rows, start]
+    return columns, world, shapes
 
 
 def check_state(path: Path, what: str, expected: dict, given: object) -> None:

@@ -185,15 +185,19 @@ def greedy_place(model: CostModel, features: np.ndarray, sizes: np.ndarray, devi
 
 
 def split_then_place(model: CostModel, pool_features: pd.DataFrame, task: Task, ways: Sequence[int] = (1, 2, 4),
-                     candidates: int = 16) -> SplitPlan:
-    """Greedy split search: start from whole tables; for each of the `candidates` tables of
-    largest predicted single cost, try each split count of `ways` (ascending, those leaving
-    multiples of 4 columns) and keep it when the greedy placement's predicted bottleneck drops."""
+                     candidates: int = 16, fixed: Mapping[int, int] | None = None) -> SplitPlan:
+    """Greedy split search: start from whole tables (and the `fixed` splits, kept as they are);
+    for each of the `candidates` other tables of largest predicted single cost, try each split
+    count of `ways` (ascending, those leaving multiples of 4 columns) and keep it when the
+    greedy placement's predicted bottleneck drops."""
     dims = pool_features["dim"].to_numpy(dtype=np.int64)
+    fixed = dict(fixed or {})
+    expand(task, dims, fixed)  # refuses a fixed split that is not a multiple of 4 columns
     whole = expand(task, dims)
     x = feature_matrix(shard_features(pool_features, whole))
     single = model.predict_ms(x, [[i] for i in range(len(whole))])
-    order = [task.tables[i] for i in np.argsort(-single, kind="stable")[:max(0, candidates)]]
+    order = [t for t in (task.tables[i] for i in np.argsort(-single, kind="stable")) if t not in fixed]
+    order = order[:max(0, candidates)]
 
     def placed(splits: dict[int, int]) -> SplitPlan | None:
         shards = expand(task, dims, splits)
@@ -204,7 +208,7 @@ def split_then_place(model: CostModel, pool_features: pd.DataFrame, task: Task, 
             return None
         return SplitPlan(shards, p, b)
 
-    splits: dict[int, int] = {}
+    splits: dict[int, int] = fixed
     best = placed(splits)
     if best is None:
         raise Infeasible(f"task {task.name}: greedy placement of whole tables finds no room")

@@ -87,8 +87,33 @@ def sharding_plan(features: pd.DataFrame, names: list[str], placement: np.ndarra
     return ShardingPlan(plan={"": module_plan})
 
 
+def column_sharding_plan(features: pd.DataFrame, names: list[str], shards: list, placement: np.ndarray,
+                         devices: int, device_type: str = "cuda"):
+    """TorchRec's `ShardingPlan` of a column-wise plan: `shards` are `columns.ColumnShard`s whose
+    `table` is a row of `features`, `placement` a rank per shard. A whole table is `table_wise`;
+    a split one `column_wise` with its equal column shards' ranks left to right."""
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+    from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan, table_wise
+    from torchrec.distributed.types import ShardingPlan
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    ranks: dict[int, list[tuple[int, int]]] = {}
+    for shard, rank in zip(shards, placement, strict=True):
+        ranks.setdefault(int(shard.table), []).append((int(shard.start), int(rank)))
+    kernel = EmbeddingComputeKernel.FUSED.value
+    per_table = {}
+    for t, name in enumerate(names):
+        held = [r for _, r in sorted(ranks[t])]
+        per_table[name] = (table_wise(rank=held[0], compute_kernel=kernel) if len(held) == 1
+                           else column_wise(ranks=held, compute_kernel=kernel))
+    ebc = EmbeddingBagCollection(tables=embedding_configs(features, names), device=torch.device("meta"))
+    module_plan = construct_module_sharding_plan(ebc, per_table, local_size=devices, world_size=devices,
+                                                 device_type=device_type)
+    return ShardingPlan(plan={"": module_plan})
+
+
 def plan_to_json(plan, world_size: int, device_type: str) -> dict:
-    """A `ShardingPlan` of table-wise shards as plain JSON (no pickles: loading it runs no code)."""
+    """A `ShardingPlan` of table-wise or column-wise shards as plain JSON (no pickles: loading it runs no code)."""
     modules = {}
     for path, module_plan in plan.plan.items():
         modules[path] = {name: {"sharding_type": p.sharding_type, "compute_kernel": p.compute_kernel,
@@ -106,13 +131,13 @@ def load_sharding_plan(path: str | Path):
     from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
     from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
 
-    from autoshard.core.inputs import read_json, torchrec_assignment
+    from autoshard.core.inputs import read_json, torchrec_columns
 
     path = Path(path)
     doc = read_json(path, "TorchRec plan")
     if not isinstance(doc, dict) or doc.get("format") != TORCHREC_FORMAT:
         raise ConfigError(f"{path}: not a TorchRec plan written by autoshard (format {TORCHREC_FORMAT!r})")
-    torchrec_assignment(doc, path)
+    torchrec_columns(doc, path)
     plan = {}
     for module, params in doc["modules"].items():
         plan[module] = EmbeddingModuleShardingPlan({

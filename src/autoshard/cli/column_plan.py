@@ -1,0 +1,130 @@
+"""`autoshard plan --sharding column`: split-then-place on the user's tables, the plan file of a
+column-wise plan (each split table's column shards and their devices), and reading any plan
+back as column shards (a table-wise plan is the special case of one shard per table)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from autoshard.cli.user_tables import UserTables
+from autoshard.core.errors import ConfigError
+from autoshard.core.inputs import PLAN_FORMAT, plan_columns, read_json, shown
+from autoshard.data.features import feature_matrix
+from autoshard.data.tasks import Task
+from autoshard.placement.columns import ColumnShard, SplitPlan, check_split, shard_features, shard_sizes
+
+DEFAULT_WAYS = "1,2,4"
+CANDIDATES = 16  # tables tried for a split, largest predicted cost first
+
+
+def parse_ways(text: str) -> tuple[int, ...]:
+    """`--column-ways 1,2,4`: the numbers of column shards a table may be split into."""
+    try:
+        ways = tuple(sorted({int(w) for w in text.split(",")}))
+    except ValueError:
+        raise ConfigError(f"--column-ways: {shown(text)} (expected whole numbers such as 1,2,4)") from None
+    if not ways or ways[0] < 1 or ways[-1] > 64:
+        raise ConfigError(f"--column-ways: {shown(text)} (each between 1 and 64)")
+    return ways
+
+
+def parse_splits(given: list[str] | None, tables: UserTables) -> dict[int, int]:
+    """`--split NAME=K` (repeatable): tables the user wants in K column shards; a dim that does
+    not split into multiples of 4 columns is refused naming the table, its dim and K."""
+    out: dict[int, int] = {}
+    index = {n: i for i, n in enumerate(tables.names)}
+    for item in given or []:
+        name, _, k = item.partition("=")
+        if name not in index:
+            raise ConfigError(f"--split: {shown(item)} (no table {shown(name)} in {tables.source})")
+        try:
+            ways = int(k)
+        except ValueError:
+            raise ConfigError(f"--split: {shown(item)} (expected NAME=K, K a whole number)") from None
+        i = index[name]
+        check_split(name, int(tables.features["dim"].iloc[i]), ways)
+        out[i] = ways
+    return out
+
+
+def plan(model, tables: UserTables, task: Task, ways: tuple[int, ...], fixed: dict[int, int]) -> SplitPlan:
+    """Split-then-place on the cost model (torch), deterministic (one thread)."""
+    from autoshard.core.seeding import one_thread
+    from autoshard.placement.columns import split_then_place
+
+    with one_thread():
+        return split_then_place(model, tables.features, task, ways, CANDIDATES, fixed)
+
+
+def _label(shard: ColumnShard, names: list[str]) -> str:
+    return names[shard.table] if shard.whole else f"{names[shard.table]}[{shard.start}:{shard.start + shard.width}]"
+
+
+def device_table(tables: UserTables, task: Task, result: SplitPlan, model) -> pd.DataFrame:
+    """Per device: its column shards, their memory (weights and row-wise optimizer state) and
+    the cost model's predicted cost (ms)."""
+    shards, placement = result.shards, result.placement
+    sizes = shard_sizes(tables.features, shards)
+    on = [np.flatnonzero(placement == d) for d in range(task.devices)]
+    out = pd.DataFrame({"device": range(task.devices), "shards": [len(s) for s in on],
+                        "memory_bytes": [int(sizes[s].sum()) for s in on],
+                        "memory_share": [float(sizes[s].sum() / task.memory_bytes) for s in on]})
+    x = feature_matrix(shard_features(tables.features, shards))
+    busy = [d for d in range(task.devices) if len(on[d])]
+    predicted = np.zeros(task.devices)
+    predicted[busy] = model.predict_ms(x, [on[d].tolist() for d in busy])
+    out["predicted_ms"] = predicted
+    out["names"] = [[_label(shards[i], tables.names) for i in s] for s in on]
+    return out
+
+
+def document(options: dict, tables: UserTables, task: Task, result: SplitPlan, model, files: dict,
+             seconds: float) -> dict:
+    """A column-wise plan file: `assignment` holds the whole tables, `columns` the split ones."""
+    devices = device_table(tables, task, result, model)
+    names = tables.names
+    assignment, columns = {}, {}
+    for shard, d in zip(result.shards, result.placement, strict=True):
+        if shard.whole:
+            assignment[names[shard.table]] = int(d)
+        else:
+            columns.setdefault(names[shard.table], []).append(
+                {"start": shard.start, "width": shard.width, "device": int(d)})
+    return {"format": PLAN_FORMAT, "method": "cost_greedy", "options": options, "tables_file": tables.source,
+            "devices": task.devices, "memory_per_device_bytes": task.memory_bytes, "sharding": "column",
+            "assignment": assignment, "columns": columns, "per_device": devices.to_dict("records"),
+            "predicted_bottleneck_ms": float(devices["predicted_ms"].max()),
+            "predicted": "by the cost model, not measured (measure with `autoshard score`)",
+            "sharding_seconds": seconds, "model_files": files, "engine": "torch"}
+
+
+def read(path: str | Path, tables: UserTables) -> tuple[list[ColumnShard], np.ndarray, int]:
+    """(column shards, device per shard, devices) of any plan file (ours or its TorchRec export),
+    checked against the tables: every table placed, its columns covered, its shape as the file says."""
+    path = Path(path)
+    per_table, devices, shapes = plan_columns(read_json(path, "plan file"), path)
+    names = tables.names
+    unknown = sorted(set(per_table) - set(names))
+    if unknown:
+        raise ConfigError(f"{path}: table {shown(unknown[0])} is not in {tables.source}")
+    absent = [n for n in names if n not in per_table]
+    if absent:
+        raise ConfigError(f"{path}: table {shown(absent[0])} of {tables.source} has no device")
+    f = tables.features
+    shards, placement = [], []
+    for t, (name, rows, dim) in enumerate(zip(names, f["rows"].tolist(), f["dim"].tolist(), strict=True)):
+        if name in shapes and shapes[name] != [rows, dim]:
+            raise ConfigError(f"{path}: table {shown(name)}, field sizes: {shapes[name]} (the table is "
+                              f"[{rows}, {dim}] in {tables.source})")
+        held = per_table[name]
+        covered = sum(dim if w is None else w for _, w, _ in held)
+        if covered != dim:
+            raise ConfigError(f"{path}: table {shown(name)}: its column shards cover {covered} columns (its dim "
+                              f"is {dim} in {tables.source})")
+        for start, width, d in held:
+            shards.append(ColumnShard(t, start, dim if width is None else width, dim))
+            placement.append(d)
+    return shards, np.array(placement, dtype=np.int64), devices
