@@ -175,6 +175,30 @@ class AblationMetrics(StageTime):
     shards_measured: int
 
 
+class ColumnsProtocol(TypedDict):
+    """The best column-wise plan against the best table-wise plan, paired over one protocol's tasks."""
+
+    tasks: float
+    median_ratio: Number
+    ci_low: Number
+    ci_high: Number
+    p_value: Number
+    target: float
+    met: bool
+    split_tables_median: float
+    column_wins: float
+
+
+class ColumnsMetrics(StageTime):
+    """reports/metrics/columns.json. Built by `studies.columns.columns_metrics`."""
+
+    protocols: dict[str, ColumnsProtocol]
+    ways: list[int]
+    table_methods: list[str]
+    tasks: int
+    shards_measured: int
+
+
 T = TypeVar("T")
 
 

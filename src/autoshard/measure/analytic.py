@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from autoshard.data.pool import Pool
-from autoshard.measure.base import ShardCost, check_batch, check_shard
+from autoshard.measure.base import ShardCost, check_batch, check_shard, shard_dims
 
 
 @dataclass(frozen=True)
@@ -62,12 +62,14 @@ class AnalyticBackend:
         self.pool = pool
         self.device = device
 
-    def measure(self, tables: Sequence[int], batch_size: int) -> ShardCost:
-        """Compute cost of the whole batch on one device (world size 1), summed over tables."""
+    def measure(self, tables: Sequence[int], batch_size: int, dims: Sequence[int] | None = None) -> ShardCost:
+        """Compute cost of the whole batch on one device (world size 1), summed over tables;
+        `dims` estimates column shards (see `base.CostBackend`)."""
         check_batch(batch_size, self.pool.traces)
         ids = check_shard(tables, self.pool.num_tables)
         f = self.pool.features.iloc[ids]
+        widths = shard_dims(f["dim"].astype(int).tolist(), dims)
         perfs = [table_perf(int(d), round(float(pf), 6), batch_size, 1, self.device)
-                 for d, pf in zip(f["dim"], f["pooling_factor"], strict=True)]
+                 for d, pf in zip(widths, f["pooling_factor"], strict=True)]
         return ShardCost(forward_ms=sum(p.fwd_compute for p in perfs),
                          backward_ms=sum(p.bwd_compute for p in perfs))

@@ -35,7 +35,10 @@ class CostBackend(Protocol):
     name: str
     device: str
 
-    def measure(self, tables: Sequence[int], batch_size: int) -> ShardCost: ...
+    def measure(self, tables: Sequence[int], batch_size: int, dims: Sequence[int] | None = None) -> ShardCost:
+        """`dims`: per listed table, the columns measured (a column shard: same rows and
+        trace, fewer columns); None measures every table whole."""
+        ...
 
 
 def check_shard(tables: Sequence[int], num_tables: int) -> list[int]:
@@ -47,6 +50,21 @@ def check_shard(tables: Sequence[int], num_tables: int) -> list[int]:
     if bad:
         raise ConfigError(f"shard: table {bad[0]} is not in the pool of {num_tables} tables")
     return ids
+
+
+def shard_dims(table_dims: Sequence[int], dims: Sequence[int] | None) -> list[int]:
+    """The widths measured: the tables' own dims, or `dims` (one per listed table, each at
+    least 1 and at most its table's dim: a column shard)."""
+    full = [int(d) for d in table_dims]
+    if dims is None:
+        return full
+    widths = [int(d) for d in dims]
+    if len(widths) != len(full):
+        raise ConfigError(f"shard dims: {len(widths)} values for {len(full)} tables")
+    bad = [(w, d) for w, d in zip(widths, full, strict=True) if not 1 <= w <= d]
+    if bad:
+        raise ConfigError(f"shard dims: {bad[0][0]} columns of a table of dim {bad[0][1]}")
+    return widths
 
 
 def check_batch(batch_size: int, traces: Traces) -> None:

@@ -11,7 +11,7 @@ import torch
 
 from autoshard.core.errors import ConfigError
 from autoshard.data.pool import Pool
-from autoshard.measure.base import ShardCost, ShardTooLarge, shard_bytes, shard_inputs
+from autoshard.measure.base import ShardCost, ShardTooLarge, shard_bytes, shard_dims, shard_inputs
 from autoshard.measure.timing import DEFAULT_TIMING, TimingConfig, time_steps
 
 OPTIMIZERS = ("EXACT_ROWWISE_ADAGRAD", "EXACT_SGD", "EXACT_ADAGRAD")
@@ -52,10 +52,11 @@ class FbgemmBackend:
             weights_precision=SparseType.FP16 if cuda else SparseType.FP32,
             learning_rate=0.01, device=self.torch_device)
 
-    def measure(self, tables: Sequence[int], batch_size: int) -> ShardCost:
+    def measure(self, tables: Sequence[int], batch_size: int, dims: Sequence[int] | None = None) -> ShardCost:
+        """A shard's forward and backward; `dims` measures column shards (see `base.CostBackend`)."""
         indices, offsets = shard_inputs(self.pool.traces, tables, batch_size)
         f = self.pool.features.iloc[list(tables)]
-        rows, dims = f["rows"].astype(int).tolist(), f["dim"].astype(int).tolist()
+        rows, dims = f["rows"].astype(int).tolist(), shard_dims(f["dim"].astype(int).tolist(), dims)
         if shard_bytes(rows, dims, self.weight_bytes) > self.memory_limit_bytes:
             raise ShardTooLarge(f"shard of {len(rows)} tables needs more than "
                                 f"{self.memory_limit_bytes / 2**30:.1f} GiB")

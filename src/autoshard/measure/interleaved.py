@@ -36,8 +36,11 @@ def _total(cost: ShardCost) -> float:
 
 
 def measure_batch(backend: CostBackend, shards: Sequence[Sequence[int]], calibration: Sequence[int],
-                  batch_size: int, timing: TimingConfig, g: np.random.Generator) -> Batch:
-    """Measure `shards` in `timing.rounds` interleaved rounds with calibration between them."""
+                  batch_size: int, timing: TimingConfig, g: np.random.Generator,
+                  dims: Sequence[Sequence[int] | None] | None = None) -> Batch:
+    """Measure `shards` in `timing.rounds` interleaved rounds with calibration between them;
+    `dims` (per shard, per table: the columns measured, None: whole) measures column shards."""
+    dims = dims if dims is not None else [None] * len(shards)
     for attempt in range(1, timing.retries + 2):  # noqa: B007 (the last value is reported)
         reference = _total(backend.measure(list(calibration), batch_size))
         per_round = np.full((len(shards), timing.rounds, len(FIELDS)), np.nan)
@@ -48,7 +51,8 @@ def measure_batch(backend: CostBackend, shards: Sequence[Sequence[int]], calibra
                 if too_large[i]:
                     continue
                 try:
-                    cost = backend.measure(list(shards[i]), batch_size)
+                    cost = (backend.measure(list(shards[i]), batch_size) if dims[i] is None
+                            else backend.measure(list(shards[i]), batch_size, dims[i]))
                 except ShardTooLarge:
                     too_large[i] = True
                     continue

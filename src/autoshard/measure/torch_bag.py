@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 
 from autoshard.data.pool import Pool
-from autoshard.measure.base import ShardCost, ShardTooLarge, shard_bytes, shard_inputs
+from autoshard.measure.base import ShardCost, ShardTooLarge, shard_bytes, shard_dims, shard_inputs
 from autoshard.measure.fbgemm import output_grad
 from autoshard.measure.timing import DEFAULT_TIMING, TimingConfig, time_steps
 
@@ -26,10 +26,11 @@ class TorchBackend:
         self.timing = timing
         self.memory_limit_bytes = memory_limit_bytes
 
-    def measure(self, tables: Sequence[int], batch_size: int) -> ShardCost:
+    def measure(self, tables: Sequence[int], batch_size: int, dims: Sequence[int] | None = None) -> ShardCost:
+        """A shard's forward and backward; `dims` measures column shards (see `base.CostBackend`)."""
         indices, offsets = shard_inputs(self.pool.traces, tables, batch_size)
         f = self.pool.features.iloc[list(tables)]
-        rows, dims = f["rows"].astype(int).tolist(), f["dim"].astype(int).tolist()
+        rows, dims = f["rows"].astype(int).tolist(), shard_dims(f["dim"].astype(int).tolist(), dims)
         if shard_bytes(rows, dims, 4) > self.memory_limit_bytes:
             raise ShardTooLarge(f"shard of {len(rows)} tables needs more than "
                                 f"{self.memory_limit_bytes / 2**30:.1f} GiB")

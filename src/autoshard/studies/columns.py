@@ -1,0 +1,184 @@
+"""Column-wise against table-wise sharding, measured (issue 17).
+
+Per task, every plan (table-wise ones as one whole column shard per table, column-wise ones as
+`placement.columns` split tasks) is turned into device shards of column shards; the distinct
+device shards of all plans of a task are measured as one batch in interleaved rounds
+(`measure.interleaved`, each column shard at its own width), saved per task so a stopped run
+resumes. A device shard's key lists its column shards' keys sorted ("3,17:0-16,40"); a shard
+of whole tables has the same key as in `studies.measured` ("3,17,40"). The reference per task is
+the best table-wise plan *by measurement*, so the comparison is conservative for column-wise.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from autoshard.core.atomic import atomic_file
+from autoshard.core.params import Fields
+from autoshard.core.schema import ColumnsMetrics
+from autoshard.core.seeding import rng
+from autoshard.data.features import feature_matrix
+from autoshard.data.tasks import Task
+from autoshard.measure.base import CostBackend
+from autoshard.measure.interleaved import measure_batch
+from autoshard.measure.timing import TimingConfig
+from autoshard.placement.columns import ColumnShard, device_keys, expand, parse_key, shard_features
+from autoshard.placement.registry import METHODS
+from autoshard.studies.paired import compare
+
+SplitPlacement = tuple[list[ColumnShard], np.ndarray]  # column shards and a device per shard
+META = "_batches"
+
+
+@dataclass(frozen=True)
+class ColumnsConfig:
+    """The `columns` section of params.yaml."""
+
+    ways: tuple[int, ...]
+    candidates: int
+    table_methods: tuple[str, ...]
+    bootstrap: int
+    target: float
+
+    @classmethod
+    def from_params(cls, values: dict) -> ColumnsConfig:
+        f = Fields("columns", values)
+        cfg = cls(ways=tuple(sorted(set(f.integers("ways", lo=1)))), candidates=f.integer("candidates", lo=0),
+                  table_methods=tuple(f.names("table_methods", METHODS)), bootstrap=f.integer("bootstrap", lo=1),
+                  target=f.number("target", lo=0, lo_open=True))
+        f.done()
+        return cfg
+
+
+def whole(task: Task, placement: np.ndarray, dims: Sequence[int]) -> SplitPlacement:
+    """A table-wise placement as column shards (one whole shard per table)."""
+    return expand(task, dims), np.asarray(placement, dtype=np.int64)
+
+
+def device_key(shards: Sequence[ColumnShard]) -> str:
+    """"3,17:0-16,40": the column shards of one device, sorted by table then first column."""
+    return ",".join(s.key for s in sorted(shards, key=lambda s: (s.table, s.start)))
+
+
+def key_shard(key: str, dims: Sequence[int]) -> tuple[list[int], list[int]]:
+    """(table ids, widths) of a device key, as a backend measures them."""
+    tables, widths = [], []
+    for part in key.split(","):
+        table, start, end = parse_key(part)
+        tables.append(table)
+        widths.append(int(dims[table]) if start is None else end - start)
+    return tables, widths
+
+
+def plan_keys(plan: SplitPlacement, devices: int) -> list[str]:
+    """The device key of every device of a plan ("" for an empty device)."""
+    shards, placement = plan
+    return [device_key(s) for s in device_keys(shards, placement, devices)]
+
+
+def measure_task(backend: CostBackend, task: Task, plans: Sequence[SplitPlacement], dims: Sequence[int],
+                 batch_size: int, work: Path, seed: int, timing: TimingConfig) -> dict:
+    """Measured fields (`interleaved.FIELDS`, then the CV) of the distinct device shards of
+    `plans`, keyed by device key; resumed from and saved to `<work>/<task>.columns.json`."""
+    path = work / f"{task.name.replace('/', '__')}.columns.json"
+    known = json.loads(path.read_text()) if path.exists() else {}
+    keys = [k for p in plans for k in plan_keys(p, task.devices) if k]
+    todo = sorted(set(keys) - set(known) - {META})
+    if not todo:
+        return known
+    parsed = [key_shard(k, dims) for k in todo]
+    calibration = key_shard(keys[0], dims)[0]
+    g = rng(seed, "columns", "order", task.name, len(known))
+    batch = measure_batch(backend, [t for t, _ in parsed], calibration, batch_size, timing, g,
+                          dims=[w for _, w in parsed])
+    known.update(zip(todo, batch.costs, strict=True))
+    known.setdefault(META, []).append({"drift": batch.drift, "attempts": batch.attempts})
+    work.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path) as tmp:
+        tmp.write_text(json.dumps(known, sort_keys=True))
+    return known
+
+
+def predicted_ms(model, pool_features: pd.DataFrame, plan: SplitPlacement, devices: int) -> float:
+    """The cost model's bottleneck (ms) of a plan: column shards are rows of their own features."""
+    shards, placement = plan
+    x = feature_matrix(shard_features(pool_features, shards))
+    on = [np.flatnonzero(placement == d).tolist() for d in range(devices)]
+    busy = [s for s in on if s]
+    return float(model.predict_ms(x, busy).max())
+
+
+def plan_rows(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Task],
+              plans: dict[str, list[SplitPlacement | None]], batch_size: int, work: Path, seed: int,
+              timing: TimingConfig, model=None, progress: bool = True) -> pd.DataFrame:
+    """One row per (task, method) with a plan: measured bottleneck (max device forward +
+    backward), predicted bottleneck (with `model`), number of split tables and column shards."""
+    from tqdm.auto import tqdm
+
+    dims = pool_features["dim"].to_numpy(dtype=np.int64)
+    rows = []
+    for i, task in enumerate(tqdm(tasks, desc="measuring column plans", disable=not progress)):
+        mine = {m: p[i] for m, p in plans.items() if p[i] is not None}
+        costs = measure_task(backend, task, list(mine.values()), dims, batch_size, work, seed, timing)
+        for method, plan in mine.items():
+            compute = [costs[k][0] + costs[k][1] if k else 0.0 for k in plan_keys(plan, task.devices)]
+            split = {s.table for s in plan[0] if not s.whole}
+            rows.append({"task": task.name, "protocol": task.protocol, "unseen_ratio": task.unseen_ratio,
+                         "method": method, "measured_ms": float(np.max(compute)), "split_tables": len(split),
+                         "column_shards": len(plan[0]),
+                         "predicted_ms": (predicted_ms(model, pool_features, plan, task.devices)
+                                          if model is not None else float("nan"))})
+    return pd.DataFrame(rows)
+
+
+def plan_columns(planner: Callable[[Task], SplitPlacement], tasks: list[Task]) -> list[SplitPlacement | None]:
+    """A column-wise planner's plan of each task (None where it finds no room)."""
+    from autoshard.placement.heuristics import Infeasible
+
+    out: list[SplitPlacement | None] = []
+    for task in tasks:
+        try:
+            out.append(planner(task))
+        except Infeasible:
+            out.append(None)
+    return out
+
+
+def per_task(results: pd.DataFrame, table_methods: Sequence[str], column_methods: Sequence[str]) -> pd.DataFrame:
+    """Per task: the best table-wise and the best column-wise plan by measurement, and their ratio."""
+    def best(kind: Sequence[str], label: str) -> pd.DataFrame:
+        pool = results[results["method"].isin(list(kind))].dropna(subset=["measured_ms"])
+        rows = pool.loc[pool.groupby("task", sort=False)["measured_ms"].idxmin()]
+        return rows.set_index("task")[["method", "measured_ms", "split_tables"]].add_prefix(f"{label}_")
+
+    info = results.groupby("task", sort=False)[["protocol", "unseen_ratio"]].first()
+    out = info.join(best(table_methods, "table"), how="inner").join(best(column_methods, "column"), how="inner")
+    out["ratio"] = out["column_measured_ms"] / out["table_measured_ms"]
+    return out.reset_index()
+
+
+def columns_metrics(table: pd.DataFrame, cfg: ColumnsConfig, seed: int, shards_measured: int,
+                    seconds: float) -> ColumnsMetrics:
+    """Per protocol: the paired statistics of the best column-wise plan against the best
+    table-wise plan (`paired.compare`, strata: the unseen ratio), and whether the target holds
+    (the median ratio at most `cfg.target` with the interval's upper end below 1)."""
+    protocols = {}
+    for protocol, frame in table.groupby("protocol", sort=False):
+        stats = compare(frame["column_measured_ms"].to_numpy(), frame["table_measured_ms"].to_numpy(),
+                        strata=frame["unseen_ratio"].to_numpy(), resamples=cfg.bootstrap, seed=seed,
+                        keys=("columns", str(protocol)))
+        median, high = stats["median_ratio"], stats["ci_high"]
+        protocols[str(protocol)] = {
+            **stats, "target": cfg.target,
+            "met": bool(median is not None and high is not None and median <= cfg.target and high < 1.0),
+            "split_tables_median": float(frame["column_split_tables"].median()),
+            "column_wins": float((frame["ratio"] < 1.0).mean())}
+    return {"seconds": float(seconds), "protocols": protocols, "ways": list(cfg.ways),
+            "table_methods": list(cfg.table_methods), "tasks": int(len(table)),
+            "shards_measured": int(shards_measured)}
