@@ -409,3 +409,22 @@ def test_column_options_need_column_sharding(files, tmp_path, capsys):
     assert "--split: only --sharding column uses it" in capsys.readouterr().err
     assert plan(files, tmp_path / "p.json", "--sharding", "column", method="rl_greedy") == 2
     assert "only cost_greedy" in capsys.readouterr().err
+
+
+def test_score_measures_each_column_shard_at_its_width(files, tmp_path, capsys):
+    out, exported = tmp_path / "plan.json", tmp_path / "plan.torchrec.json"
+    assert column_plan(files, out, "--torchrec", str(exported), "--torchrec-device", "cpu") == 0
+    capsys.readouterr()
+    results = []
+    for path in (out, exported):
+        assert main(["score", "--tables", str(files["tables"]), "--plan", str(path), "--backend", "analytic",
+                     "--batch-size", "256", "--json"]) == 0
+        results.append(json.loads(capsys.readouterr().out))
+    widths = pd.read_csv(files["tables"])["dim"].sum()
+    doc = json.loads(out.read_text())
+    shards = len(doc["assignment"]) + sum(len(c) for c in doc["columns"].values())
+    assert shards >= 9  # history in two, at least
+    for r in results:
+        per_device = pd.DataFrame(r["per_device"])
+        assert per_device["columns"].sum() == widths and per_device["tables"].sum() == shards
+    assert results[0]["per_device"] == results[1]["per_device"]

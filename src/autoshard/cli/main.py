@@ -242,14 +242,36 @@ def measure(tables, placement: np.ndarray, devices: int, args: argparse.Namespac
     return pd.DataFrame(rows)
 
 
+def measure_shards(tables, shards: list, placement: np.ndarray, devices: int, args: argparse.Namespace,
+                   backend=None) -> pd.DataFrame:
+    """Per device of a plan of column shards (`column_plan.read`): its tables (whole or in part),
+    its columns, and measured forward, backward and total compute (ms), each column shard
+    measured at its width."""
+    import torch
+
+    torch.set_num_threads(1)
+    backend = backend or _backend(tables, args)
+    rows = []
+    for d in range(devices):
+        mine = [s for s, p in zip(shards, placement, strict=True) if p == d]
+        ids, widths = [s.table for s in mine], [s.width for s in mine]
+        whole = all(s.whole for s in mine)
+        cost = (backend.measure(ids, args.batch_size) if whole else backend.measure(ids, args.batch_size, widths)) \
+            if mine else None
+        rows.append({"device": d, "tables": len(mine), "columns": sum(widths),
+                     "forward_ms": cost.forward_ms if cost else 0.0, "backward_ms": cost.backward_ms if cost else 0.0,
+                     "total_ms": cost.total_ms if cost else 0.0})
+    return pd.DataFrame(rows)
+
+
 def cmd_score(args: argparse.Namespace) -> int:
-    from autoshard.cli.service import read_plan
+    from autoshard.cli.column_plan import read
     from autoshard.cli.user_tables import read_tables
 
     check_arguments(args)
     tables = read_tables(args.tables, args.weight_bytes)
-    placement, devices = read_plan(args.plan, tables)
-    frame = measure(tables, placement, devices, args)
+    shards, placement, devices = read(args.plan, tables)
+    frame = measure_shards(tables, shards, placement, devices, args)
     bottleneck = float(frame["total_ms"].max())
     if args.json:
         print(json.dumps({"plan": str(args.plan), "backend": args.backend, "batch_size": args.batch_size,
