@@ -196,6 +196,9 @@ def test_the_study_measures_column_plans_against_table_plans(user_pool, tmp_path
     table = study.per_task(rows, ["size_greedy"], ["column_greedy"])
     assert len(table) == 3
     assert (table["ratio"] == table["column_measured_ms"] / table["table_measured_ms"]).all()
+    pairs = study.pair_frame(rows, ["size_greedy"], ["column_greedy"])
+    assert len(pairs) == 6 and set(pairs["pair"]) == {"best column-wise / best table-wise",
+                                                      "column_greedy / best table-wise"}
     cfg = study.ColumnsConfig.from_params({"ways": [1, 2, 4], "candidates": 4, "table_methods": ["size_greedy"],
                                            "bootstrap": 50, "target": 0.95})
     metrics = study.columns_metrics(table, cfg, 0, shards_measured=calls, seconds=1.0)
@@ -210,3 +213,14 @@ def test_the_columns_section_is_checked():
     with pytest.raises(ConfigError, match=r"columns.table_methods\[0\]"):
         ColumnsConfig.from_params({"ways": [1, 2], "candidates": 4, "table_methods": ["nope"], "bootstrap": 50,
                                    "target": 0.95})
+
+
+def test_the_milp_on_split_tables_is_no_worse_than_lpt_on_them():
+    f = pool([128, 16, 16, 16, 16, 32])
+    costs = {0: 8.0, 1: 1.0, 2: 1.5, 3: 1.0, 4: 2.0, 5: 3.0}
+    t = task(6, 3)
+    shards, placement = columns.milp_split(costs, f, t, (1, 2, 4), node_limit=50, time_limit_s=10)
+    lpt_shards, lpt_placement = columns.lpt_split(costs, f, t, (1, 2, 4))
+    assert shards == lpt_shards
+    load = np.bincount(placement, weights=columns.scaled_costs(costs, shards), minlength=3).max()
+    assert load <= np.bincount(lpt_placement, weights=columns.scaled_costs(costs, shards), minlength=3).max() + 1e-9

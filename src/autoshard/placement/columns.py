@@ -247,3 +247,14 @@ def lpt_split(table_costs: Mapping[int, float], pool_features: pd.DataFrame, tas
     placement = lpt_items(scaled_costs(table_costs, shards), shard_sizes(pool_features, shards), task.devices,
                           task.memory_bytes)
     return shards, placement
+
+
+def milp_split(table_costs: Mapping[int, float], pool_features: pd.DataFrame, task: Task, ways: Sequence[int],
+               node_limit: int, time_limit_s: float, seed: int = 0) -> tuple[list[ColumnShard], np.ndarray]:
+    """The MILP (`placement.milp.solve`) on `lpt_split`'s column shards and scaled costs."""
+    from autoshard.placement.milp import solve
+
+    shards, _ = lpt_split(table_costs, pool_features, task, ways)
+    result = solve(scaled_costs(table_costs, shards), shard_sizes(pool_features, shards), task.devices,
+                   task.memory_bytes, time_limit=time_limit_s, seed=seed, node_limit=node_limit)
+    return shards, result.placement

@@ -163,6 +163,19 @@ def per_task(results: pd.DataFrame, table_methods: Sequence[str], column_methods
     return out.reset_index()
 
 
+def pair_frame(results: pd.DataFrame, table_methods: Sequence[str], column_methods: Sequence[str]) -> pd.DataFrame:
+    """Per task and pair (each column-wise method, and the best of them, against the best
+    table-wise plan): the measured ratio, as `figures.paired_ratios` draws it."""
+    best = per_task(results, table_methods, column_methods)
+    reference = best.set_index("task")["table_measured_ms"]
+    frames = [best.assign(pair="best column-wise / best table-wise")[["task", "protocol", "pair", "ratio"]]]
+    for method in column_methods:
+        g = results[(results["method"] == method) & results["task"].isin(reference.index)]
+        frames.append(pd.DataFrame({"task": g["task"], "protocol": g["protocol"], "pair": f"{method} / best table-wise",
+                                    "ratio": g["measured_ms"].to_numpy() / reference[g["task"]].to_numpy()}))
+    return pd.concat(frames, ignore_index=True)
+
+
 def columns_metrics(table: pd.DataFrame, cfg: ColumnsConfig, seed: int, shards_measured: int,
                     seconds: float) -> ColumnsMetrics:
     """Per protocol: the paired statistics of the best column-wise plan against the best
