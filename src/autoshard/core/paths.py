@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 WORK_FOLDERS = {"profile": "profile-work", "train_rl": "rl-work", "evaluate": "evaluate-work",
-                "transfer": "transfer-work", "ablation": "ablation-work"}
+                "transfer": "transfer-work", "ablation": "ablation-work", "columns": "columns-work"}
 
 
 @dataclass(frozen=True)

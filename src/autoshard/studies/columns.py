@@ -28,8 +28,18 @@ from autoshard.data.tasks import Task
 from autoshard.measure.base import CostBackend
 from autoshard.measure.interleaved import measure_batch
 from autoshard.measure.timing import TimingConfig
-from autoshard.placement.columns import ColumnShard, device_keys, expand, parse_key, shard_features
+from autoshard.placement.columns import (
+    ColumnShard,
+    device_keys,
+    expand,
+    lpt_split,
+    milp_split,
+    parse_key,
+    shard_features,
+    split_then_place,
+)
 from autoshard.placement.registry import METHODS
+from autoshard.placement.surrogate import MilpConfig
 from autoshard.studies.paired import compare
 
 SplitPlacement = tuple[list[ColumnShard], np.ndarray]  # column shards and a device per shard
@@ -135,6 +145,23 @@ def plan_rows(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Tas
                          "predicted_ms": (predicted_ms(model, pool_features, plan, task.devices)
                                           if model is not None else float("nan"))})
     return pd.DataFrame(rows)
+
+
+def planners(model, pool_features: pd.DataFrame, single_costs: np.ndarray, cfg: ColumnsConfig, milp: MilpConfig,
+             seed: int) -> dict[str, Callable[[Task], SplitPlacement]]:
+    """The column-wise methods: split-then-place on the cost model (`column_greedy`), and the
+    tables costlier than a balanced device split just enough, then LPT (`column_lpt`) or the
+    MILP (`column_milp`) on the measured single costs (ms per pool table) scaled by width."""
+    costs = dict(enumerate(np.asarray(single_costs, dtype=float)))
+
+    def greedy(t: Task) -> SplitPlacement:
+        result = split_then_place(model, pool_features, t, cfg.ways, cfg.candidates)
+        return result.shards, result.placement
+
+    return {"column_greedy": greedy,
+            "column_lpt": lambda t: lpt_split(costs, pool_features, t, cfg.ways),
+            "column_milp": lambda t: milp_split(costs, pool_features, t, cfg.ways, milp.node_limit, milp.time_limit_s,
+                                                seed)}
 
 
 def plan_columns(planner: Callable[[Task], SplitPlacement], tasks: list[Task]) -> list[SplitPlacement | None]:
