@@ -224,3 +224,17 @@ def test_the_milp_on_split_tables_is_no_worse_than_lpt_on_them():
     assert shards == lpt_shards
     load = np.bincount(placement, weights=columns.scaled_costs(costs, shards), minlength=3).max()
     assert load <= np.bincount(lpt_placement, weights=columns.scaled_costs(costs, shards), minlength=3).max() + 1e-9
+
+
+def test_torchrecs_planner_with_column_wise_allowed_covers_every_column_once():
+    from autoshard.placement.torchrec import torchrec_column_plan
+
+    f = pool([32, 16, 16, 32, 16, 20], rows=[100000] * 6, pooling=[40.0, 1, 1, 2, 1, 1])
+    planned = torchrec_column_plan(f, task(6, 2), 2048, ways=4)
+    for table, dim in enumerate(f["dim"]):
+        cols = sorted((start, width) for t, start, width, _ in planned if t == table)
+        assert cols[0][0] == 0 and sum(w for _, w in cols) == dim
+        assert all(a + w == b for (a, w), (b, _) in zip(cols, cols[1:], strict=False))
+        assert all(w % 4 == 0 for _, w in cols)
+    assert [w for t, _, w, _ in planned if t == 5] == [20]  # 20 / 4 = 5 columns: table-wise only
+    assert {r for *_, r in planned} <= {0, 1}

@@ -279,7 +279,7 @@ def test_columns_notebook(profiled, smoke_params, monkeypatch):
     assert (per_task["ratio"] > 0).all() and set(per_task["table_method"]) <= set(smoke_params["columns"]
                                                                                    ["table_methods"])
     plans = pd.read_csv(tmp_path / "data" / "columns" / "plans.csv")
-    assert {"column_greedy", "column_lpt", "column_milp"} <= set(plans["method"])
+    assert {"column_greedy", "column_lpt", "column_milp", "torchrec_column"} <= set(plans["method"])
     assert sorted(p.name for p in (tmp_path / "reports" / "figures" / "columns").iterdir()) == ["paired.png"]
     _, outputs = executed_outputs(tmp_path / "nb" / "08_columns.ipynb")
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 1

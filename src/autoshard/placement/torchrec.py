@@ -24,6 +24,26 @@ def table_name(table: int) -> str:
 
 def torchrec_plan(features: pd.DataFrame, task: Task, batch_size: int) -> np.ndarray:
     """Device per entry of `task.tables` chosen by TorchRec's `EmbeddingShardingPlanner`."""
+    shardings = _planned(features, task, batch_size, column_ways=None)
+    return np.array([shardings[table_name(t)].ranks[0] for t in task.tables], dtype=np.int64)
+
+
+def torchrec_column_plan(features: pd.DataFrame, task: Task, batch_size: int, ways: int) -> list[tuple[int, int, int]]:
+    """TorchRec's planner with column-wise sharding allowed too (column shards of dim / `ways`
+    columns, TorchRec's `min_partition`, where that is a multiple of 4): (pool table, first
+    column, width) and the rank, per column shard, as `(table, start, width, rank)` tuples."""
+    shardings = _planned(features, task, batch_size, column_ways=ways)
+    out = []
+    for t in task.tables:
+        p = shardings[table_name(t)]
+        for shard, rank in zip(p.sharding_spec.shards, p.ranks, strict=True):
+            out.append((int(t), int(shard.shard_offsets[1]), int(shard.shard_sizes[1]), int(rank)))
+    return out
+
+
+def _planned(features: pd.DataFrame, task: Task, batch_size: int, column_ways: int | None) -> dict:
+    """TorchRec's `EmbeddingShardingPlanner` on the task's tables: table-wise only, or also
+    column-wise with blocks of dim / `column_ways` columns; its parameter shardings by name."""
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
@@ -36,11 +56,20 @@ def torchrec_plan(features: pd.DataFrame, task: Task, batch_size: int) -> np.nda
     rows = features.iloc[list(task.tables)]
     configs = embedding_configs(rows, [table_name(t) for t in task.tables])
     ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+
+    def allowed(dim: int) -> tuple[list[str], int | None]:
+        width = dim // column_ways if column_ways else 0
+        if column_ways and column_ways > 1 and dim % column_ways == 0 and width % 4 == 0:
+            return [ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value], width
+        return [ShardingType.TABLE_WISE.value], None
+
     # FUSED keeps every table whole in device memory (no UVM cache spilling to host memory).
-    constraints = {table_name(t): ParameterConstraints(sharding_types=[ShardingType.TABLE_WISE.value],
-                                                       compute_kernels=[EmbeddingComputeKernel.FUSED.value],
-                                                       pooling_factors=[float(r.pooling_factor)])
-                   for t, r in zip(task.tables, rows.itertuples(), strict=True)}
+    constraints = {}
+    for t, r in zip(task.tables, rows.itertuples(), strict=True):
+        types, width = allowed(int(r.dim))
+        constraints[table_name(t)] = ParameterConstraints(
+            sharding_types=types, compute_kernels=[EmbeddingComputeKernel.FUSED.value],
+            pooling_factors=[float(r.pooling_factor)], min_partition=width)
     topology = Topology(world_size=task.devices, compute_device="cuda", hbm_cap=task.memory_bytes)
     # No reserve beyond the tables themselves: the same memory cap as every other method.
     planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints,
@@ -51,9 +80,7 @@ def torchrec_plan(features: pd.DataFrame, task: Task, batch_size: int) -> np.nda
     except Exception as exc:  # noqa: BLE001 - the planner's own errors are many and specific
         raise ConfigError(f"task {task.name}: TorchRec's planner found no plan ({exc.__class__.__name__}: "
                           f"{str(exc).splitlines()[0][:200]})") from None
-    shardings = plan.plan[""]
-    placement = np.array([shardings[table_name(t)].ranks[0] for t in task.tables], dtype=np.int64)
-    return placement
+    return plan.plan[""]
 
 
 TORCHREC_FORMAT = "autoshard-torchrec-plan/1"

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from autoshard.core.atomic import atomic_file
+from autoshard.core.errors import ConfigError
 from autoshard.core.params import Fields
 from autoshard.core.schema import ColumnsMetrics
 from autoshard.core.seeding import rng
@@ -40,6 +41,7 @@ from autoshard.placement.columns import (
 )
 from autoshard.placement.registry import METHODS
 from autoshard.placement.surrogate import MilpConfig
+from autoshard.placement.torchrec import torchrec_column_plan
 from autoshard.studies.paired import compare
 
 SplitPlacement = tuple[list[ColumnShard], np.ndarray]  # column shards and a device per shard
@@ -148,31 +150,37 @@ def plan_rows(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Tas
 
 
 def planners(model, pool_features: pd.DataFrame, single_costs: np.ndarray, cfg: ColumnsConfig, milp: MilpConfig,
-             seed: int) -> dict[str, Callable[[Task], SplitPlacement]]:
-    """The column-wise methods: split-then-place on the cost model (`column_greedy`), and the
+             seed: int, batch_size: int) -> dict[str, Callable[[Task], SplitPlacement]]:
+    """The column-wise methods: split-then-place on the cost model (`column_greedy`); the
     tables costlier than a balanced device split just enough, then LPT (`column_lpt`) or the
-    MILP (`column_milp`) on the measured single costs (ms per pool table) scaled by width."""
+    MILP (`column_milp`) on the measured single costs (ms per pool table) scaled by width; and
+    TorchRec's planner with column-wise shards of dim / max(ways) columns allowed (`torchrec_column`)."""
     costs = dict(enumerate(np.asarray(single_costs, dtype=float)))
+    dims = pool_features["dim"].to_numpy(dtype=np.int64)
 
     def greedy(t: Task) -> SplitPlacement:
         result = split_then_place(model, pool_features, t, cfg.ways, cfg.candidates)
         return result.shards, result.placement
 
+    def torchrec(t: Task) -> SplitPlacement:
+        planned = torchrec_column_plan(pool_features, t, batch_size, max(cfg.ways))
+        return ([ColumnShard(table, start, width, int(dims[table])) for table, start, width, _ in planned],
+                np.array([rank for *_, rank in planned], dtype=np.int64))
+
     return {"column_greedy": greedy,
             "column_lpt": lambda t: lpt_split(costs, pool_features, t, cfg.ways),
             "column_milp": lambda t: milp_split(costs, pool_features, t, cfg.ways, milp.node_limit, milp.time_limit_s,
-                                                seed)}
+                                                seed),
+            "torchrec_column": torchrec}
 
 
 def plan_columns(planner: Callable[[Task], SplitPlacement], tasks: list[Task]) -> list[SplitPlacement | None]:
     """A column-wise planner's plan of each task (None where it finds no room)."""
-    from autoshard.placement.heuristics import Infeasible
-
     out: list[SplitPlacement | None] = []
     for task in tasks:
         try:
             out.append(planner(task))
-        except Infeasible:
+        except ConfigError:  # Infeasible, or TorchRec's planner finding no plan
             out.append(None)
     return out
 
