@@ -238,3 +238,31 @@ def test_torchrecs_planner_with_column_wise_allowed_covers_every_column_once():
         assert all(w % 4 == 0 for _, w in cols)
     assert [w for t, _, w, _ in planned if t == 5] == [20]  # 20 / 4 = 5 columns: table-wise only
     assert {r for *_, r in planned} <= {0, 1}
+
+
+def _torchrec_doc(widths, ranks, rows=100):
+    starts = np.concatenate([[0], np.cumsum(widths)[:-1]]).tolist()
+    return {"format": "autoshard-torchrec-plan/1", "world_size": 2, "device_type": "cpu", "modules": {"": {
+        "a": {"sharding_type": "column_wise", "compute_kernel": "fused", "ranks": ranks,
+              "shards": [{"offsets": [0, s], "sizes": [rows, w], "placement": f"rank:{r}/cpu"}
+                         for s, w, r in zip(starts, widths, ranks, strict=True)]}}}}
+
+
+def test_a_torchrec_plan_of_column_shards_is_read_strictly(tmp_path):
+    from autoshard.core.inputs import plan_columns, torchrec_assignment
+
+    path = tmp_path / "p.json"
+    shards, world, shapes = plan_columns(_torchrec_doc([16, 16], [1, 0]), path)
+    assert shards == {"a": [(0, 16, 1), (16, 16, 0)]} and world == 2 and shapes == {"a": [100, 32]}
+    with pytest.raises(ConfigError, match="column-wise shards"):
+        torchrec_assignment(_torchrec_doc([16, 16], [1, 0]), path)
+    with pytest.raises(ConfigError, match="multiples of 4 columns"):
+        plan_columns(_torchrec_doc([10, 22], [0, 1]), path)
+    doc = _torchrec_doc([16, 16], [0, 1])
+    doc["modules"][""]["a"]["shards"][1]["offsets"] = [0, 8]
+    with pytest.raises(ConfigError, match=r"field offsets: \[0, 8\] \(expected \[0, 16\]\)"):
+        plan_columns(doc, path)
+    doc = _torchrec_doc([16, 16], [0, 1])
+    doc["modules"][""]["a"]["shards"][1]["sizes"] = [99, 16]
+    with pytest.raises(ConfigError, match="every shard has the table's 100 rows"):
+        plan_columns(doc, path)
