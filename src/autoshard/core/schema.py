@@ -178,7 +178,7 @@ class AblationMetrics(StageTime):
 class ColumnsProtocol(TypedDict):
     """The best column-wise plan against the best table-wise plan, paired over one protocol's tasks."""
 
-    tasks: float
+    tasks: int
     median_ratio: Number
     ci_low: Number
     ci_high: Number
