@@ -186,6 +186,7 @@ class ColumnsProtocol(TypedDict):
     target: float
     met: bool
     split_tables_median: float
+    unsplit_share: float
     column_wins: float
 
 

@@ -215,7 +215,8 @@ def columns_metrics(table: pd.DataFrame, cfg: ColumnsConfig, seed: int, shards_m
                     seconds: float) -> ColumnsMetrics:
     """Per protocol: the paired statistics of the best column-wise plan against the best
     table-wise plan (`paired.compare`, strata: the unseen ratio), and whether the target holds
-    (the median ratio at most `cfg.target` with the interval's upper end below 1)."""
+    (the median ratio at most `cfg.target` with the interval's upper end below 1). A best
+    column-wise plan that splits no table is a table-wise plan (`unsplit_share` of the tasks)."""
     protocols = {}
     for protocol, frame in table.groupby("protocol", sort=False):
         stats = compare(frame["column_measured_ms"].to_numpy(), frame["table_measured_ms"].to_numpy(),
@@ -226,6 +227,7 @@ def columns_metrics(table: pd.DataFrame, cfg: ColumnsConfig, seed: int, shards_m
             **stats, "target": cfg.target,
             "met": bool(median is not None and high is not None and median <= cfg.target and high < 1.0),
             "split_tables_median": float(frame["column_split_tables"].median()),
+            "unsplit_share": float((frame["column_split_tables"] == 0).mean()),
             "column_wins": float((frame["ratio"] < 1.0).mean())}
     return {"seconds": float(seconds), "protocols": protocols, "ways": list(cfg.ways),
             "table_methods": list(cfg.table_methods), "tasks": int(len(table)),
