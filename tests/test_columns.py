@@ -196,6 +196,9 @@ def test_the_study_measures_column_plans_against_table_plans(user_pool, tmp_path
     table = study.per_task(rows, ["size_greedy"], ["column_greedy"])
     assert len(table) == 3
     assert (table["ratio"] == table["column_measured_ms"] / table["table_measured_ms"]).all()
+    singles = np.array([4.0, 1.0, 0.5, 2.0])
+    table = study.with_table_bound(table, tasks, singles)
+    assert (table["bound_share"] == 4.0 / table["table_measured_ms"]).all()
     pairs = study.pair_frame(rows, ["size_greedy"], ["column_greedy"])
     assert len(pairs) == 6 and set(pairs["pair"]) == {"best column-wise / best table-wise",
                                                       "column_greedy / best table-wise"}
@@ -204,6 +207,7 @@ def test_the_study_measures_column_plans_against_table_plans(user_pool, tmp_path
     metrics = study.columns_metrics(table, cfg, 0, shards_measured=calls, seconds=1.0)
     check(metrics, ColumnsMetrics, "columns.json")
     entry = metrics["protocols"]["autoshard"]
+    assert entry["bound_share_median"] == pytest.approx(float(table["bound_share"].median()))
     assert entry["tasks"] == 3 and entry["met"] == (entry["median_ratio"] <= 0.95 and entry["ci_high"] < 1)
 
 

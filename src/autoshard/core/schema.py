@@ -187,6 +187,7 @@ class ColumnsProtocol(TypedDict):
     met: bool
     split_tables_median: float
     unsplit_share: float
+    bound_share_median: Number  # the costliest table alone / the best table-wise bottleneck
     column_wins: float
 
 

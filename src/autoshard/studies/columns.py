@@ -198,6 +198,19 @@ def per_task(results: pd.DataFrame, table_methods: Sequence[str], column_methods
     return out.reset_index()
 
 
+def with_table_bound(table: pd.DataFrame, tasks: list[Task], single_costs: np.ndarray) -> pd.DataFrame:
+    """`per_task`'s frame plus each task's costliest table measured alone (`largest_single_ms`,
+    from the profile) and its share of the best table-wise bottleneck (`bound_share`): near 1,
+    the largest table is what bounds every table-wise plan and splitting it is the way to do
+    better; well below 1, it is not the limit and splitting can only add work."""
+    costs = np.asarray(single_costs, dtype=float)
+    largest = {t.name: float(np.nanmax(costs[list(t.tables)])) for t in tasks}
+    out = table.copy()
+    out["largest_single_ms"] = out["task"].map(largest)
+    out["bound_share"] = out["largest_single_ms"] / out["table_measured_ms"]
+    return out
+
+
 def pair_frame(results: pd.DataFrame, table_methods: Sequence[str], column_methods: Sequence[str]) -> pd.DataFrame:
     """Per task and pair (each column-wise method, and the best of them, against the best
     table-wise plan): the measured ratio, as `figures.paired_ratios` draws it."""
@@ -228,6 +241,7 @@ def columns_metrics(table: pd.DataFrame, cfg: ColumnsConfig, seed: int, shards_m
             "met": bool(median is not None and high is not None and median <= cfg.target and high < 1.0),
             "split_tables_median": float(frame["column_split_tables"].median()),
             "unsplit_share": float((frame["column_split_tables"] == 0).mean()),
+            "bound_share_median": (float(frame["bound_share"].median()) if "bound_share" in frame else None),
             "column_wins": float((frame["ratio"] < 1.0).mean())}
     return {"seconds": float(seconds), "protocols": protocols, "ways": list(cfg.ways),
             "table_methods": list(cfg.table_methods), "tasks": int(len(table)),
