@@ -37,7 +37,8 @@ def plan_ranks(plan: str | Path, processes: int | None) -> int:
 
 
 def check(tables: str | Path, plan: str | Path, processes: int | None = None, timeout_s: float = 600) -> dict:
-    """Run the plan with one CPU process per rank; returns each rank's output shape and local tables."""
+    """Run the plan with one CPU process per rank; returns each rank's output shape, local tables
+    and largest difference from the unsharded module's output (beyond TOLERANCE: a failure)."""
     processes = plan_ranks(plan, processes)
     from autoshard.cli.column_plan import read
     from autoshard.cli.user_tables import read_tables
