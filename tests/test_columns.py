@@ -64,6 +64,10 @@ def test_memory_counts_weights_and_optimizer_state_per_shard():
     assert whole.tolist() == [shard_bytes([500], [64], 4)]
     assert split.tolist() == [shard_bytes([500], [32], 4)] * 2
     assert split.sum() == whole.sum() + 500 * 4  # one more row-wise optimizer state
+    # The study's convention: a whole table is its weights; a split adds the extra states only.
+    assert columns.shard_sizes(f, columns.split_table(0, 64, 1), extra_state_only=True).tolist() == [500 * 64 * 4]
+    extra = columns.shard_sizes(f, columns.split_table(0, 64, 4), extra_state_only=True)
+    assert extra.sum() == 500 * 64 * 4 + 3 * 500 * 4
 
 
 @pytest.mark.parametrize("dim,k", [(20, 2), (24, 5), (8, 4)])

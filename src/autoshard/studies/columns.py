@@ -154,12 +154,14 @@ def planners(model, pool_features: pd.DataFrame, single_costs: np.ndarray, cfg: 
     """The column-wise methods: split-then-place on the cost model (`column_greedy`); the
     tables costlier than a balanced device split just enough, then LPT (`column_lpt`) or the
     MILP (`column_milp`) on the measured single costs (ms per pool table) scaled by width; and
-    TorchRec's planner with column-wise shards of dim / max(ways) columns allowed (`torchrec_column`)."""
+    TorchRec's planner with column-wise shards of dim / max(ways) columns allowed (`torchrec_column`).
+    Memory: a whole table needs its `size_bytes`, as for the table-wise methods, and a split adds
+    one row-wise optimizer state per extra column shard (`shard_sizes(extra_state_only=True)`)."""
     costs = dict(enumerate(np.asarray(single_costs, dtype=float)))
     dims = pool_features["dim"].to_numpy(dtype=np.int64)
 
     def greedy(t: Task) -> SplitPlacement:
-        result = split_then_place(model, pool_features, t, cfg.ways, cfg.candidates)
+        result = split_then_place(model, pool_features, t, cfg.ways, cfg.candidates, extra_state_only=True)
         return result.shards, result.placement
 
     def torchrec(t: Task) -> SplitPlacement:
@@ -168,9 +170,9 @@ def planners(model, pool_features: pd.DataFrame, single_costs: np.ndarray, cfg: 
                 np.array([rank for *_, rank in planned], dtype=np.int64))
 
     return {"column_greedy": greedy,
-            "column_lpt": lambda t: lpt_split(costs, pool_features, t, cfg.ways),
+            "column_lpt": lambda t: lpt_split(costs, pool_features, t, cfg.ways, extra_state_only=True),
             "column_milp": lambda t: milp_split(costs, pool_features, t, cfg.ways, milp.node_limit, milp.time_limit_s,
-                                                seed),
+                                                seed, extra_state_only=True),
             "torchrec_column": torchrec}
 
 
