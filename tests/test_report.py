@@ -170,3 +170,15 @@ def test_failed_placements_are_listed_per_protocol():
     text = failed_table({"failed": {"tight": {"cost_greedy": 0, "torchrec": 3}, "dreamshard": {"cost_greedy": 0}}})
     assert "torchrec: 3" in text and "cost_greedy" not in text.split("tight")[1].split("\n")[0]
     assert "none: every method placed every task" in text
+
+
+def test_columns_section_reads_the_stage_metrics():
+    from autoshard.pipeline.report import columns_table
+
+    entry = {"tasks": 10, "median_ratio": 0.97, "ci_low": 0.95, "ci_high": 0.99, "p_value": 0.01, "target": 0.95,
+             "met": False, "split_tables_median": 1.0, "unsplit_share": 0.4, "bound_share_median": 0.55,
+             "column_wins": 0.7}
+    text = columns_table({"protocols": {"autoshard": entry, "tight": entry | {"median_ratio": None,
+                                                                             "bound_share_median": None}}})
+    assert "0.970 [0.950, 0.990]" in text and "40%" in text and "| no " in text
+    assert "n/a" in text.split("tight")[1]

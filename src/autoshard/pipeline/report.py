@@ -18,7 +18,7 @@ import yaml
 from autoshard.core.atomic import atomic_dir, atomic_file
 from autoshard.core.errors import ConfigError
 from autoshard.core.metrics import read_metrics
-from autoshard.core.schema import AblationMetrics, StageTime, TransferMetrics, read_checked
+from autoshard.core.schema import AblationMetrics, ColumnsMetrics, StageTime, TransferMetrics, read_checked
 from autoshard.placement.registry import METHODS
 
 
@@ -222,6 +222,21 @@ def failed_table(evaluate: dict) -> str:
     return pd.DataFrame(rows).to_markdown(index=False) if rows else "(no placement counts)"
 
 
+def columns_table(columns: ColumnsMetrics) -> str:
+    """Markdown: per protocol, the best column-wise plan against the best table-wise plan, paired."""
+    rows = []
+    for protocol, c in columns["protocols"].items():
+        rows.append({"protocol": protocol, "tasks": c["tasks"],
+                     "column-wise / table-wise [95% CI]": "n/a" if c["median_ratio"] is None else _interval(pd.Series(
+                         {"ratio_median": c["median_ratio"], "ratio_lo": c["ci_low"], "ratio_hi": c["ci_high"]})),
+                     "Wilcoxon p": f"{c['p_value']:.3g}" if c["p_value"] is not None else "n/a",
+                     "target": f"{c['target']:.2f}", "met": "yes" if c["met"] else "no",
+                     "tasks left unsplit": f"{c['unsplit_share']:.0%}",
+                     "largest table / bottleneck": f"{c['bound_share_median']:.2f}"
+                     if c["bound_share_median"] is not None else "n/a"})
+    return pd.DataFrame(rows).to_markdown(index=False) if rows else "(no column-wise results)"
+
+
 def readme(reports: Path, stages: list[tuple[str, str]]) -> str:
     """The text of `reports/README.md`."""
     metrics = reports / "metrics"
@@ -256,6 +271,15 @@ def readme(reports: Path, stages: list[tuple[str, str]]) -> str:
                   f"{ablation['test_tasks']} test tasks ({', '.join(ablation['protocols'])}); the measured median "
                   "ratio to the best heuristic per seed, then its mean and spread across seeds. A change smaller "
                   "than the spread is not a finding.", "", ablation_table(ablation), ""]
+    if (metrics / "columns.json").exists():
+        columns = read_checked(metrics / "columns.json", ColumnsMetrics)
+        lines += ["## Column-wise sharding against the best table-wise plan", "",
+                  f"Tables split into {columns['ways']} column shards where the planner predicts a gain; the "
+                  "best column-wise plan's measured bottleneck over the best table-wise plan's (the best of "
+                  f"{', '.join(columns['table_methods'])}), per task, paired. \"Largest table / bottleneck\" is the "
+                  "median share of the best table-wise bottleneck that the costliest table alone takes: near 1, "
+                  "splitting is the only way down; well below 1, the table does not bound the plan.", "",
+                  columns_table(columns), ""]
     lines += ["## Notebooks", ""]
     for stage, stem in stages:
         if (reports / "html" / f"{stem}.html").exists():
