@@ -18,7 +18,7 @@ from autoshard.rl.ppo import RLConfig
 from autoshard.studies.ablation import Job, run_job
 
 TOY = RLConfig(iterations=2, tasks_per_batch=4, validate_every=2, checkpoint_every=2, epochs=1, minibatches=1)
-COMPUTE = {"engine": "local", "workers": 2, "address": None, "gpus_per_job": 0}
+COMPUTE = {"engine": "local", "workers": 2, "address": None, "gpus_per_job": 0, "measure_workers": 1}
 
 
 @pytest.fixture(scope="module")
