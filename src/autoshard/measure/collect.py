@@ -229,7 +229,7 @@ def collect(pool: Pool, jobs: list[Job], backend: CostBackend, cfg: ProfileConfi
         if todo:
             batch_jobs.append(BatchJob(
                 shards=tuple(todo), calibration=_calibration(todo, sizes, cfg.backend.memory_limit_bytes),
-                backend=cfg.backend, pool=pool_source or {}, store_root=str(store_root),
+                backend=cfg.backend, pool=pool_source or {}, store_root=str(store.folder.parent.resolve()),
                 space=store.folder.name, order=rng(seed, "profile", "order", c), label=f"profile chunk {c}"))
     desc = f"profile ({backend.name}, {len(batch_jobs)} chunks to measure)" if progress else None
     if engine is None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from autoshard.core.compute import ComputeConfig, measuring_engine
+from autoshard.core.compute import ENGINES, ComputeConfig, measuring_engine
 from autoshard.core.errors import ConfigError
 from autoshard.core.params import load_params
 from autoshard.core.paths import Paths
@@ -49,9 +49,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=paths.profile)
     parser.add_argument("--store", type=Path, default=paths.measurements,
                         help="the measurement store (shared with the other measuring stages)")
+    parser.add_argument("--engine", choices=ENGINES, help="overrides compute.engine (ray: see README, Scale out)")
+    parser.add_argument("--address", help="overrides compute.address (a Ray cluster's, or auto)")
+    parser.add_argument("--measure-workers", type=int, help="overrides compute.measure_workers")
     args = parser.parse_args(argv)
     try:
         params = load_params(args.params)
+        overrides = {"engine": args.engine, "address": args.address, "measure_workers": args.measure_workers}
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        if overrides:
+            params["compute"] = params.get("compute", {}) | overrides
         ProfileConfig.from_params(params.get("profile"))  # bad parameters fail before any loading
         tasks, train, test = load_tasks(args.tasks)
         table = run(params, load_pool(args.pool), tasks, train, test, args.store, pool_folder=args.pool)

@@ -51,7 +51,7 @@ def batch_jobs(tasks: list[Task], plans: list[list[np.ndarray | None]], store: M
         claimed.update(todo)
         if todo:
             jobs.append(BatchJob(shards=tuple(todo), calibration=tuple(shards[0]), backend=cfg, pool=pool_source or {},
-                                 store_root=str(store.folder.parent), space=store.folder.name,
+                                 store_root=str(store.folder.parent.resolve()), space=store.folder.name,
                                  order=rng(seed, "evaluate", "order", task.name, tag),
                                  label=f"{tag or 'score'} {task.name}"))
     return jobs
