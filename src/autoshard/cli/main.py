@@ -167,7 +167,7 @@ def _backend_config(tables, args: argparse.Namespace):
     if args.runs < 1:
         raise ConfigError(f"--runs: {args.runs} (must be at least 1)")
     return BackendConfig(backend=args.backend, device="cpu", optimizer="EXACT_ROWWISE_ADAGRAD",
-                         batch_size=args.batch_size, threads=1, timing=TimingConfig(warmup=1, runs=args.runs),
+                         batch_size=args.batch_size, threads=1, timing=TimingConfig(warmup=1, runs=args.runs, rounds=1, retries=0),
                          memory_limit_bytes=64 * 2**30)
 
 

@@ -89,6 +89,13 @@ class ProfileConfig:
             section.done()
         return cfg
 
+    @property
+    def check_timing(self) -> TimingConfig:
+        """One pass with as many timed runs as a shard gets over all its rounds: for the
+        cross-checks, which time an operator once rather than in interleaved rounds."""
+        t = self.backend.timing
+        return TimingConfig(warmup=t.warmup, runs=t.runs * t.rounds, flush_mb=t.flush_mb)
+
 
 def plan_jobs(pool: Pool, tasks: list[Task], train_tables: np.ndarray, cfg: ProfileConfig,
               seed: int, test_tables: np.ndarray | None = None,
