@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from autoshard.core.compute import ComputeConfig, LocalEngine, RayEngine, make_engine
+from autoshard.core.compute import ComputeConfig, LocalEngine, RayEngine, make_engine, measuring_engine
 from autoshard.core.errors import ConfigError
 from autoshard.costmodel.model import CostModel, CostModelConfig, save_model
 from autoshard.data.features import feature_matrix
@@ -86,9 +86,12 @@ def test_compute_params_are_checked_by_name():
            ({"address": 5, "engine": "ray"}, r"compute\.address: 5 .*string or null"),
            ({"gpus_per_job": 1}, r"compute\.gpus_per_job: .*only with compute\.engine: ray"),
            ({"gpus_per_job": -1, "engine": "ray"}, r"compute\.gpus_per_job: -1 .*at least 0"),
+           ({"measure_workers": 0}, r"compute\.measure_workers: 0 .*at least 1"),
            ({"threads": 2}, r"compute\.threads: 2 .*unknown parameter")]
     for change, message in bad:
         with pytest.raises(ConfigError, match=message):
             ComputeConfig.from_params(COMPUTE | change)
+    assert measuring_engine(ComputeConfig.from_params(COMPUTE)) is None, "measuring stays in the stage's process"
+    assert measuring_engine(ComputeConfig.from_params(COMPUTE | {"measure_workers": 2})).workers == 2
     with pytest.raises(ConfigError, match=r"compute\.workers: missing"):
         ComputeConfig.from_params({k: v for k, v in COMPUTE.items() if k != "workers"})

@@ -166,9 +166,9 @@ def _backend_config(tables, args: argparse.Namespace):
                           f"{tables.traces.batch_size} bags)")
     if args.runs < 1:
         raise ConfigError(f"--runs: {args.runs} (must be at least 1)")
+    timing = TimingConfig(warmup=1, runs=args.runs, rounds=1, retries=0)
     return BackendConfig(backend=args.backend, device="cpu", optimizer="EXACT_ROWWISE_ADAGRAD",
-                         batch_size=args.batch_size, threads=1, timing=TimingConfig(warmup=1, runs=args.runs, rounds=1, retries=0),
-                         memory_limit_bytes=64 * 2**30)
+                         batch_size=args.batch_size, threads=1, timing=timing, memory_limit_bytes=64 * 2**30)
 
 
 def _backend(tables, args: argparse.Namespace):

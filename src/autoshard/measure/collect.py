@@ -250,11 +250,11 @@ def collect(pool: Pool, jobs: list[Job], backend: CostBackend, cfg: ProfileConfi
 
 
 def _calibration(shards: list[str], sizes: np.ndarray, memory_limit: int) -> tuple[int, ...]:
-    """The batch's calibration shard: its largest shard that fits the memory limit (a long kernel
-    drifts less by chance than a short one), else its first."""
+    """The batch's calibration shard: of its shards that fit the memory limit, the one with the
+    most tables (a long kernel drifts less by chance than a short one), else its first."""
     tables = [shard_tables(s) for s in shards]
     fitting = [t for t in tables if sizes[t].sum() <= memory_limit]
-    return tuple(max(fitting, key=lambda t: sizes[t].sum()) if fitting else tables[0])
+    return tuple(max(fitting, key=lambda t: (len(t), sizes[t].sum())) if fitting else tables[0])
 
 
 def profile_table(jobs: list[Job], measured: dict[int, dict[str, dict]], cfg: ProfileConfig,
