@@ -114,6 +114,35 @@ def test_score_measures_a_plan_and_a_torchrec_plan(files, tmp_path, capsys, back
     assert [d["tables"] for d in results[0]["per_device"]] == [d["tables"] for d in results[1]["per_device"]]
 
 
+def test_score_reads_and_fills_a_measurement_store(files, tmp_path, capsys, monkeypatch):
+    """With --store, a plan scored twice is measured once; the plain score gives the same
+    analytic figures; other settings (batch size) measure again."""
+    from autoshard.measure.analytic import AnalyticBackend
+
+    out = tmp_path / "plan.json"
+    assert plan(files, out, method="cost_greedy") == 0
+    calls = []
+    original = AnalyticBackend.measure
+    monkeypatch.setattr(AnalyticBackend, "measure", lambda self, t, b: calls.append(b) or original(self, t, b))
+
+    def score(*extra) -> dict:
+        capsys.readouterr()
+        assert main(["score", "--tables", str(files["tables"]), "--plan", str(out), "--backend", "analytic",
+                     "--runs", "2", "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    stored = score("--batch-size", "256", "--store", str(tmp_path / "store"))
+    first = len(calls)
+    assert first > 0 and list((tmp_path / "store").glob("*/batch-*.json"))
+    assert score("--batch-size", "256", "--store", str(tmp_path / "store")) == stored
+    assert len(calls) == first, "the second score reads the store"
+    plain = score("--batch-size", "256")
+    assert plain["measured_bottleneck_ms"] == pytest.approx(stored["measured_bottleneck_ms"])
+    before = len(calls)
+    score("--batch-size", "128", "--store", str(tmp_path / "store"))
+    assert len(calls) > before and len(list((tmp_path / "store").iterdir())) == 2
+
+
 def test_compare_runs_every_method(files, capsys):
     from autoshard.cli.service import METHODS
 

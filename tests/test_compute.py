@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
-from autoshard.core.compute import ComputeConfig, LocalEngine, RayEngine, make_engine
+from autoshard.core.compute import ComputeConfig, LocalEngine, RayEngine, make_engine, measuring_engine
 from autoshard.core.errors import ConfigError
 from autoshard.costmodel.model import CostModel, CostModelConfig, save_model
 from autoshard.data.features import feature_matrix
@@ -18,7 +18,7 @@ from autoshard.rl.ppo import RLConfig
 from autoshard.studies.ablation import Job, run_job
 
 TOY = RLConfig(iterations=2, tasks_per_batch=4, validate_every=2, checkpoint_every=2, epochs=1, minibatches=1)
-COMPUTE = {"engine": "local", "workers": 2, "address": None, "gpus_per_job": 0}
+COMPUTE = {"engine": "local", "workers": 2, "address": None, "gpus_per_job": 0, "measure_workers": 1}
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +86,36 @@ def test_compute_params_are_checked_by_name():
            ({"address": 5, "engine": "ray"}, r"compute\.address: 5 .*string or null"),
            ({"gpus_per_job": 1}, r"compute\.gpus_per_job: .*only with compute\.engine: ray"),
            ({"gpus_per_job": -1, "engine": "ray"}, r"compute\.gpus_per_job: -1 .*at least 0"),
+           ({"measure_workers": 0}, r"compute\.measure_workers: 0 .*at least 1"),
            ({"threads": 2}, r"compute\.threads: 2 .*unknown parameter")]
     for change, message in bad:
         with pytest.raises(ConfigError, match=message):
             ComputeConfig.from_params(COMPUTE | change)
+    assert measuring_engine(ComputeConfig.from_params(COMPUTE)) is None, "measuring stays in the stage's process"
+    assert measuring_engine(ComputeConfig.from_params(COMPUTE | {"measure_workers": 2})).workers == 2
     with pytest.raises(ConfigError, match=r"compute\.workers: missing"):
         ComputeConfig.from_params({k: v for k, v in COMPUTE.items() if k != "workers"})
+
+
+def test_replicates_train_the_same_on_any_engine_and_land_in_their_folders(world, tmp_path, smoke_params):
+    from dataclasses import replace
+
+    from autoshard.placement.heuristics import heuristic_plans
+    from autoshard.rl.ppo import RLStageConfig
+    from autoshard.rl.replicates import train_replicates
+
+    features, model, tasks = world
+    pool = build_pool(smoke_params["dataset"], smoke_params["pool"], seed=0, progress=False)
+    train_tasks, val_tasks = list(tasks[:3]), list(tasks[3:])
+    heuristics = heuristic_plans(pool.features, val_tasks, 0)
+    cfg = replace(RLStageConfig.from_params(smoke_params["rl"]), train=TOY)
+
+    def run(engine, folder):
+        return train_replicates([model, model], features, train_tasks, val_tasks, heuristics, cfg, 0, folder / "work",
+                                [folder / "r1", folder / "r2"], engine)
+
+    here = run(None, tmp_path / "here")
+    assert_same(here, run(LocalEngine(2), tmp_path / "two"))
+    assert not here[0].equals(here[1]), "replicates train from different seeds"
+    assert here[0]["val_ratio"].notna().any(), "validated as the stage's own run"
+    assert (tmp_path / "two" / "r2" / "policy.pt").is_file() and (tmp_path / "two" / "r2" / "cost_model.pt").is_file()

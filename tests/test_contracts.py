@@ -59,7 +59,8 @@ def test_profile_metrics():
         "shard_id": range(5), "kind": ["single", "single", "heuristic", "repeat", "repeat"],
         "round": [0, 0, 0, 1, 2], "tables": [[0], [1], [0, 1], [0, 1], [0, 1]],
         "num_tables": [1, 1, 2, 2, 2], "status": ["ok"] * 5, "total_ms": [1.0, 2.0, 2.4, 2.6, 2.5],
-        "backend": "fbgemm", "device": "cpu", "threads": 1, "batch_size": 256})
+        "backend": "fbgemm", "device": "cpu", "threads": 1, "batch_size": 256,
+        "cv": [0.01, 0.02, 0.03, 0.04, 0.05], "drift": [0.0, 0.0, 0.2, 0.05, 0.05], "attempts": [1, 1, 2, 1, 1]})
     versus = pd.DataFrame({"fbgemm_total_ms": [1.0, 2.0, 3.0], "torch_total_ms": [2.0, 3.0, 7.0]})
     versus["ratio"] = versus["torch_total_ms"] / versus["fbgemm_total_ms"]
     harness = pd.DataFrame({"component": ["forward", "backward"], "fbgemm_harness_ms": [1.0, 2.0],
@@ -68,6 +69,8 @@ def test_profile_metrics():
     assert metrics["cv_target"] == 0.01 and not metrics["cv_target_met"] and metrics["rounds_for_cv_target"] > 1
     assert metrics["torch_fbgemm_kendall_tau"] == 1.0 and metrics["torch_over_fbgemm_median_ratio"] == 2.0
     assert metrics["harness_check"]["forward"]["ours_ms"] == 1.1
+    assert metrics["noise"] == {"median_cv": 0.03, "calibration_drift": 0.05, "calibration_drift_max": 0.2,
+                                "remeasured_share": 0.2}
 
 
 def test_cost_model_metrics(smoke_params):

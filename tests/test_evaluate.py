@@ -20,6 +20,7 @@ from autoshard.data.features import feature_matrix
 from autoshard.data.pool import build_pool
 from autoshard.data.tasks import Task, first_fit_decreasing, make_tasks
 from autoshard.measure.analytic import AnalyticBackend
+from autoshard.measure.store import MeasurementStore
 from autoshard.pipeline.stage import select, stage_spec
 from autoshard.placement.exact import exact_plan, partition_count, placements
 from autoshard.placement.heuristics import Infeasible, place
@@ -36,7 +37,7 @@ from autoshard.studies.evaluate import (
     planners,
     small_tasks,
 )
-from autoshard.studies.measured import META, measure_task, plan_frame, predict_devices, score
+from autoshard.studies.measured import measurement_store, plan_frame, predict_devices, score
 from autoshard.studies.stats import bootstrap_median, summary, targets, with_ratios
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -257,15 +258,19 @@ def test_scoring_measures_each_shard_once_and_resumes(world, tmp_path, smoke_par
     task = Task("a/b", "test", "test", (0, 1, 2, 3), 2, 10**12, 0.0)
     plans = {"one": [np.array([0, 0, 1, 1])], "same": [np.array([1, 1, 0, 0])], "other": [np.array([0, 1, 0, 1])]}
     backend = Counting(pool)
-    costs = measure_task(backend, task, [p[0] for p in plans.values()], 64, tmp_path, seed=0)
-    # {0,1} {2,3} {0,2} {1,3}, and the calibration shard before and after the one round
-    assert Counting.calls == 4 + 2 and len(costs) == 4 + 1 and costs[META] == [{"drift": 0.0, "attempts": 1}]
-    measure_task(backend, task, [p[0] for p in plans.values()], 64, tmp_path, seed=0)
-    assert Counting.calls == 6, "a finished task is read back, not measured again"
-    cfg = config(smoke_params)
-    devices = score(backend, pool.features, [task], plans, replace(cfg.backend, batch_size=64), tmp_path, 0,
-                    progress=False)
-    assert Counting.calls == 6 and len(devices) == 6
+    cfg = replace(config(smoke_params).backend, batch_size=64)
+    rounds = cfg.timing.rounds
+    store = MeasurementStore(tmp_path, "settings")
+    before = Counting.calls
+    devices = score(backend, pool.features, [task], plans, cfg, store, 0, progress=False)
+    # {0,1} {2,3} {0,2} {1,3} once a round, the calibration shard before the first round and after each
+    assert Counting.calls - before == 4 * rounds + rounds + 1 and len(devices) == 6
+    assert sorted(store.read()) == ["0,1", "0,2", "1,3", "2,3"]
+    assert {(r["drift"], r["attempts"]) for r in store.read().values()} == {(0.0, 1)}
+    score(backend, pool.features, [task], plans, cfg, store, 0, progress=False)
+    assert Counting.calls - before == 4 * rounds + rounds + 1, "a finished task is read back, not measured again"
+    score(backend, pool.features, [task], plans, cfg, store, 0, tag="again", progress=False)
+    assert Counting.calls - before == 2 * (4 * rounds + rounds + 1), "a tagged pass measures everything again"
     devices["predicted_ms"] = predict_devices(devices, model, features)
     seconds = pd.DataFrame({"task": "a/b", "method": list(plans), "seconds": 0.1})
     per_plan = plan_frame(devices, [task], seconds).set_index("method")
@@ -280,7 +285,6 @@ def test_measured_plan_cache_not_reused_after_trace_change(world, tmp_path, smok
     folder; the unchanged pool reads everything back (cache hit). Settings and machine count too."""
     from autoshard.core import digest
     from autoshard.measure import backends as factory
-    from autoshard.studies.measured import work_folder
 
     pool = world[0]
     indices = np.array(pool.traces.indices)
@@ -292,19 +296,21 @@ def test_measured_plan_cache_not_reused_after_trace_change(world, tmp_path, smok
 
     def measured(p) -> int:
         before = Counting.calls
-        score(Counting(p), p.features, [task], plans, backend, work_folder(tmp_path, backend, p), 0, progress=False)
+        score(Counting(p), p.features, [task], plans, backend, measurement_store(tmp_path, backend, p), 0,
+              progress=False)
         return Counting.calls - before
 
     first = measured(pool)
     assert first > 0
     assert measured(changed) == first, "costs measured on another trace were reused"
     assert measured(pool) == 0 and measured(changed) == 0, "an unchanged rerun measures nothing"
-    folder = work_folder(tmp_path, backend, pool)
-    assert work_folder(tmp_path, replace(backend, threads=backend.threads + 1), pool) != folder
-    assert work_folder(tmp_path, replace(backend, timing=replace(backend.timing, warmup=9)), pool) != folder
+    folder = measurement_store(tmp_path, backend, pool).folder
+    assert measurement_store(tmp_path, replace(backend, threads=backend.threads + 1), pool).folder != folder
+    slower = replace(backend, timing=replace(backend.timing, warmup=9))
+    assert measurement_store(tmp_path, slower, pool).folder != folder
     with pytest.MonkeyPatch.context() as m:
         m.setattr(factory, "machine", lambda device: digest.machine(device) | {"cpu": "another CPU"})
-        assert work_folder(tmp_path, backend, pool) != folder
+        assert measurement_store(tmp_path, backend, pool).folder != folder
 
 
 # --- statistics -----------------------------------------------------------------------------

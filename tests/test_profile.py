@@ -1,11 +1,11 @@
 """The profile data set: the plan of shards, resumable chunked collection, the stage's CLI."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -16,7 +16,8 @@ from autoshard.data.pool import build_pool, save_pool
 from autoshard.data.tasks import make_tasks, save_tasks
 from autoshard.measure.analysis import fusion_gap, repeatability, rounds_needed
 from autoshard.measure.analytic import AnalyticBackend
-from autoshard.measure.collect import ProfileConfig, collect, load_profile, plan_jobs, run_key
+from autoshard.measure.collect import ProfileConfig, chunks, collect, load_profile, plan_jobs
+from autoshard.measure.store import space
 from autoshard.placement.heuristics import every_plan
 
 
@@ -72,17 +73,41 @@ class Interrupting(AnalyticBackend):
         return super().measure(tables, batch_size)
 
 
+def chunk_calls(cfg, jobs) -> list[int]:
+    """Measurements each chunk takes: every shard once a round, the calibration shard before the
+    first round and after each (the analytic backend never drifts, so no retry)."""
+    rounds = cfg.backend.timing.rounds
+    return [len(ids) * rounds + rounds + 1 for ids in chunks(jobs, cfg.chunk_size)]
+
+
+def batch_files(root):
+    return sorted(root.glob("*/batch-*.json"))
+
+
+def test_chunks_are_interleaved_batches_with_their_noise_recorded(tmp_path, setup):
+    pool, _, _, _, cfg, jobs = setup
+    assert cfg.backend.timing.rounds > 1, "the smoke profile measures in interleaved rounds"
+    backend = Interrupting(pool)
+    table = collect(pool, jobs, backend, cfg, tmp_path, progress=False)
+    assert backend.calls == sum(chunk_calls(cfg, jobs))
+    assert table["shard_id"].tolist() == list(range(len(jobs)))
+    assert (table["cv"] == 0).all() and (table["drift"] == 0).all() and (table["attempts"] == 1).all()
+    assert len(batch_files(tmp_path)) == len(chunks(jobs, cfg.chunk_size))
+    for ids in chunks(jobs, cfg.chunk_size):
+        assert len({jobs[i].round for i in ids}) == 1, "a chunk holds one round"
+
+
 def test_resume_after_interrupt_measures_nothing_twice(tmp_path, setup):
     pool, _, _, _, cfg, jobs = setup
     full = collect(pool, jobs, Interrupting(pool), cfg, tmp_path / "a", progress=False)
-    dying = Interrupting(pool, limit=cfg.chunk_size * 2 + 3)
+    per_chunk = chunk_calls(cfg, jobs)
+    dying = Interrupting(pool, limit=per_chunk[0] + per_chunk[1] + 3)
     with pytest.raises(KeyboardInterrupt):
         collect(pool, jobs, dying, cfg, tmp_path / "b", progress=False)
-    chunks = sorted((tmp_path / "b").glob("*/chunk-*.parquet"))
-    assert len(chunks) == 2
+    assert len(batch_files(tmp_path / "b")) == 2
     resumed = Interrupting(pool)
     again = collect(pool, jobs, resumed, cfg, tmp_path / "b", progress=False)
-    assert resumed.calls == len(jobs) - 2 * cfg.chunk_size
+    assert resumed.calls == sum(per_chunk[2:])
     pd.testing.assert_frame_equal(again.drop(columns="host"), full.drop(columns="host"))
     assert again["shard_id"].is_unique
 
@@ -90,11 +115,13 @@ def test_resume_after_interrupt_measures_nothing_twice(tmp_path, setup):
 def test_half_written_chunk_is_measured_again(tmp_path, setup):
     pool, _, _, _, cfg, jobs = setup
     first = collect(pool, jobs, Interrupting(pool), cfg, tmp_path, progress=False)
-    chunk = tmp_path / run_key(jobs, cfg, pool) / "chunk-00001.parquet"
-    chunk.write_bytes(chunk.read_bytes()[:100])
+    broken = batch_files(tmp_path)[1]
+    size = len(json.loads(broken.read_text())["records"])
+    broken.write_bytes(broken.read_bytes()[:100])
     counter = Interrupting(pool)
     second = collect(pool, jobs, counter, cfg, tmp_path, progress=False)
-    assert counter.calls == cfg.chunk_size
+    rounds = cfg.backend.timing.rounds
+    assert counter.calls == size * rounds + rounds + 1
     pd.testing.assert_frame_equal(first, second)
 
 
@@ -135,16 +162,17 @@ def test_killed_stage_resumes(tmp_path, smoke_params):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     cmd = [sys.executable, "-m", "autoshard.pipeline.profile", "--params", str(tmp_path / "params.yaml"),
            "--pool", str(tmp_path / "pool"), "--tasks", str(tmp_path / "tasks.json"),
-           "--out", str(tmp_path / "out"), "--work", str(tmp_path / "work")]
+           "--out", str(tmp_path / "out"), "--store", str(tmp_path / "store")]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
-    while len(list((tmp_path / "work").glob("*/chunk-*.parquet"))) < 2:
+    while len(batch_files(tmp_path / "store")) < 2:
         assert proc.poll() is None, "the collection finished before it could be interrupted"
         assert time.monotonic() < deadline
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    before = {p.name: pd.read_parquet(p) for p in (tmp_path / "work").glob("*/chunk-*.parquet")}
+    before = {k: v for path in batch_files(tmp_path / "store")
+              for k, v in json.loads(path.read_text())["records"].items()}
     assert not (tmp_path / "out").exists()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
@@ -152,11 +180,13 @@ def test_killed_stage_resumes(tmp_path, smoke_params):
     cfg = ProfileConfig.from_params(params["profile"])
     planned = plan_jobs(pool, tasks, train, cfg, 0, test_tables=test, placements=every(pool))
     assert final["shard_id"].tolist() == list(range(len(planned)))
-    for name, chunk in before.items():
-        k = int(Path(name).stem.split("-")[1])
-        kept = final.iloc[k * cfg.chunk_size: k * cfg.chunk_size + len(chunk)].reset_index(drop=True)
-        pd.testing.assert_frame_equal(kept, chunk), "measured before the kill, kept as measured"
-    assert not (tmp_path / "work").exists(), "chunks are dropped once the data set is saved"
+    first = final[final["round"] == 0].set_index(final.loc[final["round"] == 0, "tables"].map(
+        lambda t: ",".join(map(str, sorted(t)))))
+    kept = [k for k in before if k in first.index]
+    assert kept, "the chunks measured before the kill hold first-round shards"
+    for k in kept:
+        assert first.loc[k, "forward_ms"] == before[k]["forward_ms"], "measured before the kill, kept as measured"
+    assert batch_files(tmp_path / "store"), "the store is kept for the other stages"
 
 
 def test_cli_reports_bad_params(tmp_path, smoke_params, capsys):
@@ -192,8 +222,8 @@ def test_profile_cache_not_reused_after_pool_change(tmp_path, setup, smoke_param
     for changed in (other, _with_trace_changed(pool, 5)):
         counter = Interrupting(changed)
         collect(changed, jobs, counter, cfg, tmp_path, progress=False)
-        assert counter.calls == len(jobs), "measurements of other traces were reused"
-        assert run_key(jobs, cfg, changed) != run_key(jobs, cfg, pool)
+        assert counter.calls == sum(chunk_calls(cfg, jobs)), "measurements of other traces were reused"
+        assert space(cfg.backend, changed) != space(cfg.backend, pool)
     unchanged = Interrupting(pool)
     collect(pool, jobs, unchanged, cfg, tmp_path, progress=False)
     assert unchanged.calls == 0, "an unchanged rerun measures nothing"
@@ -207,16 +237,17 @@ def test_profile_cache_not_reused_after_settings_code_or_machine_change(setup, m
     from autoshard.measure import backends as factory
 
     pool, _, _, _, cfg, jobs = setup
-    base = run_key(jobs, cfg, pool)
-    assert run_key(jobs, cfg, pool) == base
+    base = space(cfg.backend, pool)
+    assert space(cfg.backend, pool) == base
     backend = cfg.backend
     for changed in (replace(backend, batch_size=backend.batch_size + 1), replace(backend, threads=backend.threads + 1),
-                    replace(backend, timing=replace(backend.timing, runs=backend.timing.runs + 1))):
-        assert run_key(jobs, replace(cfg, backend=changed), pool) != base
+                    replace(backend, timing=replace(backend.timing, runs=backend.timing.runs + 1)),
+                    replace(backend, timing=replace(backend.timing, rounds=backend.timing.rounds + 1))):
+        assert space(changed, pool) != base
     monkeypatch.setattr(factory, "machine", lambda device: digest.machine(device) | {"cpu": "another CPU"})
-    assert run_key(jobs, cfg, pool) != base
+    assert space(cfg.backend, pool) != base
     monkeypatch.setattr(factory, "machine", lambda device: digest.machine(device) | {"torch": "torch==0.0"})
-    assert run_key(jobs, cfg, pool) != base
+    assert space(cfg.backend, pool) != base
     monkeypatch.undo()
     monkeypatch.setattr(factory, "source_digest", lambda *modules: "edited backend code")
-    assert run_key(jobs, cfg, pool) != base
+    assert space(cfg.backend, pool) != base

@@ -2,7 +2,7 @@
 
   autoshard plan    --tables T --devices D --memory-per-device 16GiB [--method rl] --out plan.json
   autoshard plan    ... --sharding column [--column-ways 1,2,4] [--split NAME=K]   (column-wise shards)
-  autoshard score   --tables T --plan plan.json [--backend fbgemm|torch|analytic]
+  autoshard score   --tables T --plan plan.json [--backend fbgemm|torch|analytic] [--store DIR]
   autoshard compare --tables T --devices D --memory-per-device 16GiB [--measure]
   autoshard measure --jobs jobs.json --out rows.json   (the portable measurement worker)
 
@@ -90,6 +90,9 @@ def parser() -> argparse.ArgumentParser:
     _common(score)
     score.add_argument("--plan", required=True, type=Path, help="a plan of `autoshard plan` or its --torchrec file")
     _measure_args(score)
+    score.add_argument("--store", type=Path, default=None,
+                       help="a measurement store (the study's: data/measurements): shards measured there "
+                            "under the same settings are read, new ones measured and added")
     compare = sub.add_parser("compare", help="every method on the same tables")
     _common(compare)
     _task_args(compare)
@@ -211,9 +214,8 @@ def _plain(value):
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
-def _backend(tables, args: argparse.Namespace):
-    from autoshard.data.pool import Pool
-    from autoshard.measure.backends import BackendConfig, make_backend
+def _backend_config(tables, args: argparse.Namespace):
+    from autoshard.measure.backends import BackendConfig
     from autoshard.measure.timing import TimingConfig
 
     if args.batch_size < 1 or args.batch_size > tables.traces.batch_size:
@@ -221,10 +223,45 @@ def _backend(tables, args: argparse.Namespace):
                           f"{tables.traces.batch_size} bags)")
     if args.runs < 1:
         raise ConfigError(f"--runs: {args.runs} (must be at least 1)")
-    cfg = BackendConfig(backend=args.backend, device="cpu", optimizer="EXACT_ROWWISE_ADAGRAD",
-                        batch_size=args.batch_size, threads=1, timing=TimingConfig(warmup=1, runs=args.runs),
-                        memory_limit_bytes=64 * 2**30)
-    return make_backend(Pool(features=tables.features, traces=tables.traces), cfg)
+    timing = TimingConfig(warmup=1, runs=args.runs, rounds=1, retries=0)
+    return BackendConfig(backend=args.backend, device="cpu", optimizer="EXACT_ROWWISE_ADAGRAD",
+                         batch_size=args.batch_size, threads=1, timing=timing, memory_limit_bytes=64 * 2**30)
+
+
+def _backend(tables, args: argparse.Namespace):
+    from autoshard.data.pool import Pool
+    from autoshard.measure.backends import make_backend
+
+    return make_backend(Pool(features=tables.features, traces=tables.traces), _backend_config(tables, args))
+
+
+def measure_stored(tables, placement: np.ndarray, devices: int, args: argparse.Namespace) -> pd.DataFrame:
+    """`measure`'s frame, through the measurement store at `args.store`: shards stored under the
+    same settings (backend, batch, runs, code, machine, the tables' features and traces) are
+    read; the others are measured as one batch and added."""
+    from autoshard.core.seeding import rng
+    from autoshard.data.pool import Pool
+    from autoshard.measure.backends import make_backend
+    from autoshard.measure.batches import BatchJob, measure_batch_job
+    from autoshard.measure.store import MeasurementStore, shard_key, values
+
+    cfg = _backend_config(tables, args)
+    pool = Pool(features=tables.features, traces=tables.traces)
+    store = MeasurementStore.for_settings(args.store, cfg, pool)
+    shards = [[int(t) for t in np.flatnonzero(placement == d)] for d in range(devices)]
+    todo = store.missing(s for s in shards if s)
+    if todo:
+        job = BatchJob(shards=tuple(todo), calibration=tuple(next(s for s in shards if s)), backend=cfg, pool={},
+                       store_root=str(args.store), space=store.folder.name, order=rng(0, "score", *todo),
+                       label=f"autoshard score {args.plan.name}")
+        measure_batch_job(job, make_backend(pool, cfg))
+    known = store.read()
+    rows = []
+    for d, shard in enumerate(shards):
+        forward, backward = values(known[shard_key(shard)])[:2] if shard else (0.0, 0.0)
+        rows.append({"device": d, "tables": len(shard), "forward_ms": forward, "backward_ms": backward,
+                     "total_ms": forward + backward})
+    return pd.DataFrame(rows)
 
 
 def measure(tables, placement: np.ndarray, devices: int, args: argparse.Namespace, backend=None) -> pd.DataFrame:
@@ -271,7 +308,15 @@ def cmd_score(args: argparse.Namespace) -> int:
     check_arguments(args)
     tables = read_tables(args.tables, args.weight_bytes)
     shards, placement, devices = read(args.plan, tables)
-    frame = measure_shards(tables, shards, placement, devices, args)
+    if args.store is not None:
+        if not all(s.whole for s in shards):
+            raise ConfigError(f"{args.plan}: --store: this plan splits tables into column shards; the store holds "
+                              "whole-table shards (score it without --store)")
+        by_table = np.full(len(shards), -1, dtype=np.int64)
+        by_table[[s.table for s in shards]] = placement
+        frame = measure_stored(tables, by_table, devices, args)
+    else:
+        frame = measure_shards(tables, shards, placement, devices, args)
     bottleneck = float(frame["total_ms"].max())
     if args.json:
         print(json.dumps({"plan": str(args.plan), "backend": args.backend, "batch_size": args.batch_size,

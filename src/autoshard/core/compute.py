@@ -9,7 +9,7 @@ finish on the other (a Ray cluster then needs the same shared folder on every no
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing import get_context
 from typing import Any, Protocol, TypeVar
 
@@ -34,18 +34,22 @@ class Engine(Protocol):
 @dataclass(frozen=True)
 class ComputeConfig:
     """The `compute` section: the engine, the local engine's processes (a local Ray instance's
-    CPUs), the Ray cluster's address (null: start a local instance) and GPUs per Ray job."""
+    CPUs), the Ray cluster's address (null: start a local instance), GPUs per Ray job, and how
+    many measuring jobs run at a time (1 by default: measurements running side by side on a
+    small machine contend for its cores and caches and time each other)."""
 
     engine: str
     workers: int
     address: str | None
     gpus_per_job: float
+    measure_workers: int = 1
 
     @classmethod
     def from_params(cls, values: Any) -> "ComputeConfig":
         f = Fields("compute", values)
         cfg = cls(engine=f.text("engine", ENGINES), workers=f.integer("workers"),
-                  address=f.optional_text("address"), gpus_per_job=f.number("gpus_per_job", lo=0))
+                  address=f.optional_text("address"), gpus_per_job=f.number("gpus_per_job", lo=0),
+                  measure_workers=f.integer("measure_workers"))
         f.done()
         if cfg.engine == "local" and cfg.address is not None:
             raise invalid("compute.address", cfg.address, "a cluster address needs compute.engine: ray")
@@ -115,3 +119,11 @@ def make_engine(cfg: ComputeConfig) -> Engine:
     if cfg.engine == "ray":
         return RayEngine(cfg.address, cfg.workers if cfg.address is None else None, cfg.gpus_per_job)
     return LocalEngine(cfg.workers)
+
+
+def measuring_engine(cfg: ComputeConfig) -> Engine | None:
+    """The engine for measuring jobs, with `measure_workers` workers; None (measure in this
+    process, on the stage's own backend) for the local engine with one worker."""
+    if cfg.engine == "local" and cfg.measure_workers == 1:
+        return None
+    return make_engine(replace(cfg, workers=cfg.measure_workers))

@@ -57,6 +57,12 @@ class Paths:
         """A stage's resume folder (kept between runs, outside DVC's outputs)."""
         return self.data / WORK_FOLDERS[stage]
 
+    @property
+    def measurements(self) -> Path:
+        """The measurement store every measuring stage shares (`measure.store`; kept between
+        runs, outside DVC's outputs)."""
+        return self.data / "measurements"
+
     def metrics(self, stage: str) -> Path:
         return self.reports / "metrics" / f"{stage}.json"
 

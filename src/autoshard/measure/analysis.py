@@ -55,11 +55,26 @@ def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+def round_noise(table: pd.DataFrame) -> dict[str, float]:
+    """How noisy the interleaved rounds were: the median CV of a shard's cost across its
+    chunk's rounds, the median and largest calibration drift of the chunks, and the share of
+    shards whose chunk drifted past the limit and was measured again (NaN without those
+    columns: a profile from before the rounds)."""
+    ok = table[table["status"] == "ok"]
+    if not {"cv", "drift", "attempts"} <= set(ok.columns) or ok.empty:
+        nan = float("nan")
+        return {"median_cv": nan, "calibration_drift": nan, "calibration_drift_max": nan, "remeasured_share": nan}
+    return {"median_cv": float(ok["cv"].median()), "calibration_drift": float(ok["drift"].median()),
+            "calibration_drift_max": float(ok["drift"].max()),
+            "remeasured_share": float((ok["attempts"] > 1).mean())}
+
+
 def profile_metrics(table: pd.DataFrame, versus: pd.DataFrame, harness: pd.DataFrame, cv_target: float,
                     comm_processes: int, torch_threads: int, seconds: float, peak_gib: float) -> ProfileMetrics:
     """The profile stage's metrics: what was measured and how, repeatability against the CV
-    target, the fusion gap, and the cross-checks (`versus`: the torch backend against the
-    profile's; `harness`: FBGEMM's benchmark harness against our timing loop)."""
+    target (across separate passes: `median_cv`; across a chunk's interleaved rounds: `noise`),
+    the fusion gap, and the cross-checks (`versus`: the torch backend against the profile's;
+    `harness`: FBGEMM's benchmark harness against our timing loop)."""
     rep = repeatability(table)
     median_cv = float(rep["cv"].median()) if len(rep) else float("nan")
     gap = fusion_gap(table)
@@ -76,6 +91,7 @@ def profile_metrics(table: pd.DataFrame, versus: pd.DataFrame, harness: pd.DataF
         "cv_target": cv_target,
         "cv_target_met": bool(median_cv <= cv_target),
         "rounds_for_cv_target": rounds_needed(median_cv, cv_target),
+        "noise": round_noise(table),
         "fused_over_sum_median": float(gap["fused_over_sum"].median()) if len(gap) else float("nan"),
         "fused_over_sum_p10_p90": [float(x) for x in np.nanpercentile(gap["fused_over_sum"], [10, 90])]
         if len(gap) else [],

@@ -4,15 +4,15 @@ Shards measured: every table of the pool alone; random subsets of the train tabl
 log-uniform from 1 to the largest shard a task can hold; the device shards of the heuristic
 plans on training tasks (what a planner meets); the same two kinds built from test-pool
 tables only (shards a cost model fitted on the train pool never saw); and a few shards
-again in later rounds, to measure repeatability. Results are written in chunks: an
-interrupted run continues where it stopped, measures nothing twice, and re-measures a chunk
-that fails the consistency check.
+again in later rounds, to measure repeatability across separate passes. Chunks of shards are
+measured as interleaved batches and filed in the measurement store (`measure.store`) as each
+finishes: an interrupted run continues where it stopped, nothing is measured twice under the
+same settings, and a chunk whose file is unreadable is measured again.
 """
 
 import platform
-import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,16 +20,19 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from autoshard.core.atomic import atomic_dir, atomic_file
-from autoshard.core.digest import key
+from autoshard.core.atomic import atomic_dir
+from autoshard.core.compute import Engine
 from autoshard.core.errors import ConfigError
 from autoshard.core.params import Fields
 from autoshard.core.seeding import rng
 from autoshard.data.pool import Pool
 from autoshard.data.tasks import Task, shards
-from autoshard.measure.backends import BackendConfig, measurement_key
+from autoshard.measure.backends import BackendConfig
 from autoshard.measure.base import CostBackend, ShardTooLarge
+from autoshard.measure.batches import BatchJob, measure_batch_job
 from autoshard.measure.crosscheck import BenchConfig
+from autoshard.measure.store import MeasurementStore, shard_key, shard_tables, values
+from autoshard.measure.timing import TimingConfig
 
 KINDS = ("single", "random", "heuristic", "test_random", "test_heuristic", "repeat")
 COST_COLUMNS = ["forward_ms", "backward_ms", "forward_iqr_ms", "backward_iqr_ms"]
@@ -46,7 +49,8 @@ class Job:
 
 @dataclass(frozen=True)
 class ProfileConfig:
-    """The `profile` section: the backend and what to collect."""
+    """The `profile` section: the backend, its timing protocol (`warmup` and `runs` per
+    round, `rounds` interleaved rounds per chunk, `drift_limit` and `retries`) and what to collect."""
 
     backend: BackendConfig
     random_shards: int
@@ -66,6 +70,9 @@ class ProfileConfig:
     def from_params(cls, values: dict) -> "ProfileConfig":
         f = Fields("profile", values)
         backend = BackendConfig.from_fields(f)
+        backend = replace(backend, timing=TimingConfig(
+            warmup=backend.timing.warmup, runs=backend.timing.runs, rounds=f.integer("rounds"),
+            drift_limit=f.number("drift_limit", lo=0, lo_open=True), retries=f.integer("retries", lo=0)))
         c = f.sub("collect")
         x, m = f.sub("crosscheck"), f.sub("comm")
         cfg = cls(backend=backend, torch_shards=x.integer("torch_shards", lo=0),
@@ -81,6 +88,13 @@ class ProfileConfig:
         for section in (c, x, m, f):
             section.done()
         return cfg
+
+    @property
+    def check_timing(self) -> TimingConfig:
+        """One pass with as many timed runs as a shard gets over all its rounds: for the
+        cross-checks, which time an operator once rather than in interleaved rounds."""
+        t = self.backend.timing
+        return TimingConfig(warmup=t.warmup, runs=t.runs * t.rounds, flush_mb=t.flush_mb)
 
 
 def plan_jobs(pool: Pool, tasks: list[Task], train_tables: np.ndarray, cfg: ProfileConfig,
@@ -184,70 +198,88 @@ def measure_job(backend: CostBackend, job: Job, shard_id: int, batch_size: int,
     return row | env
 
 
-def run_key(jobs: list[Job], cfg: ProfileConfig, pool: Pool) -> str:
-    """Identifies a collection by content: chunks are reused only for the same shards, measured
-    the same way on the same tables (`measurement_key`)."""
-    tables = {t for j in jobs for t in j.tables}
-    return key([asdict(j) for j in jobs], measurement_key(cfg.backend, pool, tables))
+def chunks(jobs: list[Job], size: int) -> list[list[int]]:
+    """The jobs' indices in batches of at most `size`, consecutive, one round per batch."""
+    out: list[list[int]] = []
+    for r in sorted({j.round for j in jobs}):
+        ids = [i for i, j in enumerate(jobs) if j.round == r]
+        out += [ids[k:k + size] for k in range(0, len(ids), size)]
+    return out
 
 
-def collect(pool: Pool, jobs: list[Job], backend: CostBackend, cfg: ProfileConfig,
-            work_root: str | Path, progress: bool = True) -> pd.DataFrame:
-    """Measure every job, chunk by chunk under `work_root/<run key>`, resuming what is there."""
-    work = Path(work_root) / run_key(jobs, cfg, pool)
-    work.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(cfg.backend.threads)
-    env = environment(backend, cfg.backend.threads)
+def pass_tag(round_: int) -> str:
+    """The store's pass tag of a round: repeats are independent measurements, never reads."""
+    return f"repeat-{round_}" if round_ else ""
+
+
+def collect(pool: Pool, jobs: list[Job], backend: CostBackend, cfg: ProfileConfig, store_root: str | Path,
+            progress: bool = True, seed: int = 0, engine: Engine | None = None,
+            pool_source: dict | None = None) -> pd.DataFrame:
+    """Measure every job not in the measurement store under `store_root` and return the data set.
+
+    Chunks of `cfg.chunk_size` shards are batches: each measured in interleaved rounds
+    (`measure_batch`, seeded shuffled orders, a calibration shard between rounds, a drifting
+    batch measured again) and filed in the store as it finishes, so an interrupted run resumes
+    and shards any stage measured under the same settings are read, not measured. Without an
+    `engine` the chunks run here on `backend`; with one, each chunk is an engine job that
+    rebuilds the backend from `cfg` and `pool_source` (a `measure.worker` pool source)."""
+    if engine is not None and pool_source is None:
+        raise ConfigError("profile: measuring on an engine needs the pool's source (a folder or its parameters)")
+    shared = MeasurementStore.for_settings(store_root, cfg.backend, pool)
+    stores = {r: shared.tagged(pass_tag(r)) for r in sorted({j.round for j in jobs})}
+    known = {r: s.read() for r, s in stores.items()}
     sizes = pool.features["size_bytes"].to_numpy()
-    step = cfg.chunk_size
-    bar = tqdm(total=len(jobs), desc=f"profile ({backend.name})", disable=not progress)
-    for start in range(0, len(jobs), step):
-        path = work / f"chunk-{start // step:05d}.parquet"
-        ids = list(range(start, min(start + step, len(jobs))))
-        if _chunk_is_complete(path, ids, jobs):
-            bar.update(len(ids))
-            continue
-        rows = []
-        for i in ids:
-            rows.append(measure_job(backend, jobs[i], i, cfg.backend.batch_size, sizes, env))
-            bar.update(1)
-        with atomic_file(path) as tmp:
-            pd.DataFrame(rows).to_parquet(tmp, index=False)
-    bar.close()
-    return consolidate(work, jobs, step)
+    batch_jobs = []
+    for c, ids in enumerate(chunks(jobs, cfg.chunk_size)):
+        store = stores[jobs[ids[0]].round]
+        todo = store.missing((jobs[i].tables for i in ids), known[jobs[ids[0]].round])
+        if todo:
+            batch_jobs.append(BatchJob(
+                shards=tuple(todo), calibration=_calibration(todo, sizes, cfg.backend.memory_limit_bytes),
+                backend=cfg.backend, pool=pool_source or {}, store_root=str(store.folder.parent.resolve()),
+                space=store.folder.name, order=rng(seed, "profile", "order", c), label=f"profile chunk {c}"))
+    desc = f"profile ({backend.name}, {len(batch_jobs)} chunks to measure)" if progress else None
+    if engine is None:
+        torch.set_num_threads(cfg.backend.threads)
+        for job in tqdm(batch_jobs, desc=desc, disable=not progress):
+            measure_batch_job(job, backend)
+    else:
+        engine.map(measure_batch_job, batch_jobs, desc)
+    return profile_table(jobs, {r: s.read() for r, s in stores.items()}, cfg, sizes,
+                         environment(backend, cfg.backend.threads))
 
 
-def _chunk_is_complete(path: Path, ids: list[int], jobs: list[Job]) -> bool:
-    """A chunk counts only if it reads back whole with exactly its planned shards."""
-    if not path.exists():
-        return False
-    try:
-        chunk = pd.read_parquet(path)
-        ok = (chunk["shard_id"].tolist() == ids
-              and [tuple(t) for t in chunk["tables"]] == [jobs[i].tables for i in ids])
-    except Exception:  # noqa: BLE001 - any unreadable file is a half-written chunk
-        ok = False
-    if not ok:
-        path.unlink()
-    return ok
+def _calibration(shards: list[str], sizes: np.ndarray, memory_limit: int) -> tuple[int, ...]:
+    """The batch's calibration shard: of its shards that fit the memory limit, the one with the
+    most tables (a long kernel drifts less by chance than a short one), else its first."""
+    tables = [shard_tables(s) for s in shards]
+    fitting = [t for t in tables if sizes[t].sum() <= memory_limit]
+    return tuple(max(fitting, key=lambda t: (len(t), sizes[t].sum())) if fitting else tables[0])
 
 
-def consolidate(work: Path, jobs: list[Job], step: int) -> pd.DataFrame:
-    """All chunks as one table, checked: every planned shard exactly once, in order."""
-    chunks = [pd.read_parquet(work / f"chunk-{k:05d}.parquet")
-              for k in range((len(jobs) + step - 1) // step)]
-    table = pd.concat(chunks, ignore_index=True)
-    if table["shard_id"].tolist() != list(range(len(jobs))):
-        raise ConfigError(f"{work}: chunks do not hold every planned shard exactly once")
-    return table
+def profile_table(jobs: list[Job], measured: dict[int, dict[str, dict]], cfg: ProfileConfig,
+                  sizes: np.ndarray, env: dict) -> pd.DataFrame:
+    """One row per job from the store's records (`measured` by round, then shard key)."""
+    rows = []
+    for i, job in enumerate(jobs):
+        entry = measured[job.round].get(shard_key(job.tables))
+        if entry is None:
+            raise ConfigError(f"profile: shard {list(job.tables)} is missing from the measurement store")
+        row = {"shard_id": i, "kind": job.kind, "round": job.round, "tables": list(job.tables),
+               "num_tables": len(job.tables), "shard_bytes": int(sizes[list(job.tables)].sum()),
+               "batch_size": cfg.backend.batch_size,
+               "status": "ok" if entry["status"] == "ok" else "too large for the memory limit"}
+        row |= dict(zip([*COST_COLUMNS, "cv"], values(entry), strict=True))
+        row |= {"drift": float(entry["drift"]), "attempts": int(entry["attempts"])}
+        row["total_ms"] = row["forward_ms"] + row["backward_ms"]
+        rows.append(row | env)
+    return pd.DataFrame(rows)
 
 
-def save_profile(table: pd.DataFrame, folder: str | Path, work_root: str | Path | None = None) -> None:
-    """Write the data set at once; then drop the finished run's chunks."""
+def save_profile(table: pd.DataFrame, folder: str | Path) -> None:
+    """Write the data set at once (the measurements stay in the store for later stages)."""
     with atomic_dir(folder) as tmp:
         table.to_parquet(tmp / "shards.parquet", index=False)
-    if work_root is not None:
-        shutil.rmtree(work_root, ignore_errors=True)
 
 
 def load_profile(folder: str | Path) -> pd.DataFrame:

@@ -35,6 +35,14 @@ def _total(cost: ShardCost) -> float:
     return cost.forward_ms + cost.backward_ms
 
 
+def _calibrate(backend: CostBackend, calibration: Sequence[int], batch_size: int) -> float:
+    """The calibration shard's total (NaN when it does not fit the device: no drift check)."""
+    try:
+        return _total(backend.measure(list(calibration), batch_size))
+    except ShardTooLarge:
+        return float("nan")
+
+
 def measure_batch(backend: CostBackend, shards: Sequence[Sequence[int]], calibration: Sequence[int],
                   batch_size: int, timing: TimingConfig, g: np.random.Generator,
                   dims: Sequence[Sequence[int] | None] | None = None) -> Batch:
@@ -42,7 +50,7 @@ def measure_batch(backend: CostBackend, shards: Sequence[Sequence[int]], calibra
     `dims` (per shard, per table: the columns measured, None: whole) measures column shards."""
     dims = dims if dims is not None else [None] * len(shards)
     for attempt in range(1, timing.retries + 2):  # noqa: B007 (the last value is reported)
-        reference = _total(backend.measure(list(calibration), batch_size))
+        reference = _calibrate(backend, calibration, batch_size)
         per_round = np.full((len(shards), timing.rounds, len(FIELDS)), np.nan)
         too_large = np.zeros(len(shards), dtype=bool)
         drift = 0.0
@@ -57,8 +65,9 @@ def measure_batch(backend: CostBackend, shards: Sequence[Sequence[int]], calibra
                     too_large[i] = True
                     continue
                 per_round[i, r] = [getattr(cost, f) for f in FIELDS]
-            again = _total(backend.measure(list(calibration), batch_size))
-            drift = max(drift, abs(again / reference - 1.0))
+            again = _calibrate(backend, calibration, batch_size)
+            if np.isfinite(reference) and reference > 0:
+                drift = max(drift, abs(again / reference - 1.0))
         if drift <= timing.drift_limit:
             break
     costs = []

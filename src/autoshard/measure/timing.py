@@ -21,12 +21,12 @@ class TimingConfig:
     measured again when a calibration shard timed between rounds drifts past `drift_limit`,
     at most `retries` times."""
 
-    warmup: int = 2
-    runs: int = 7
+    warmup: int = 1
+    runs: int = 2
     flush_mb: int = 128  # CUDA only: bytes written between runs to evict the L2 cache
-    rounds: int = 1
+    rounds: int = 3
     drift_limit: float = 0.1
-    retries: int = 0
+    retries: int = 1
 
 
 DEFAULT_TIMING = TimingConfig()

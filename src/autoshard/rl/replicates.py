@@ -1,35 +1,64 @@
 """Replicates of the stochastic chain: the policy trained again from other seeds, each on the
 cost model fitted from the same seed offset, so the spread of a result across replicates says
-how much of it is luck. Replicate 0 is the stage's own run."""
+how much of it is luck. Replicate 0 is the stage's own run. The replicates are independent training runs: jobs of the
+`compute` engine."""
 
 import shutil
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from autoshard.costmodel.model import CostModel, save_model
+from autoshard.core.compute import Engine, LocalEngine
+from autoshard.costmodel.model import load_model, save_model
 from autoshard.data.tasks import Task
-from autoshard.rl.ppo import RLStageConfig, run_key, train
+from autoshard.rl.ppo import RLConfig, RLStageConfig, run_key, train
+from autoshard.rl.validation import validator
 
 
-def train_replicates(cost_models: list[CostModel], features: np.ndarray, train_tasks: list[Task],
-                     cfg: RLStageConfig, seed: int, work: Path, validator_for: Callable[[CostModel], Callable],
-                     folders: list[Path]) -> list[pd.DataFrame]:
-    """Replicate r (from 1) trains on `cost_models[r - 1]` from seed `seed + r`, resumable under
-    `work/<run key>/` like the stage's own run, and lands as policy.pt and cost_model.pt in
-    `folders[r - 1]`. Returns each replicate's training history."""
-    histories = []
-    for r, (model, folder) in enumerate(zip(cost_models, folders, strict=True), start=1):
-        checkpoint = work / run_key(cfg, model, train_tasks, features, seed + r) / "policy.pt"
-        _, history = train(model, features, train_tasks, cfg.train, seed + r, checkpoint, validator_for(model),
-                           progress=False)
+@dataclass(frozen=True)
+class ReplicateJob:
+    """One replicate's training run, everything a worker needs (paths absolute: a job's working
+    folder is not this process's on every engine)."""
+
+    model_path: str
+    features: np.ndarray
+    train_tasks: tuple[Task, ...]
+    val_tasks: tuple[Task, ...]
+    heuristics: dict[str, list[np.ndarray]]
+    train: RLConfig
+    seed: int
+    checkpoint: str
+
+
+def run_replicate(job: ReplicateJob) -> list[dict]:
+    """Train (or resume) one replicate, validated as the stage's own run; its history rows."""
+    model = load_model(job.model_path)
+    validate = validator(model, job.features, list(job.val_tasks), job.heuristics)
+    _, history = train(model, job.features, list(job.train_tasks), job.train, job.seed, job.checkpoint, validate,
+                       progress=False)
+    return history.to_dict("records")
+
+
+def train_replicates(model_paths: list[Path], features: np.ndarray, train_tasks: list[Task], val_tasks: list[Task],
+                     heuristics: dict[str, list[np.ndarray]], cfg: RLStageConfig, seed: int, work: Path,
+                     folders: list[Path], engine: Engine | None = None) -> list[pd.DataFrame]:
+    """Replicate r (from 1) trains on the cost model at `model_paths[r - 1]` from seed `seed + r`,
+    resumable under `work/<run key>/` like the stage's own run, as a job of `engine` (default:
+    this process), and lands as policy.pt and cost_model.pt in `folders[r - 1]`. Returns each
+    replicate's training history."""
+    models = [load_model(path) for path in model_paths]
+    jobs = [ReplicateJob(str(Path(path).resolve()), features, tuple(train_tasks), tuple(val_tasks), heuristics,
+                         cfg.train, seed + r,
+                         str((work / run_key(cfg, model, train_tasks, features, seed + r) / "policy.pt").resolve()))
+            for r, (path, model) in enumerate(zip(model_paths, models, strict=True), start=1)]
+    histories = (engine or LocalEngine(1)).map(run_replicate, jobs)
+    for job, model, folder in zip(jobs, models, folders, strict=True):
         folder.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(checkpoint, folder / "policy.pt")
+        shutil.copyfile(job.checkpoint, folder / "policy.pt")
         save_model(model, folder / "cost_model.pt")
-        histories.append(history)
-    return histories
+    return [pd.DataFrame(rows) for rows in histories]
 
 
 def validation_spread(histories: list[pd.DataFrame]) -> dict[str, float | int | list[float]]:

@@ -57,13 +57,15 @@ class ColumnsConfig:
     table_methods: tuple[str, ...]
     bootstrap: int
     target: float
+    task_share: float  # of each group of the evaluate stage's tasks, the first ones (the time budget)
 
     @classmethod
     def from_params(cls, values: dict) -> ColumnsConfig:
         f = Fields("columns", values)
         cfg = cls(ways=tuple(sorted(set(f.integers("ways", lo=1)))), candidates=f.integer("candidates", lo=0),
                   table_methods=tuple(f.names("table_methods", METHODS)), bootstrap=f.integer("bootstrap", lo=1),
-                  target=f.number("target", lo=0, lo_open=True))
+                  target=f.number("target", lo=0, lo_open=True),
+                  task_share=f.number("task_share", lo=0, lo_open=True, hi=1))
         f.done()
         return cfg
 

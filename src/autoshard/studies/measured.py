@@ -4,64 +4,67 @@ Per task, the distinct shards of all methods' plans are measured as one batch in
 rounds, each in a seeded shuffled order, with a calibration shard timed between rounds (see
 `measure.interleaved`): no method is systematically measured first or last while the machine
 warms up or drifts, and a batch measured while the machine changed is measured again. Each
-task is saved to `<work>/<task>.json` when done: an interrupted run resumes with the tasks it
-finished. Shards measured once are reused for any plan that
-holds them. Communication is TorchRec's analytic all-to-all estimate, labelled as such.
+task's batch is filed in the measurement store (`measure.store`) when done: an interrupted run
+resumes with the tasks it finished, and a shard measured once under the same settings, by this
+stage, another or the profile, is reused for any plan that holds it. Communication is
+TorchRec's analytic all-to-all estimate, labelled as such.
 """
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
-from autoshard.core.atomic import atomic_file
-from autoshard.core.digest import key
+from autoshard.core.compute import Engine
 from autoshard.core.seeding import rng
 from autoshard.costmodel.model import CostModel
 from autoshard.data.pool import Pool
 from autoshard.data.tasks import Task
-from autoshard.measure.backends import BackendConfig, measurement_key
+from autoshard.measure.backends import BackendConfig
 from autoshard.measure.base import CostBackend
+from autoshard.measure.batches import BatchJob, measure_batch_job
 from autoshard.measure.comm import analytic_comm
-from autoshard.measure.interleaved import FIELDS, measure_batch
-from autoshard.measure.timing import TimingConfig
+from autoshard.measure.interleaved import FIELDS
+from autoshard.measure.store import MeasurementStore, shard_key, values
 from autoshard.placement.shards import device_shards
 
-META = "_batches"  # per task file: the calibration drift and attempts of each measured batch
+
+def task_shards(task: Task, plans: Sequence[np.ndarray | None]) -> list[list[int]]:
+    """The non-empty device shards of a task's plans, in plan order (repeats kept)."""
+    return [s for p in plans if p is not None for s in device_shards(task, p) if s]
 
 
-def _key(shard: Sequence[int]) -> str:
-    return ",".join(str(t) for t in sorted(shard))
+def batch_jobs(tasks: list[Task], plans: list[list[np.ndarray | None]], store: MeasurementStore,
+               cfg: BackendConfig, seed: int, tag: str = "", pool_source: dict | None = None) -> list[BatchJob]:
+    """One batch per task of the shards of its plans that are not in `store`; a shard two tasks
+    share is measured with the first. Each batch's shuffled orders are seeded by its task, so
+    the jobs do not depend on the engine that runs them."""
+    known = store.read()
+    claimed: set[str] = set()
+    jobs = []
+    for task, task_plans in zip(tasks, plans, strict=True):
+        shards = task_shards(task, task_plans)
+        todo = [k for k in store.missing(shards, known) if k not in claimed]
+        claimed.update(todo)
+        if todo:
+            jobs.append(BatchJob(shards=tuple(todo), calibration=tuple(shards[0]), backend=cfg, pool=pool_source or {},
+                                 store_root=str(store.folder.parent.resolve()), space=store.folder.name,
+                                 order=rng(seed, "evaluate", "order", task.name, tag),
+                                 label=f"{tag or 'score'} {task.name}"))
+    return jobs
 
 
-def _task_file(work: Path, task: Task, tag: str) -> Path:
-    return work / f"{task.name.replace('/', '__')}{'.' + tag if tag else ''}.json"
-
-
-def measure_task(backend: CostBackend, task: Task, plans: Sequence[np.ndarray | None], batch_size: int,
-                 work: Path, seed: int, tag: str = "", timing: TimingConfig | None = None) -> dict:
-    """Measured costs of the distinct shards of `plans` (one task), keyed by sorted table ids:
-    the fields of `interleaved.FIELDS` then the CV across rounds (NaNs for an unmeasurable
-    shard), and under `META` the calibration drift and attempts of each batch measured. Reads
-    what an earlier run saved, measures what is new in interleaved rounds, saves it."""
-    timing = timing or TimingConfig()
-    path = _task_file(work, task, tag)
-    known = json.loads(path.read_text()) if path.exists() else {}
-    shards = [s for p in plans if p is not None for s in device_shards(task, p) if s]
-    todo = sorted({_key(s) for s in shards} - set(known) - {META})
-    if not todo:
-        return known
-    g = rng(seed, "evaluate", "order", task.name, tag, len(known))
-    batch = measure_batch(backend, [[int(t) for t in k.split(",")] for k in todo], shards[0], batch_size, timing, g)
-    known.update(zip(todo, batch.costs, strict=True))
-    known.setdefault(META, []).append({"drift": batch.drift, "attempts": batch.attempts})
-    work.mkdir(parents=True, exist_ok=True)
-    with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(known, sort_keys=True))
-    return known
+def measure_batches(jobs: list[BatchJob], backend: CostBackend, engine: Engine | None = None,
+                    desc: str | None = None) -> None:
+    """Run the batches: here on `backend` without an `engine`, else as the engine's jobs."""
+    if engine is None:
+        for job in tqdm(jobs, desc=desc, disable=desc is None):
+            measure_batch_job(job, backend)
+    else:
+        engine.map(measure_batch_job, jobs, desc)
 
 
 def device_frame(pool_features: pd.DataFrame, task: Task, method: str, plan: np.ndarray,
@@ -75,39 +78,45 @@ def device_frame(pool_features: pd.DataFrame, task: Task, method: str, plan: np.
     sizes = pool_features["size_bytes"].to_numpy()
     rows = []
     for d, shard in enumerate(shards):
-        cost = costs[_key(shard)] if shard else [0.0] * len(FIELDS) + [float("nan")]
+        cost = costs[shard_key(shard)] if shard else [0.0] * len(FIELDS) + [float("nan")]
         rows.append({"task": task.name, "protocol": task.protocol, "method": method, "device": d,
-                     "shard": _key(shard), "tables": len(shard), "memory_bytes": int(sizes[shard].sum()),
+                     "shard": shard_key(shard), "tables": len(shard), "memory_bytes": int(sizes[shard].sum()),
                      "forward_compute_ms": cost[0], "backward_compute_ms": cost[1],
                      "forward_iqr_ms": cost[2], "backward_iqr_ms": cost[3], "cv": cost[4],
                      "forward_comm_ms": comm[d][0], "backward_comm_ms": comm[d][1]})
     return pd.DataFrame(rows)
 
 
-def work_folder(root: str | Path, cfg: BackendConfig, pool: Pool) -> Path:
-    """`root/<key>`: measurements are reused only for the same tables (every table's features and
-    trace), backend settings, measuring code, libraries and machine (`costs.measurement_key`)."""
-    return Path(root) / key(measurement_key(cfg, pool, range(pool.num_tables)))
+def measurement_store(root: str | Path, cfg: BackendConfig, pool: Pool) -> MeasurementStore:
+    """The study's store under `root` for `cfg` on `pool`: measurements are reused only for the
+    same tables (every table's features and trace), backend settings, measuring code,
+    libraries and machine (`measure.store.space`), by whichever stage measured them."""
+    return MeasurementStore.for_settings(root, cfg, pool)
 
 
 def score(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Task],
-          plans: dict[str, list[np.ndarray | None]], cfg: BackendConfig, work: str | Path, seed: int,
-          tag: str = "", progress: bool = True) -> pd.DataFrame:
+          plans: dict[str, list[np.ndarray | None]], cfg: BackendConfig, store: MeasurementStore, seed: int,
+          tag: str = "", progress: bool = True, engine: Engine | None = None,
+          pool_source: dict | None = None) -> pd.DataFrame:
     """Per-device measurements of every method's plan of every task (methods without a plan
-    for a task are left out), on `cfg.threads` threads with `cfg.batch_size` bags per table."""
-    from tqdm.auto import tqdm
-
-    frames = []
+    for a task are left out), on `cfg.threads` threads with `cfg.batch_size` bags per table.
+    Shards already in `store` are read; `tag` names an independent second pass (its own space).
+    With an `engine`, the tasks' batches are its jobs (they rebuild the backend from `cfg` and
+    `pool_source`); each device row carries the drift and re-measurement of its shard's batch."""
+    store = store.tagged(tag)
+    per_task = [[p[i] for p in plans.values()] for i in range(len(tasks))]
+    jobs = batch_jobs(tasks, per_task, store, cfg, seed, tag, pool_source)
     torch.set_num_threads(cfg.threads)  # as the profile stage measured
-    for i, task in enumerate(tqdm(tasks, desc=f"measuring plans{' (' + tag + ')' if tag else ''}",
-                                  disable=not progress)):
+    measure_batches(jobs, backend, engine, f"measuring plans{' (' + tag + ')' if tag else ''}" if progress else None)
+    known = store.read()
+    frames = []
+    for i, task in enumerate(tasks):
         task_plans = {m: p[i] for m, p in plans.items() if p[i] is not None}
-        costs = measure_task(backend, task, list(task_plans.values()), cfg.batch_size, Path(work), seed, tag,
-                             cfg.timing)
-        batches = costs.get(META, [])
+        records = {k: known[k] for k in map(shard_key, task_shards(task, list(task_plans.values())))}
+        costs = {k: values(r) for k, r in records.items()}
         frames += [device_frame(pool_features, task, m, p, costs, cfg.batch_size, backend.device).assign(
-            drift=max((b["drift"] for b in batches), default=0.0),
-            remeasured=any(b["attempts"] > 1 for b in batches)) for m, p in task_plans.items()]
+            drift=max((r["drift"] for r in records.values()), default=0.0),
+            remeasured=any(r["attempts"] > 1 for r in records.values())) for m, p in task_plans.items()]
     out = pd.concat(frames, ignore_index=True)
     out["compute_ms"] = out["forward_compute_ms"] + out["backward_compute_ms"]
     out["with_comm_ms"] = out["compute_ms"] + out["forward_comm_ms"] + out["backward_comm_ms"]
