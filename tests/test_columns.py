@@ -207,7 +207,7 @@ def test_the_study_measures_column_plans_against_table_plans(user_pool, tmp_path
     assert len(pairs) == 6 and set(pairs["pair"]) == {"best column-wise / best table-wise",
                                                       "column_greedy / best table-wise"}
     cfg = study.ColumnsConfig.from_params({"ways": [1, 2, 4], "candidates": 4, "table_methods": ["size_greedy"],
-                                           "bootstrap": 50, "target": 0.95})
+                                           "bootstrap": 50, "target": 0.95, "task_share": 1.0})
     metrics = study.columns_metrics(table, cfg, 0, shards_measured=calls, seconds=1.0)
     check(metrics, ColumnsMetrics, "columns.json")
     entry = metrics["protocols"]["autoshard"]
@@ -220,7 +220,7 @@ def test_the_columns_section_is_checked():
 
     with pytest.raises(ConfigError, match=r"columns.table_methods\[0\]"):
         ColumnsConfig.from_params({"ways": [1, 2], "candidates": 4, "table_methods": ["nope"], "bootstrap": 50,
-                                   "target": 0.95})
+                                   "target": 0.95, "task_share": 1.0})
 
 
 def test_the_milp_on_split_tables_is_no_worse_than_lpt_on_them():
