@@ -176,3 +176,16 @@ def test_stage_config(smoke_params):
         CostStageConfig.from_params(smoke_params["cost_model"] | {"loss": "l1"})
     with pytest.raises(ConfigError, match=r"compare_stage_heads: .yes. \(expected true or false\)"):
         CostStageConfig.from_params(smoke_params["cost_model"] | {"compare_stage_heads": "yes"})
+
+
+def test_the_last_replicate_fits_on_the_remeasured_costs():
+    from autoshard.costmodel.dataset import with_costs
+
+    split = pd.DataFrame({"tables": [(1, 2), (3,)], "forward_ms": [1.0, 2.0], "backward_ms": [1.0, 2.0],
+                          "total_ms": [2.0, 4.0], "kind": ["random", "single"]})
+    again = pd.DataFrame({"tables": [(3,), (1, 2), (5,)], "forward_ms": [2.5, 1.5, 9.0],
+                          "backward_ms": [2.5, 1.5, 9.0], "total_ms": [5.0, 3.0, 18.0]})
+    out = with_costs(split, again)
+    assert out["total_ms"].tolist() == [3.0, 5.0] and out["kind"].tolist() == ["random", "single"]
+    with pytest.raises(ConfigError, match=r"shard \[3\] was not measured again"):
+        with_costs(split, again.iloc[1:])

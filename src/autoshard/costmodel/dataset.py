@@ -58,6 +58,18 @@ def split_shards(shards: pd.DataFrame, train_tables: np.ndarray, test_tables: np
     return out
 
 
+def with_costs(split: pd.DataFrame, other: pd.DataFrame) -> pd.DataFrame:
+    """`split` (rows of `measured_shards`) with each shard's costs taken from `other`, another
+    measurement of the same shards (`measured_shards` of the profile's independent second pass)."""
+    costs = other.set_index(other["tables"].map(tuple))[COSTS]
+    keys = split["tables"].map(tuple)
+    lacking = keys[~keys.isin(costs.index)]
+    if len(lacking):
+        raise ConfigError(f"remeasured profile: shard {list(lacking.iloc[0])} was not measured again "
+                          f"({len(lacking)} of {len(split)} shards lack a second measurement)")
+    return split.assign(**{c: costs.loc[list(keys), c].to_numpy() for c in COSTS})
+
+
 def single_costs(shards: pd.DataFrame) -> pd.Series:
     """Measured cost (ms) of each table alone, indexed by table id."""
     singles = shards[shards["num_tables"] == 1]

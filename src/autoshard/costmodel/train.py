@@ -9,7 +9,7 @@ from tqdm.auto import tqdm
 
 from autoshard.core.params import Fields
 from autoshard.core.seeding import one_thread
-from autoshard.costmodel.dataset import SEEN_MULTI, UNSEEN_MULTI
+from autoshard.costmodel.dataset import SEEN_MULTI, UNSEEN_MULTI, with_costs
 from autoshard.costmodel.hybrid import HybridConfig, HybridCostModel
 from autoshard.costmodel.model import HEADS, CostModel, CostModelConfig, check_features, pad_shards
 
@@ -169,8 +169,16 @@ def learning_curve(cfg: CostModelConfig, features: np.ndarray, train_tables: np.
 
 
 def fit_replicates(cfg: CostModelConfig, features: np.ndarray, train_tables: np.ndarray,
-                   splits: dict[str, pd.DataFrame], seed: int, replicates: int) -> list[Fitted]:
+                   splits: dict[str, pd.DataFrame], seed: int, replicates: int,
+                   remeasured: pd.DataFrame | None = None) -> list[Fitted]:
     """The stochastic part of the chain again: the same shards and split, fitted from seeds
-    `seed + 1 .. seed + replicates - 1` (replicate 0 is the stage's own fit)."""
-    return [fit(cfg, features, train_tables, splits["train"], splits["val"], seed + r, progress=False)
-            for r in range(1, replicates)]
+    `seed + 1 .. seed + replicates - 1` (replicate 0 is the stage's own fit). With `remeasured`
+    (`measured_shards` of the profile's independent second pass) the last replicate fits on
+    those measurements of the same shards instead: its spread includes one re-measurement."""
+    out = []
+    for r in range(1, replicates):
+        train, val = splits["train"], splits["val"]
+        if remeasured is not None and r == replicates - 1:
+            train, val = with_costs(train, remeasured), with_costs(val, remeasured)
+        out.append(fit(cfg, features, train_tables, train, val, seed + r, progress=False))
+    return out

@@ -34,6 +34,7 @@ from autoshard.measure.crosscheck import BenchConfig
 from autoshard.measure.store import MeasurementStore, shard_key, shard_tables, values
 from autoshard.measure.timing import TimingConfig
 
+REMEASURED = "remeasured.parquet"  # the train-pool shards measured again (profile.collect.remeasure)
 KINDS = ("single", "random", "heuristic", "test_random", "test_heuristic", "repeat")
 COST_COLUMNS = ["forward_ms", "backward_ms", "forward_iqr_ms", "backward_iqr_ms"]
 
@@ -65,6 +66,7 @@ class ProfileConfig:
     comm_processes: int     # torchrun processes for the all-to-all check (1: analytic only)
     comm_tasks: int         # DreamShard train tasks whose plan's four stages are shown
     cv_target: float        # repeatability goal: median coefficient of variation across rounds
+    remeasure: bool         # measure the train-pool shards again in an independent pass (a replicate's data)
 
     @classmethod
     def from_params(cls, values: dict) -> "ProfileConfig":
@@ -84,7 +86,7 @@ class ProfileConfig:
                   test_heuristic_tasks=c.integer("test_heuristic_tasks", lo=0),
                   repeat_shards=c.integer("repeat_shards", lo=0),
                   repeat_rounds=c.integer("repeat_rounds", lo=0), chunk_size=c.integer("chunk_size"),
-                  cv_target=f.number("cv_target", lo=0, lo_open=True))
+                  cv_target=f.number("cv_target", lo=0, lo_open=True), remeasure=c.boolean("remeasure"))
         for section in (c, x, m, f):
             section.done()
         return cfg
@@ -214,7 +216,7 @@ def pass_tag(round_: int) -> str:
 
 def collect(pool: Pool, jobs: list[Job], backend: CostBackend, cfg: ProfileConfig, store_root: str | Path,
             progress: bool = True, seed: int = 0, engine: Engine | None = None,
-            pool_source: dict | None = None) -> pd.DataFrame:
+            pool_source: dict | None = None, tag: str = "") -> pd.DataFrame:
     """Measure every job not in the measurement store under `store_root` and return the data set.
 
     Chunks of `cfg.chunk_size` shards are batches: each measured in interleaved rounds
@@ -222,10 +224,12 @@ def collect(pool: Pool, jobs: list[Job], backend: CostBackend, cfg: ProfileConfi
     batch measured again) and filed in the store as it finishes, so an interrupted run resumes
     and shards any stage measured under the same settings are read, not measured. Without an
     `engine` the chunks run here on `backend`; with one, each chunk is an engine job that
-    rebuilds the backend from `cfg` and `pool_source` (a `measure.worker` pool source)."""
+    rebuilds the backend from `cfg` and `pool_source` (a `measure.worker` pool source). A `tag`
+    makes the whole collection an independent pass (its own store space and shuffled orders):
+    nothing is read from the untagged measurements."""
     if engine is not None and pool_source is None:
         raise ConfigError("profile: measuring on an engine needs the pool's source (a folder or its parameters)")
-    shared = MeasurementStore.for_settings(store_root, cfg.backend, pool)
+    shared = MeasurementStore.for_settings(store_root, cfg.backend, pool).tagged(tag)
     stores = {r: shared.tagged(pass_tag(r)) for r in sorted({j.round for j in jobs})}
     known = {r: s.read() for r, s in stores.items()}
     sizes = pool.features["size_bytes"].to_numpy()
@@ -237,7 +241,8 @@ def collect(pool: Pool, jobs: list[Job], backend: CostBackend, cfg: ProfileConfi
             batch_jobs.append(BatchJob(
                 shards=tuple(todo), calibration=_calibration(todo, sizes, cfg.backend.memory_limit_bytes),
                 backend=cfg.backend, pool=pool_source or {}, store_root=str(store.folder.parent.resolve()),
-                space=store.folder.name, order=rng(seed, "profile", "order", c), label=f"profile chunk {c}"))
+                space=store.folder.name, order=rng(seed, "profile", "order", *([tag] if tag else []), c),
+                label=f"profile{' ' + tag if tag else ''} chunk {c}"))
     desc = f"profile ({backend.name}, {len(batch_jobs)} chunks to measure)" if progress else None
     if engine is None:
         torch.set_num_threads(cfg.backend.threads)
@@ -247,6 +252,14 @@ def collect(pool: Pool, jobs: list[Job], backend: CostBackend, cfg: ProfileConfi
         engine.map(measure_batch_job, batch_jobs, desc)
     return profile_table(jobs, {r: s.read() for r, s in stores.items()}, cfg, sizes,
                          environment(backend, cfg.backend.threads))
+
+
+def remeasure_jobs(jobs: list[Job], train_tables: np.ndarray) -> list[Job]:
+    """The first-round jobs made only of train-pool tables (what the cost model fits on), for
+    an independent second pass: a replicate fitted on it says how much one measurement pass
+    moves the chain's results."""
+    train = set(int(t) for t in train_tables)
+    return [j for j in jobs if j.round == 0 and set(j.tables) <= train]
 
 
 def _calibration(shards: list[str], sizes: np.ndarray, memory_limit: int) -> tuple[int, ...]:
@@ -276,14 +289,18 @@ def profile_table(jobs: list[Job], measured: dict[int, dict[str, dict]], cfg: Pr
     return pd.DataFrame(rows)
 
 
-def save_profile(table: pd.DataFrame, folder: str | Path) -> None:
-    """Write the data set at once (the measurements stay in the store for later stages)."""
+def save_profile(table: pd.DataFrame, folder: str | Path, remeasured: pd.DataFrame | None = None) -> None:
+    """Write the data set at once, with the independent second pass (`remeasured.parquet`) when
+    there is one (the measurements stay in the store for later stages)."""
     with atomic_dir(folder) as tmp:
         table.to_parquet(tmp / "shards.parquet", index=False)
+        if remeasured is not None:
+            remeasured.to_parquet(tmp / REMEASURED, index=False)
 
 
-def load_profile(folder: str | Path) -> pd.DataFrame:
-    path = Path(folder) / "shards.parquet"
+def load_profile(folder: str | Path, remeasured: bool = False) -> pd.DataFrame:
+    """The profile's data set, or with `remeasured` its independent second pass."""
+    path = Path(folder) / (REMEASURED if remeasured else "shards.parquet")
     if not path.is_file():
         raise ConfigError(f"{path}: no profile data (run `dvc repro profile`)")
     return pd.read_parquet(path)
