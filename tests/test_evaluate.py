@@ -367,3 +367,22 @@ def test_replicate_subset_keeps_the_first_share_of_every_group():
     chosen = [t.name for t in replicate_subset(tasks, 0.6)]
     assert chosen == ["a0.0-0", "a0.0-1", "a0.0-2", "a0.5-0", "a0.5-1", "a0.5-2"] + [f"d{k}" for k in range(6)]
     assert replicate_subset(tasks, 1.0) == tasks
+
+
+def test_a_batch_records_its_calibration_time_and_the_task_calibrates_on_its_own_tables():
+    from autoshard.measure.base import ShardCost
+    from autoshard.measure.interleaved import measure_batch
+    from autoshard.measure.timing import TimingConfig
+    from autoshard.studies.measured import calibration_shard
+
+    class Clock:  # every shard costs its number of tables; the calibration shard (5 tables) 5 ms
+        name, device = "fake", "cpu"
+
+        def measure(self, tables, batch_size, dims=None):
+            return ShardCost(forward_ms=len(tables) / 2, backward_ms=len(tables) / 2)
+
+    batch = measure_batch(Clock(), [[1], [1, 2]], [0, 1, 2, 3, 4], 8, TimingConfig(warmup=0, runs=1, rounds=2),
+                          np.random.default_rng(0))
+    assert batch.calibration_ms == 5.0 and [c[0] + c[1] for c in batch.costs] == [1.0, 2.0]
+    task = Task("t", "dreamshard", "test", (9, 3, 12, 1, 7, 20, 15, 2, 30, 4), 2, 1, 1.0)
+    assert calibration_shard(task) == (1, 2, 3, 4, 7, 9, 12, 15)

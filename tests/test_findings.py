@@ -114,3 +114,14 @@ def test_replicates_on_a_subset_of_tasks_are_compared_on_that_subset_only():
     again = frame[frame["task"].isin(first) & frame["method"].isin(["cost_greedy", "rl_greedy"])]
     spread = replicate_summary(frame, [again[["task", "method", "measured_ms"]]])["autoshard"]
     assert spread["rl_greedy"]["std"] < 1e-12, "same plans on the same tasks must give the same median"
+
+
+def test_a_machine_that_slowed_down_between_passes_is_divided_out():
+    from autoshard.studies.stats import noise
+
+    first = pd.DataFrame({"task": ["t", "t"], "protocol": ["dreamshard"] * 2, "method": ["rl_greedy", "size_greedy"],
+                          "measured_ms": [10.0, 12.0], "calibrated": [2.0, 2.4]})
+    again = pd.DataFrame({"task": ["t", "t"], "method": ["rl_greedy", "size_greedy"], "measured_ms": [11.0, 13.2],
+                          "calibrated": [2.0, 2.4]})  # everything 10% slower, the calibration shard too
+    repeat = noise(first, again)
+    assert np.allclose(repeat["relative_change"], 0.1) and np.allclose(repeat["calibrated_change"], 0.0)

@@ -182,3 +182,18 @@ def test_columns_section_reads_the_stage_metrics():
                                                                              "bound_share_median": None}}})
     assert "0.970 [0.950, 0.990]" in text and "40%" in text and "| no " in text
     assert "n/a" in text.split("tight")[1]
+
+
+def test_the_profile_noise_opens_the_report_too():
+    from autoshard.pipeline.report import quality
+
+    evaluate = {"noise": {"median_cv": 0.02, "plan_repeat_change": 0.005, "calibration_drift": 0.01,
+                          "remeasured_share": 0.0, "met": True,
+                          "targets": {"median_cv": 0.03, "plan_repeat_change": 0.01}}}
+    profile = {"cv_target": 0.03, "noise": {"median_cv": 0.05, "calibration_drift": 0.04, "calibration_drift_max": 0.2,
+                                            "remeasured_share": 0.25}}
+    lines = quality(evaluate, profile)
+    assert lines[0].startswith("Measurement quality: within the targets")
+    assert lines[-1].startswith("**Profile noise above its target:**") and "5.0%" in lines[-1]
+    profile["noise"]["median_cv"] = 0.02
+    assert quality(evaluate, profile)[-1].startswith("Profile noise:")

@@ -46,7 +46,8 @@ def test_keys_and_records():
     assert shard_key([40, 3, 17]) == "3,17,40" == shard_key((3, 17, 40))
     assert record([1.0, 2.0, 0.1, 0.2, 0.03], 0.05, 2) == {
         "status": "ok", "forward_ms": 1.0, "backward_ms": 2.0, "forward_iqr_ms": 0.1, "backward_iqr_ms": 0.2,
-        "cv": 0.03, "drift": 0.05, "attempts": 2}
+        "cv": 0.03, "drift": 0.05, "attempts": 2, "calibration_ms": None}
+    assert record([1.0, 2.0, 0.1, 0.2, 0.03], 0.05, 2, 4.5)["calibration_ms"] == 4.5
     assert record([float("nan")] * 5, 0.0, 1)["status"] == "too_large"
 
 

@@ -43,7 +43,8 @@ def measure_batch_job(job: BatchJob, backend: CostBackend | None = None) -> dict
     torch.set_num_threads(job.backend.threads)
     batch = measure_batch(backend, [shard_tables(s) for s in job.shards], list(job.calibration),
                           job.backend.batch_size, job.backend.timing, job.order)
-    records = {s: record(c, batch.drift, batch.attempts) for s, c in zip(job.shards, batch.costs, strict=True)}
+    records = {s: record(c, batch.drift, batch.attempts, batch.calibration_ms)
+               for s, c in zip(job.shards, batch.costs, strict=True)}
     MeasurementStore(job.store_root, job.space).write(records, job.label)
     return records
 

@@ -29,6 +29,7 @@ class Batch:
     costs: list[list[float]]
     drift: float     # max |calibration / first calibration - 1| over the kept attempt
     attempts: int    # 1 when the first attempt held
+    calibration_ms: float = float("nan")  # the calibration shard's median total over the kept attempt
 
 
 def _total(cost: ShardCost) -> float:
@@ -51,6 +52,7 @@ def measure_batch(backend: CostBackend, shards: Sequence[Sequence[int]], calibra
     dims = dims if dims is not None else [None] * len(shards)
     for attempt in range(1, timing.retries + 2):  # noqa: B007 (the last value is reported)
         reference = _calibrate(backend, calibration, batch_size)
+        timings = [reference]
         per_round = np.full((len(shards), timing.rounds, len(FIELDS)), np.nan)
         too_large = np.zeros(len(shards), dtype=bool)
         drift = 0.0
@@ -66,6 +68,7 @@ def measure_batch(backend: CostBackend, shards: Sequence[Sequence[int]], calibra
                     continue
                 per_round[i, r] = [getattr(cost, f) for f in FIELDS]
             again = _calibrate(backend, calibration, batch_size)
+            timings.append(again)
             if np.isfinite(reference) and reference > 0:
                 drift = max(drift, abs(again / reference - 1.0))
         if drift <= timing.drift_limit:
@@ -78,4 +81,4 @@ def measure_batch(backend: CostBackend, shards: Sequence[Sequence[int]], calibra
         totals = per_round[i, :, 0] + per_round[i, :, 1]
         cv = float(np.std(totals, ddof=1) / np.mean(totals)) if timing.rounds > 1 else float("nan")
         costs.append([float(v) for v in np.median(per_round[i], axis=0)] + [cv])
-    return Batch(costs=costs, drift=float(drift), attempts=attempt)
+    return Batch(costs=costs, drift=float(drift), attempts=attempt, calibration_ms=float(np.median(timings)))

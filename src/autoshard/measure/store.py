@@ -88,13 +88,18 @@ class MeasurementStore:
         return path
 
 
-def record(costs: Sequence[float] | None, drift: float, attempts: int) -> dict:
+def record(costs: Sequence[float] | None, drift: float, attempts: int,
+           calibration_ms: float = float("nan")) -> dict:
     """A store record from a batch's per-shard values (`interleaved.FIELDS` then the CV; None
-    for a shard too large for the device) and its calibration drift and attempts."""
+    for a shard too large for the device), its calibration drift and attempts, and the
+    calibration shard's median time in that batch (None when unknown): the unit in which a
+    machine that got faster or slower between two batches cancels out."""
+    calibration = float(calibration_ms) if calibration_ms == calibration_ms else None
     if costs is None or costs[0] != costs[0]:  # NaN: not measurable
-        return {"status": "too_large", **dict.fromkeys(FIELDS[:5]), "drift": drift, "attempts": attempts}
+        return {"status": "too_large", **dict.fromkeys(FIELDS[:5]), "drift": drift, "attempts": attempts,
+                "calibration_ms": calibration}
     return {"status": "ok", **dict(zip(FIELDS[:5], (float(c) for c in costs), strict=True)),
-            "drift": drift, "attempts": attempts}
+            "drift": drift, "attempts": attempts, "calibration_ms": calibration}
 
 
 def from_worker_rows(rows: Sequence[Mapping]) -> dict[str, dict]:

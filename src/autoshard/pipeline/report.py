@@ -84,9 +84,28 @@ def targets(evaluate: dict) -> str:
     return "\n\n".join(parts)
 
 
-def quality(evaluate: dict) -> list[str]:
+def quality(evaluate: dict, profile: dict | None = None) -> list[str]:
     """Markdown lines that open the report: the measurement noise against its targets, in bold
-    when the run is noisier than they allow."""
+    when the run is noisier than they allow; then the profile's noise (what the cost model
+    learnt from) against its CV target."""
+    lines = _plan_quality(evaluate)
+    noise = (profile or {}).get("noise")
+    if noise:
+        cv, target = noise.get("median_cv"), (profile or {}).get("cv_target")
+
+        def share(key: str) -> str:
+            return "n/a" if noise.get(key) is None else f"{noise[key]:.1%}"
+
+        text = (f"profile (the cost model's data): median CV of a shard across interleaved rounds {share('median_cv')}"
+                f"{'' if target is None else f' (target {target:.0%})'}; calibration drift "
+                f"{share('calibration_drift')} (median over chunks); {share('remeasured_share')} of chunks "
+                "measured again because the machine drifted.")
+        noisy = cv is None or (target is not None and cv > target)
+        lines += ["", f"**Profile noise above its target:** {text}" if noisy else f"Profile noise: {text}"]
+    return lines
+
+
+def _plan_quality(evaluate: dict) -> list[str]:
     noise = evaluate.get("noise")
     if not noise:
         return ["**The evaluate stage recorded no measurement quality: do not trust these numbers.**"]
@@ -96,7 +115,9 @@ def quality(evaluate: dict) -> list[str]:
 
     facts = (f"median CV of a shard across interleaved rounds {fmt(noise['median_cv'])} (target "
              f"{noise['targets']['median_cv']:.0%}); a plan measured again in a separate pass moved "
-             f"{fmt(noise['plan_repeat_change'])} (median, target {noise['targets']['plan_repeat_change']:.0%}); "
+             f"{fmt(noise['plan_repeat_change'])} (median, target {noise['targets']['plan_repeat_change']:.0%}; "
+             f"{fmt(noise.get('plan_repeat_change_calibrated'))} once each pass's calibration-shard time is divided "
+             "out, i.e. without the machine's overall change of speed between the passes); "
              f"calibration drift {fmt(noise['calibration_drift'])} (median over tasks); "
              f"{fmt(noise['remeasured_share'])} of tasks measured again because the machine drifted.")
     if noise["met"]:
@@ -247,7 +268,8 @@ def readme(reports: Path, stages: list[tuple[str, str]]) -> str:
              "are the cost model's and say so.", ""]
     if (metrics / "evaluate.json").exists():
         evaluate = read_metrics(metrics / "evaluate.json")
-        lines[1:1] = ["", *quality(evaluate)]
+        profile = read_metrics(metrics / "profile.json") if (metrics / "profile.json").exists() else None
+        lines[1:1] = ["", *quality(evaluate, profile)]
         lines += ["## The answer", "",
                   "Paired, task by task, on measured bottlenecks: a method \"beats\" another only when the whole "
                   "95% interval of the median ratio is below 1 and the effect exceeds the minimum detectable "

@@ -37,6 +37,15 @@ def task_shards(task: Task, plans: Sequence[np.ndarray | None]) -> list[list[int
     return [s for p in plans if p is not None for s in device_shards(task, p) if s]
 
 
+CALIBRATION_TABLES = 8  # a task's calibration shard: its first tables (by id), whatever plans are measured
+
+
+def calibration_shard(task: Task) -> tuple[int, ...]:
+    """The shard timed between a task's rounds: its first CALIBRATION_TABLES tables by id, the
+    same whichever plans a pass measures, so two passes over a task share one unit of time."""
+    return tuple(sorted(task.tables)[:CALIBRATION_TABLES])
+
+
 def batch_jobs(tasks: list[Task], plans: list[list[np.ndarray | None]], store: MeasurementStore,
                cfg: BackendConfig, seed: int, tag: str = "", pool_source: dict | None = None) -> list[BatchJob]:
     """One batch per task of the shards of its plans that are not in `store`; a shard two tasks
@@ -50,7 +59,8 @@ def batch_jobs(tasks: list[Task], plans: list[list[np.ndarray | None]], store: M
         todo = [k for k in store.missing(shards, known) if k not in claimed]
         claimed.update(todo)
         if todo:
-            jobs.append(BatchJob(shards=tuple(todo), calibration=tuple(shards[0]), backend=cfg, pool=pool_source or {},
+            jobs.append(BatchJob(shards=tuple(todo), calibration=calibration_shard(task), backend=cfg,
+                                 pool=pool_source or {},
                                  store_root=str(store.folder.parent.resolve()), space=store.folder.name,
                                  order=rng(seed, "evaluate", "order", task.name, tag),
                                  label=f"{tag or 'score'} {task.name}"))
@@ -119,6 +129,8 @@ def score(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Task],
             remeasured=any(r["attempts"] > 1 for r in records.values())) for m, p in task_plans.items()]
     out = pd.concat(frames, ignore_index=True)
     out["compute_ms"] = out["forward_compute_ms"] + out["backward_compute_ms"]
+    calibration = out["shard"].map(lambda k: (known.get(k) or {}).get("calibration_ms"))
+    out["calibrated"] = out["compute_ms"] / pd.to_numeric(calibration, errors="coerce")  # in calibration-shard units
     out["with_comm_ms"] = out["compute_ms"] + out["forward_comm_ms"] + out["backward_comm_ms"]
     return out
 
@@ -133,8 +145,10 @@ def predict_devices(devices: pd.DataFrame, model: CostModel, features: np.ndarra
 
 
 def bottlenecks(devices: pd.DataFrame) -> pd.DataFrame:
-    """The measured bottleneck (max device compute) per (task, method)."""
-    return devices.groupby(["task", "method"], sort=False)["compute_ms"].max().rename("measured_ms").reset_index()
+    """The measured bottleneck (max device compute) per (task, method), also in units of its
+    batches' calibration shard (`calibrated`)."""
+    return devices.groupby(["task", "method"], sort=False).agg(
+        measured_ms=("compute_ms", "max"), calibrated=("calibrated", "max")).reset_index()
 
 
 def plan_frame(devices: pd.DataFrame, tasks: list[Task], seconds: pd.DataFrame) -> pd.DataFrame:
@@ -144,7 +158,8 @@ def plan_frame(devices: pd.DataFrame, tasks: list[Task], seconds: pd.DataFrame) 
     by_task = {t.name: t for t in tasks}
     out = devices.groupby(["task", "protocol", "method"], sort=False).agg(
         measured_ms=("compute_ms", "max"), with_comm_ms=("with_comm_ms", "max"),
-        predicted_ms=("predicted_ms", "max"), memory_bytes=("memory_bytes", "max")).reset_index()
+        predicted_ms=("predicted_ms", "max"), memory_bytes=("memory_bytes", "max"),
+        calibrated=("calibrated", "max")).reset_index()
     out["memory_share"] = out["memory_bytes"] / out["task"].map(lambda n: by_task[n].memory_bytes)
     out["unseen_ratio"] = out["task"].map(lambda n: by_task[n].unseen_ratio)
     return out.merge(seconds[["task", "method", "seconds"]], on=["task", "method"], how="left")

@@ -81,16 +81,18 @@ def targets(table: pd.DataFrame, goal: Targets) -> pd.DataFrame:
 def noise(first: pd.DataFrame, again: pd.DataFrame) -> pd.DataFrame:
     """Plans measured twice (`again` holds task, method, measured_ms of the second time): both
     bottlenecks, the relative change, and the change of the RL plan's ratio to the heuristic's."""
-    both = first[["task", "protocol", "method", "measured_ms"]].merge(again, on=["task", "method"],
-                                                                      suffixes=("", "_again"))
+    columns = ["task", "protocol", "method", "measured_ms", *(["calibrated"] if "calibrated" in first else [])]
+    both = first[columns].merge(again, on=["task", "method"], suffixes=("", "_again"))
     both["relative_change"] = both["measured_ms_again"] / both["measured_ms"] - 1
+    if {"calibrated", "calibrated_again"} <= set(both):  # the same change with the machine's speed divided out
+        both["calibrated_change"] = both["calibrated_again"] / both["calibrated"] - 1
     rl = both[both["method"] == "rl_greedy"].set_index("task")
     other = both[both["method"] != "rl_greedy"].set_index("task")
     ratio = (rl["measured_ms"] / other["measured_ms"]).rename("ratio")
     ratio_again = (rl["measured_ms_again"] / other["measured_ms_again"]).rename("ratio_again")
     both = both.merge(pd.concat([ratio, ratio_again], axis=1), left_on="task", right_index=True, how="left")
     return both[["task", "protocol", "method", "measured_ms", "measured_ms_again", "relative_change", "ratio",
-                 "ratio_again"]]
+                 "ratio_again", *(["calibrated_change"] if "calibrated_change" in both else [])]]
 
 
 def device_errors(devices: pd.DataFrame) -> pd.Series:
