@@ -20,6 +20,22 @@ def smoke_params() -> dict:
     return merge(load_params(ROOT / "params.yaml"), load_params(ROOT / "configs" / "smoke.yaml"))
 
 
+@pytest.fixture(scope="session")
+def smoke_pool(smoke_params):
+    """The smoke-sized synthetic pool (seed 0)."""
+    from autoshard.data.pool import build_pool
+
+    return build_pool(smoke_params["dataset"], smoke_params["pool"], seed=0, progress=False)
+
+
+@pytest.fixture(scope="session")
+def smoke_features(smoke_pool):
+    """The smoke pool's feature matrix (tables x 21)."""
+    from autoshard.data.features import feature_matrix
+
+    return feature_matrix(smoke_pool.features)
+
+
 @pytest.fixture
 def params(smoke_params) -> dict:
     """A fresh, mutable copy of the smoke parameters for one test."""

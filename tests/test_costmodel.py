@@ -19,13 +19,13 @@ SMALL = CostModelConfig(max_epochs=300, patience=60, batch_size=32, learning_rat
 
 
 @pytest.fixture(scope="module")
-def pool(smoke_params):
-    return build_pool(smoke_params["dataset"], smoke_params["pool"], seed=0, progress=False)
+def pool(smoke_pool):
+    return smoke_pool
 
 
 @pytest.fixture(scope="module")
-def features(pool):
-    return feature_matrix(pool.features)
+def features(smoke_features):
+    return smoke_features
 
 
 def model_for(features, cfg=SMALL):

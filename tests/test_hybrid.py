@@ -16,8 +16,6 @@ from autoshard.costmodel.dataset import SEEN_MULTI, UNSEEN_MULTI, model_test_set
 from autoshard.costmodel.hybrid import HybridConfig, HybridCostModel, load_hybrid, save_hybrid, with_single_costs
 from autoshard.costmodel.model import CostModel, CostModelConfig, save_model
 from autoshard.costmodel.train import CostStageConfig, fit_hybrid, shard_weights
-from autoshard.data.features import feature_matrix
-from autoshard.data.pool import build_pool
 from autoshard.data.tasks import make_tasks
 from autoshard.placement.exact import exact_plan
 from autoshard.placement.search import local_search
@@ -32,13 +30,13 @@ SMALL = HybridConfig(hidden=32, encoding=9, head_hidden=16, max_epochs=300, pati
 
 
 @pytest.fixture(scope="module")
-def pool(smoke_params):
-    return build_pool(smoke_params["dataset"], smoke_params["pool"], seed=0, progress=False)
+def pool(smoke_pool):
+    return smoke_pool
 
 
 @pytest.fixture(scope="module")
-def features(pool):
-    return feature_matrix(pool.features)
+def features(smoke_features):
+    return smoke_features
 
 
 @pytest.fixture(scope="module")

@@ -167,6 +167,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     outputs = {args.out: json.dumps(doc, indent=1, default=_plain, allow_nan=False)}
     if torchrec_doc is not None:
         outputs[args.torchrec] = json.dumps(torchrec_doc, indent=1, allow_nan=False)
+    return _write_and_show(args, doc, outputs)
+
+
+def _write_and_show(args: argparse.Namespace, doc: dict, outputs: dict) -> int:
+    """Write the plan's files at once, then show the plan (as JSON with `--json`)."""
     write_files(outputs)
     if args.json:
         print(json.dumps(doc, default=_plain))
@@ -200,12 +205,7 @@ def _plan_columns(args: argparse.Namespace, tables, task, folder: Path) -> int:
                                     args.torchrec_device)
         outputs[args.torchrec] = json.dumps(plan_to_json(plan, task.devices, args.torchrec_device), indent=1,
                                             allow_nan=False)
-    write_files(outputs)
-    if args.json:
-        print(json.dumps(doc, default=_plain))
-    else:
-        _print_devices(doc)
-    return 0
+    return _write_and_show(args, doc, outputs)
 
 
 def _plain(value):
@@ -303,20 +303,15 @@ def measure_shards(tables, shards: list, placement: np.ndarray, devices: int, ar
 
 def cmd_score(args: argparse.Namespace) -> int:
     from autoshard.cli.column_plan import read
+    from autoshard.cli.service import read_plan
     from autoshard.cli.user_tables import read_tables
 
     check_arguments(args)
     tables = read_tables(args.tables, args.weight_bytes)
-    shards, placement, devices = read(args.plan, tables)
-    if args.store is not None:
-        if not all(s.whole for s in shards):
-            raise ConfigError(f"{args.plan}: --store: this plan splits tables into column shards; the store holds "
-                              "whole-table shards (score it without --store)")
-        by_table = np.full(len(shards), -1, dtype=np.int64)
-        by_table[[s.table for s in shards]] = placement
-        frame = measure_stored(tables, by_table, devices, args)
+    if args.store is not None:  # the store holds whole-table shards
+        frame = measure_stored(tables, *read_plan(args.plan, tables), args)
     else:
-        frame = measure_shards(tables, shards, placement, devices, args)
+        frame = measure_shards(tables, *read(args.plan, tables), args)
     bottleneck = float(frame["total_ms"].max())
     if args.json:
         print(json.dumps({"plan": str(args.plan), "backend": args.backend, "batch_size": args.batch_size,

@@ -14,7 +14,7 @@ import pandas as pd
 
 from autoshard.cli.user_tables import UserTables
 from autoshard.core.errors import ConfigError
-from autoshard.core.inputs import plan_assignment, read_json, shown
+from autoshard.core.inputs import shown
 from autoshard.core.seeding import rng
 from autoshard.data.features import feature_matrix
 from autoshard.data.tasks import Task
@@ -264,24 +264,17 @@ def finite_predictions(predicted: np.ndarray, models: Models) -> None:
 
 
 def read_plan(path: str | Path, tables: UserTables) -> tuple[np.ndarray, int]:
-    """(device per table in file order, devices) from a plan file of ours or a TorchRec plan
-    written by `--torchrec`, read strictly (`inputs.plan_assignment`); every table must be
-    assigned, and nothing else (with the rows and dim of the tables, for a TorchRec plan)."""
-    path = Path(path)
-    assignment, devices, shapes = plan_assignment(read_json(path, "plan file"), path)
-    names = tables.names
-    unknown = sorted(set(assignment) - set(names))
-    if unknown:
-        raise ConfigError(f"{path}: table {shown(unknown[0])} is not in {tables.source}")
-    absent = [n for n in names if n not in assignment]
-    if absent:
-        raise ConfigError(f"{path}: table {shown(absent[0])} of {tables.source} has no device")
-    f = tables.features
-    for name, rows, dim in zip(names, f["rows"].tolist(), f["dim"].tolist(), strict=True):
-        if name in shapes and shapes[name] != [rows, dim]:
-            raise ConfigError(f"{path}: table {shown(name)}, field sizes: {shapes[name]} (the table is "
-                              f"[{rows}, {dim}] in {tables.source})")
-    return np.array([assignment[n] for n in names], dtype=np.int64), devices
+    """(device per table in file order, devices) of a table-wise plan file of ours or of its
+    TorchRec export: `column_plan.read` (strict, checked against the tables), refusing a plan
+    that splits a table into column shards."""
+    from autoshard.cli.column_plan import read
+
+    shards, placement, devices = read(path, tables)
+    if not all(s.whole for s in shards):
+        raise ConfigError(f"{path}: a column-wise plan (this reader takes table-wise plans)")
+    by_table = np.full(len(tables.names), -1, dtype=np.int64)
+    by_table[[s.table for s in shards]] = placement
+    return by_table, devices
 
 
 def seed_for(tables: UserTables, seed: int) -> int:
