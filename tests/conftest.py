@@ -21,19 +21,31 @@ def smoke_params() -> dict:
 
 
 @pytest.fixture(scope="session")
-def smoke_pool(smoke_params):
-    """The smoke-sized synthetic pool (seed 0)."""
+def pool(smoke_params):
+    """The smoke-sized synthetic pool (seed 0); a test module may define its own."""
     from autoshard.data.pool import build_pool
 
     return build_pool(smoke_params["dataset"], smoke_params["pool"], seed=0, progress=False)
 
 
 @pytest.fixture(scope="session")
-def smoke_features(smoke_pool):
-    """The smoke pool's feature matrix (tables x 21)."""
+def features(pool):
+    """The smoke pool's feature matrix (tables x 21); a test module may define its own."""
     from autoshard.data.features import feature_matrix
 
-    return feature_matrix(smoke_pool.features)
+    return feature_matrix(pool.features)
+
+
+@pytest.fixture(scope="module")
+def world(pool, features):
+    """The smoke pool, its features and an untrained cost model whose costs add up (a known,
+    learnable simulator)."""
+    import torch
+
+    from autoshard.costmodel.model import CostModel, CostModelConfig
+
+    torch.manual_seed(0)
+    return pool, features, CostModel.fitted_to(CostModelConfig(), features, scale=1.0)
 
 
 @pytest.fixture

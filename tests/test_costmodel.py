@@ -18,16 +18,6 @@ from autoshard.measure.analytic import AnalyticBackend
 SMALL = CostModelConfig(max_epochs=300, patience=60, batch_size=32, learning_rate=3e-3)
 
 
-@pytest.fixture(scope="module")
-def pool(smoke_pool):
-    return smoke_pool
-
-
-@pytest.fixture(scope="module")
-def features(smoke_features):
-    return smoke_features
-
-
 def model_for(features, cfg=SMALL):
     torch.manual_seed(0)
     return CostModel.fitted_to(cfg, features)

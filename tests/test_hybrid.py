@@ -30,16 +30,6 @@ SMALL = HybridConfig(hidden=32, encoding=9, head_hidden=16, max_epochs=300, pati
 
 
 @pytest.fixture(scope="module")
-def pool(smoke_pool):
-    return smoke_pool
-
-
-@pytest.fixture(scope="module")
-def features(smoke_features):
-    return smoke_features
-
-
-@pytest.fixture(scope="module")
 def single_ms(features):
     """A made-up measured single cost per table, in ms."""
     return pd.Series(np.random.default_rng(1).lognormal(0.0, 0.8, len(features)), index=range(len(features)))

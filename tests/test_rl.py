@@ -23,16 +23,6 @@ from autoshard.rl.ppo import RLConfig, load_checkpoint, load_policy, rollout, tr
 FAST = RLConfig(iterations=6, tasks_per_batch=8, validate_every=3, checkpoint_every=3, epochs=2, minibatches=2)
 
 
-@pytest.fixture(scope="module")
-def world(smoke_params):
-    """A pool and a cost model whose costs add up (a known, learnable simulator)."""
-    pool = build_pool(smoke_params["dataset"], smoke_params["pool"], seed=0, progress=False)
-    features = feature_matrix(pool.features)
-    torch.manual_seed(0)
-    model = CostModel.fitted_to(CostModelConfig(), features, scale=1.0)
-    return pool, features, model
-
-
 def tasks_of(pool, n: int, tables: int, devices: int, memory: int | None = None, seed: int = 0) -> list[Task]:
     g = np.random.default_rng(seed)
     sizes = pool.features["size_bytes"].to_numpy()

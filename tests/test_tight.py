@@ -18,8 +18,6 @@ from hypothesis import strategies as st
 from autoshard.core.errors import ConfigError
 from autoshard.core.params import load_params
 from autoshard.core.schema import FailedPlacements, check
-from autoshard.costmodel.model import CostModel, CostModelConfig
-from autoshard.data.features import feature_matrix
 from autoshard.data.packing import PackingGuard, first_fit_decreasing, memory_bounds
 from autoshard.data.pool import build_pool
 from autoshard.data.tasks import Task, make_tasks, split_pool, tight_tasks
@@ -37,15 +35,6 @@ PAPERS_TASKS = {("smoke", 0): "14da66b596f5168ef11229dd97522d68dee7737f8fe5fd953
                 ("smoke", 7): "e08c41d551ec0d5b34fc65f02d4383891ed80d74e764702a5961a239b8283b1c",
                 ("params.yaml", 0): "dd881f68005b58a8375bf2e6430ef2ad0826b0e340d7fecab81b0fcc83601204"}
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def world(smoke_params):
-    pool = build_pool(smoke_params["dataset"], smoke_params["pool"], seed=0, progress=False)
-    features = feature_matrix(pool.features)
-    torch.manual_seed(0)
-    model = CostModel.fitted_to(CostModelConfig(), features, scale=1.0)
-    return pool, features, model
 
 
 def tight_of(pool, n: int, tables: int, devices: int, slack: float, seed: int) -> list[Task]:
