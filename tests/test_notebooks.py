@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 def run_stage(tmp_path, params, stage="synthesize"):
     params_file = tmp_path / "params.yaml"
     params_file.write_text(yaml.safe_dump(params))
-    resumable = ("profile", "train_rl", "evaluate", "transfer", "ablation")
+    resumable = ("profile", "train_rl", "evaluate", "transfer", "ablation", "columns")
     extra = ["--set", f"work_dir={tmp_path / stage}"] if stage in resumable else []
     return main([stage, "--params-file", str(params_file), "--dvc-file", str(ROOT / "dvc.yaml"),
                  "--output-dir", str(tmp_path / "nb"),
@@ -246,33 +246,19 @@ def test_missing_params_file(tmp_path, capsys):
     assert "none.yaml: parameter file not found" in capsys.readouterr().err
 
 
-COLUMNS_STAGE = {  # the stage dvc.yaml needs for notebooks/08_columns.ipynb (the lead wires it)
-    "cmd": "autoshard-notebook columns",
-    "deps": [*(f"src/autoshard/{layer}" for layer in ("core", "data", "measure", "costmodel", "placement", "rl",
-                                                      "studies")),
-             "src/autoshard/pipeline/stage.py", "notebooks/08_columns.ipynb", "data/pool", "data/tasks.json",
-             "data/profile", "data/rl"],
-    "params": ["seed", "tasks", "columns", "evaluate", "rl.best_of", *(f"profile.{k}" for k in (
-        "backend", "device", "optimizer", "batch_size", "threads", "memory_limit_gib"))],
-}
+def trained(tmp_path, smoke_params) -> None:
+    """The cost_model and train_rl stages' outputs under `tmp_path`, run unless an earlier test did."""
+    if not (tmp_path / "data" / "cost_model" / "model.pt").exists():
+        assert run_stage(tmp_path, smoke_params, "cost_model") == 0
+    if not (tmp_path / "data" / "rl" / "policy.pt").exists():
+        assert run_stage(tmp_path, smoke_params, "train_rl") == 0
 
 
 def test_columns_notebook(profiled, smoke_params, monkeypatch):
     monkeypatch.chdir(ROOT)
     tmp_path = profiled
-    if not (tmp_path / "data" / "cost_model" / "model.pt").exists():
-        assert run_stage(tmp_path, smoke_params, "cost_model") == 0
-    if not (tmp_path / "data" / "rl" / "policy.pt").exists():
-        assert run_stage(tmp_path, smoke_params, "train_rl") == 0
-    dvc = yaml.safe_load((ROOT / "dvc.yaml").read_text())
-    dvc["stages"].setdefault("columns", COLUMNS_STAGE)
-    dvc_file = tmp_path / "dvc.yaml"
-    dvc_file.write_text(yaml.safe_dump(dvc))
-    params_file = tmp_path / "params.yaml"
-    params_file.write_text(yaml.safe_dump(smoke_params))
-    assert main(["columns", "--params-file", str(params_file), "--dvc-file", str(dvc_file),
-                 "--output-dir", str(tmp_path / "nb"), "--set", f"data_dir={tmp_path / 'data'}",
-                 "--set", f"reports_dir={tmp_path / 'reports'}", "--set", f"work_dir={tmp_path / 'columns'}"]) == 0
+    trained(tmp_path, smoke_params)
+    assert run_stage(tmp_path, smoke_params, "columns") == 0
     metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "columns.json", schema.ColumnsMetrics)
     assert {"autoshard", "dreamshard"} <= set(metrics["protocols"]) <= {"autoshard", "dreamshard", "tight"}
     per_task = pd.read_csv(tmp_path / "data" / "columns" / "per_task.csv")
