@@ -197,3 +197,20 @@ def test_the_profile_noise_opens_the_report_too():
     assert lines[-1].startswith("**Profile noise above its target:**") and "5.0%" in lines[-1]
     profile["noise"]["median_cv"] = 0.02
     assert quality(evaluate, profile)[-1].startswith("Profile noise:")
+
+
+def test_the_regime_table_says_where_rl_beats_ties_or_loses():
+    from autoshard.pipeline.report import regime_table
+
+    def pair(median, low, high, mde=0.01):
+        return {"tasks": 20, "median_ratio": median, "ci_low": low, "ci_high": high, "p_value": 0.01,
+                "identical_share": 0.0, "mde": mde}
+
+    evaluate = {"paired": {"dreamshard": {"rl_greedy__vs__cost_greedy": pair(0.95, 0.93, 0.97)},
+                           "tight": {"rl_greedy__vs__cost_greedy": pair(1.05, 1.02, 1.08)}},
+                "paired_synchronized": {"dreamshard": {"rl_greedy__vs__cost_greedy": pair(0.995, 0.99, 0.999,
+                                                                                           mde=0.02)}}}
+    text = regime_table(evaluate, references=("cost_greedy",))
+    lines = {line.split("|")[1].strip(): line for line in text.splitlines()[2:]}
+    assert "beats" in lines["compute only"] and "loses to" in lines["tight memory"]
+    assert "ties with" in lines["synchronized stages with communication"], "an effect below the detectable one ties"

@@ -20,6 +20,7 @@ from autoshard.core.errors import ConfigError
 from autoshard.core.metrics import read_metrics
 from autoshard.core.schema import AblationMetrics, ColumnsMetrics, StageTime, TransferMetrics, read_checked
 from autoshard.placement.registry import METHODS
+from autoshard.studies.findings import verdict
 
 
 def notebook_stages(dvc_file: str | Path) -> list[tuple[str, str]]:
@@ -232,6 +233,33 @@ def plot_files(data_dir: Path, plots: Path) -> None:
         plots / "ratios.csv", index=False)
 
 
+REGIMES = (("compute only", "paired", ("autoshard", "dreamshard")),
+           ("synchronized stages with communication", "paired_synchronized", ("autoshard", "dreamshard")),
+           ("tight memory", "paired", ("tight",)))
+
+
+def regime_table(evaluate: dict, method: str = "rl_greedy",
+                 references: tuple[str, ...] = ("cost_greedy", "lpt_measured", "milp", "torchrec",
+                                                "best_heuristic")) -> str:
+    """Markdown: where does the RL sharder win? Per regime and protocol, `method`'s paired median
+    ratio [95% CI] against each reference with the plain answer's verdict (`findings.verdict`)."""
+    rows = []
+    for regime, key, protocols in REGIMES:
+        for protocol in protocols:
+            entries = evaluate.get(key, {}).get(protocol)
+            if not entries:
+                continue
+            row = {"regime": regime, "protocol": protocol}
+            for reference in references:
+                s = entries.get(f"{method}__vs__{reference}")
+                if not s or s["median_ratio"] is None:
+                    row[reference] = "n/a"
+                    continue
+                row[reference] = f"{s['median_ratio']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}] {verdict(s)}"
+            rows.append(row)
+    return pd.DataFrame(rows).to_markdown(index=False) if rows else "(no paired comparisons)"
+
+
 def failed_table(evaluate: dict) -> str:
     """Markdown: per protocol, the methods that failed to place some tasks (no plan, or a device
     over the memory cap), with how many; a protocol where every method placed every task says so."""
@@ -274,6 +302,11 @@ def readme(reports: Path, stages: list[tuple[str, str]]) -> str:
                   "Paired, task by task, on measured bottlenecks: a method \"beats\" another only when the whole "
                   "95% interval of the median ratio is below 1 and the effect exceeds the minimum detectable "
                   "effect at this noise; otherwise they tie.", "", answer(evaluate), "",
+                  "### Where does the RL sharder win?", "",
+                  "rl_greedy against each reference, per regime: compute only (the slowest device's measured "
+                  "compute), synchronized stages (the sum over DreamShard's four stages of the slowest device in "
+                  "each, measured compute plus the communication model), and tight memory caps.", "",
+                  regime_table(evaluate), "",
                   "### Paired comparisons", "", paired_table(evaluate), "",
                   "### Failed placements", "",
                   "The tight-memory protocol caps each device just above what bin packing reaches; a method that "
