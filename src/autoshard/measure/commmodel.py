@@ -162,8 +162,8 @@ def random_placements(table_dims: Sequence[int], world: int, count: int, seed: i
 
 
 def profile_comm(table_dims: Sequence[int], device_counts: Sequence[int], placements: int, batch_size: int,
-                 timing: TimingConfig, seed: int, heldout_share: float = 0.25,
-                 device: str = "cpu") -> tuple[pd.DataFrame, CommModel, dict]:
+                 timing: TimingConfig, seed: int, heldout_share: float = 0.25, device: str = "cpu",
+                 mape_target: float = 0.10) -> tuple[pd.DataFrame, CommModel, dict]:
     """Measure `placements` random placements per device count (one torchrun launch each),
     fit the model on the placements not held out, and score it on the held-out ones.
     Returns the measured rows (column `heldout`), the model and the metrics."""
@@ -182,5 +182,15 @@ def profile_comm(table_dims: Sequence[int], device_counts: Sequence[int], placem
                "mape_heldout": mape(model, test),
                "mape_heldout_by_world": {str(w): mape(model, g) for w, g in test.groupby("world")},
                "mape_train": mape(model, rows[~rows["heldout"]]),
-               "median_ms_by_world": {str(w): float(g["ms"].median()) for w, g in rows.groupby("world")}}
+               "median_ms_by_world": {str(w): float(g["ms"].median()) for w, g in rows.groupby("world")},
+               "mape_target": float(mape_target)}
+    metrics["mape_target_met"] = bool(metrics["mape_heldout"] <= mape_target)
     return rows, model, metrics
+
+
+def error_table(model: CommModel, rows: pd.DataFrame) -> pd.DataFrame:
+    """MAPE and median measured ms per device count, direction and fitted / held-out set."""
+    rows = rows.assign(predicted_ms=model.predict_rows(rows))
+    rows["ape"] = (rows["predicted_ms"] - rows["ms"]).abs() / rows["ms"]
+    return rows.groupby(["world", "direction", "heldout"]).agg(
+        rows=("ms", "size"), median_ms=("ms", "median"), mape=("ape", "mean")).reset_index()
