@@ -72,3 +72,11 @@ def test_fit_on_a_small_measured_set():
     assert set(model.per_world) == {2}
     predicted = model.predict([64, 64], 256)
     assert all(f >= 0 and b >= 0 for f, b in predicted)
+
+
+def test_predict_arrays_agrees_with_the_row_prediction():
+    model = fit_comm_model(_synthetic(0))
+    for widths in ([64, 32], [8, 16, 24, 300], [50] * 8):
+        rows = pd.DataFrame([{"world": len(widths), "direction": k, "sent_mb": m[k][0], "received_mb": m[k][1]}
+                             for m in traffic(widths, 1024) for k in ("forward", "backward")])
+        assert np.allclose(model.predict_rows(rows), np.ravel(model.predict(widths, 1024)))

@@ -94,6 +94,18 @@ def device_stages(compute: Sequence[ShardCost], comm: Sequence[tuple[float, floa
     return table
 
 
+def synchronized_ms(stages: pd.DataFrame) -> float:
+    """DreamShard's step cost of one placement: every stage ends at a barrier, so the step
+    waits for the slowest device in each stage: the sum over the four stages of their maxima
+    (never below `max_device_ms`, which lets each device run its four stages back to back)."""
+    return float(stages[STAGES].max(axis=0).sum())
+
+
+def max_device_ms(stages: pd.DataFrame) -> float:
+    """The slowest device's four stages summed: the objective without the barriers."""
+    return float(stages[STAGES].sum(axis=1).max())
+
+
 def _time_placement(dist, widths: list[int], rows: int, spec: dict, device, cuda: bool) -> tuple[float, float]:
     """This rank's median forward and backward all-to-all ms of one placement."""
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -90,11 +90,26 @@ class CommModel:
 
     def predict(self, widths: Sequence[int], batch_size: int) -> list[tuple[float, float]]:
         """(forward, backward) ms per device of a placement given as each device's summed width."""
-        moved = traffic(widths, batch_size)
-        rows = pd.DataFrame([{"world": len(widths), "direction": k, "sent_mb": m[k][0], "received_mb": m[k][1]}
-                             for m in moved for k in DIRECTIONS])
-        ms = self.predict_rows(rows)
-        return [(float(ms[2 * d]), float(ms[2 * d + 1])) for d in range(len(widths))]
+        fwd, bwd = self.predict_arrays(np.asarray(widths, float), batch_size)
+        return [(float(f), float(b)) for f, b in zip(fwd, bwd, strict=True)]
+
+    def predict_arrays(self, widths: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and backward ms per device as arrays: `predict` without pandas, for planners
+        that call it once per candidate device."""
+        world = len(widths)
+        scale = (batch_size // world) * BYTES_PER_VALUE / MB
+        sent = (world - 1) * widths * scale
+        received = (widths.sum() - widths) * scale
+        out = []
+        for direction, (s, r) in zip(DIRECTIONS, [(sent, received), (received, sent)], strict=True):
+            if world in self.per_world:
+                a, b, c = self.per_world[world][direction]
+                ms = a + b * s + c * r
+            else:
+                a, b, c, e = self.across[direction]
+                ms = a + b * s + c * r + e * world
+            out.append(np.maximum(ms, 0.0))
+        return out[0], out[1]
 
     def to_json(self) -> dict:
         """A JSON-ready document (device counts as string keys)."""
