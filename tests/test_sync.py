@@ -132,3 +132,21 @@ def test_stage_singles_and_the_task_planner():
     assert sorted(np.bincount(plan, minlength=2)) == [1, 2]
     with pytest.raises(ConfigError, match=r"no single-table measurement of tables \[3\]"):
         place(Task("u", "dreamshard", "test", (0, 3), 2, 10, 1.0))
+
+
+def test_paired_synchronized_compares_on_the_synchronized_cost():
+    from autoshard.studies.findings import paired_synchronized
+
+    names = [f"t{i}" for i in range(8)]
+    rows = []
+    for i, name in enumerate(names):
+        for method, measured, synced in (("naive", 10.0, 12.0), ("random", 10.0, 13.0),
+                                         ("cost_greedy", 9.0, 14.0 + 0.1 * i)):
+            rows.append({"task": name, "protocol": "dreamshard", "method": method, "measured_ms": measured,
+                         "synchronized_ms": synced, "unseen_ratio": 1.0})
+    ratios = pd.DataFrame(rows)
+    plans = {m: [np.array([i % 2, 1 - i % 2, int(m == "cost_greedy")]) for i in range(8)]
+             for m in ("naive", "random", "cost_greedy")}
+    pairs = paired_synchronized(ratios, plans, names, {"dreamshard": 0.01}, 200, 0)
+    entry = pairs["dreamshard"]["cost_greedy__vs__best_heuristic"]
+    assert entry["median_ratio"] > 1.1, "slower on the synchronized cost though faster on compute"
