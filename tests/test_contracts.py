@@ -66,7 +66,8 @@ def test_profile_metrics():
     harness = pd.DataFrame({"component": ["forward", "backward"], "fbgemm_harness_ms": [1.0, 2.0],
                             "ours_ms": [1.1, 2.1]})
     comm = {"placements": 4, "device_counts": [2], "batch_size": 256, "heldout_share": 0.25, "mape_heldout": 0.08,
-            "mape_heldout_by_world": {"2": 0.08}, "mape_train": 0.05, "median_ms_by_world": {"2": 1.0},
+            "mape_heldout_by_world": {"2": 0.08}, "mape_train": 0.05, "mape_heldout_across": 0.1,
+            "median_ms_by_world": {"2": 1.0},
             "mape_target": 0.1, "mape_target_met": True}
     metrics = as_written(profile_metrics(table, versus, harness, 0.01, 2, 1, 3.0, 0.5, comm), schema.ProfileMetrics)
     assert metrics["comm"]["mape_heldout"] == 0.08

@@ -150,3 +150,11 @@ def test_paired_synchronized_compares_on_the_synchronized_cost():
     pairs = paired_synchronized(ratios, plans, names, {"dreamshard": 0.01}, 200, 0)
     entry = pairs["dreamshard"]["cost_greedy__vs__best_heuristic"]
     assert entry["median_ratio"] > 1.1, "slower on the synchronized cost though faster on compute"
+
+
+def test_bottlenecks_follow_the_objective():
+    devices = _devices({"sums": _stages([(4.0, 0.5, 0.5, 1.0), (1.0, 0.5, 0.5, 4.0)])})
+    assert bottlenecks(devices)["measured_ms"].tolist() == [5.0]
+    assert bottlenecks(devices, "synchronized_stages")["measured_ms"].tolist() == [9.0]
+    with pytest.raises(ValueError, match="objective"):
+        bottlenecks(devices, "mean")

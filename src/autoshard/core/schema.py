@@ -59,6 +59,7 @@ class CommMetrics(TypedDict):
     mape_heldout: Number
     mape_heldout_by_world: dict[str, Number]
     mape_train: Number
+    mape_heldout_across: Number  # the across-device-count fit alone (what extrapolation uses)
     median_ms_by_world: dict[str, Number]
     mape_target: float
     mape_target_met: bool

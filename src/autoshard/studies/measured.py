@@ -158,10 +158,20 @@ def synchronized(devices: pd.DataFrame, keys: Sequence[str] = ("task", "method")
     return devices.groupby(list(keys), sort=False)[STAGES].max().sum(axis=1).rename("synchronized_ms")
 
 
-def bottlenecks(devices: pd.DataFrame) -> pd.DataFrame:
-    """The measured bottleneck (max device compute) and the synchronized-stages cost per (task, method)."""
+def bottlenecks(devices: pd.DataFrame, objective: str = "max_device") -> pd.DataFrame:
+    """The measured bottleneck (max device compute) and the synchronized-stages cost per (task,
+    method); `measured_ms` is the one `objective` names (as in `plan_frame`)."""
+    _check_objective(objective)
     out = devices.groupby(["task", "method"], sort=False)["compute_ms"].max().rename("measured_ms").reset_index()
-    return out.merge(synchronized(devices).reset_index(), on=["task", "method"])
+    out = out.merge(synchronized(devices).reset_index(), on=["task", "method"])
+    if objective == "synchronized_stages":
+        out["measured_ms"] = out["synchronized_ms"]
+    return out
+
+
+def _check_objective(objective: str) -> None:
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective: {objective!r} (expected one of {', '.join(OBJECTIVES)})")
 
 
 def plan_frame(devices: pd.DataFrame, tasks: list[Task], seconds: pd.DataFrame,
@@ -171,8 +181,7 @@ def plan_frame(devices: pd.DataFrame, tasks: list[Task], seconds: pd.DataFrame,
     bottleneck (`devices` needs a `predicted_ms` column), the fullest device's share of the memory
     cap, the sharding time and the comm source. With `objective` "synchronized_stages" the
     headline `measured_ms` is the synchronized cost (the compute bottleneck stays in `max_device_ms`)."""
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective: {objective!r} (expected one of {', '.join(OBJECTIVES)})")
+    _check_objective(objective)
     by_task = {t.name: t for t in tasks}
     out = devices.groupby(["task", "protocol", "method"], sort=False).agg(
         measured_ms=("compute_ms", "max"), with_comm_ms=("with_comm_ms", "max"),
