@@ -65,7 +65,12 @@ def test_profile_metrics():
     versus["ratio"] = versus["torch_total_ms"] / versus["fbgemm_total_ms"]
     harness = pd.DataFrame({"component": ["forward", "backward"], "fbgemm_harness_ms": [1.0, 2.0],
                             "ours_ms": [1.1, 2.1]})
-    metrics = as_written(profile_metrics(table, versus, harness, 0.01, 2, 1, 3.0, 0.5), schema.ProfileMetrics)
+    comm = {"placements": 4, "device_counts": [2], "batch_size": 256, "heldout_share": 0.25, "mape_heldout": 0.08,
+            "mape_heldout_by_world": {"2": 0.08}, "mape_train": 0.05, "mape_heldout_across": 0.1,
+            "median_ms_by_world": {"2": 1.0},
+            "mape_target": 0.1, "mape_target_met": True}
+    metrics = as_written(profile_metrics(table, versus, harness, 0.01, 2, 1, 3.0, 0.5, comm), schema.ProfileMetrics)
+    assert metrics["comm"]["mape_heldout"] == 0.08
     assert metrics["cv_target"] == 0.01 and not metrics["cv_target_met"] and metrics["rounds_for_cv_target"] > 1
     assert metrics["torch_fbgemm_kendall_tau"] == 1.0 and metrics["torch_over_fbgemm_median_ratio"] == 2.0
     assert metrics["harness_check"]["forward"]["ours_ms"] == 1.1

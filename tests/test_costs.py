@@ -131,6 +131,10 @@ def test_fbgemm_harness_check_runs():
 @pytest.mark.parametrize(("section", "value", "message"), [
     ("comm", {"processes": "two", "tasks": 1}, r"profile.comm.processes: 'two' \(expected an integer\)"),
     ("comm", {"processes": 2}, r"profile.comm.tasks: missing"),
+    ("comm", {"processes": 2, "tasks": 1, "device_counts": [1], "placements": 4, "heldout_share": 0.25,
+              "mape_target": 0.1}, r"profile.comm.device_counts"),
+    ("comm", {"processes": 2, "tasks": 1, "device_counts": [2], "placements": 1, "heldout_share": 0.25,
+              "mape_target": 0.1}, r"profile.comm.placements: 1"),
     ("crosscheck", {"torch_shards": -1, "bench": {}}, r"profile.crosscheck.torch_shards: -1"),
     ("crosscheck", {"torch_shards": 1, "bench": {"tables": 0}}, r"profile.crosscheck.bench.tables: 0"),
 ])

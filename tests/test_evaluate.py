@@ -20,6 +20,7 @@ from autoshard.data.features import feature_matrix
 from autoshard.data.pool import build_pool
 from autoshard.data.tasks import Task, first_fit_decreasing, make_tasks
 from autoshard.measure.analytic import AnalyticBackend
+from autoshard.measure.commmodel import CommModel
 from autoshard.measure.store import MeasurementStore
 from autoshard.pipeline.stage import select, stage_spec
 from autoshard.placement.exact import exact_plan, partition_count, placements
@@ -131,7 +132,9 @@ def test_every_method_respects_memory_on_random_tasks(world):
     hybrid = HybridCostModel.fitted_to(HybridConfig(), with_singles)  # untrained: the sum of single costs
     methods = planners(pool.features, features, model, policy, best_of=3, batch_size=256, seed=0,
                        single_costs=singles, milp=MilpConfig(node_limit=20, time_limit_s=5),
-                       hybrid=(hybrid, with_singles))
+                       hybrid=(hybrid, with_singles),
+                       sync=(singles * 0.4, singles * 0.6, CommModel({}, {"forward": [0.1, 0.0, 0.0, 0.1],
+                                                                       "backward": [0.1, 0.0, 0.0, 0.1]})))
     assert set(methods) == set(METHODS)
     planned = {m: 0 for m in methods}
 
@@ -232,6 +235,10 @@ def test_config_and_task_selection(smoke_params, world):
 
 
 def test_bad_evaluate_parameters_name_the_field(smoke_params):
+    assert config(smoke_params).objective == "max_device"
+    assert config(smoke_params, objective="synchronized_stages").objective == "synchronized_stages"
+    with pytest.raises(ConfigError, match="evaluate.objective: 'mean'"):
+        config(smoke_params, objective="mean")
     with pytest.raises(ConfigError, match=r"evaluate.small.tables: \[9, 4\]"):
         config(smoke_params, small=smoke_params["evaluate"]["small"] | {"tables": [9, 4]})
     with pytest.raises(ConfigError, match="evaluate.timing.runs: 0"):

@@ -18,6 +18,7 @@ from autoshard.data.features import feature_matrix
 from autoshard.data.pool import load_pool
 from autoshard.data.tasks import load_tasks
 from autoshard.measure.collect import load_profile
+from autoshard.measure.commmodel import CommModel
 from autoshard.pipeline.stage import main, select, stage_spec
 from autoshard.rl.ppo import load_policy
 
@@ -111,8 +112,12 @@ def test_profile_notebook(profiled, smoke_params):
     assert 0 <= metrics["median_cv"] < 1
     assert metrics["harness_check"]["forward"]["fbgemm_harness_ms"] > 0
     assert metrics["comm_measured_processes"] == 2
+    assert metrics["comm"]["device_counts"] == [2] and 0 <= metrics["comm"]["mape_heldout"] < 10
+    comm = pd.read_parquet(tmp_path / "data" / "profile" / "comm.parquet")
+    assert len(comm) == smoke_params["profile"]["comm"]["placements"] * 2 * 2 and (comm["ms"] > 0).all()
+    assert CommModel.load(tmp_path / "data" / "profile" / "comm_model.json").source(2) == "measured-model"
     _, outputs = executed_outputs(tmp_path / "nb" / "02_profile.ipynb")
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == 5
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 6
     assert not (tmp_path / "profile").exists(), "the profile chunks are dropped once saved"
 
 
@@ -181,6 +186,10 @@ def test_evaluate_notebook(profiled, smoke_params, monkeypatch):
     assert set(pair) == {"tasks", "median_ratio", "ci_low", "ci_high", "p_value", "identical_share", "mde"}
     assert {"lpt_measured", "milp", "cost_greedy_local_search"} <= set(metrics["results"]["dreamshard"])
     assert metrics["answer"], "the plain answer is written"
+    assert metrics["objective"] == "max_device" and "sync_greedy" in metrics["results"]["dreamshard"]
+    assert "sync_greedy__vs__best_heuristic" in metrics["paired_synchronized"]["dreamshard"]
+    assert (plans["synchronized_ms"] >= plans["measured_ms"]).all()
+    assert set(plans["comm_source"]) <= {"measured-model", "extrapolated-model"}
 
 
 def test_transfer_notebook(profiled, smoke_params, monkeypatch):

@@ -27,6 +27,16 @@ class Paths:
         return self.data / "profile"
 
     @property
+    def comm_rows(self) -> Path:
+        """The measured all-to-alls the comm model is fitted on (profile stage)."""
+        return self.data / "profile" / "comm.parquet"
+
+    @property
+    def comm_model(self) -> Path:
+        """The fitted comm model (`measure.commmodel.CommModel`)."""
+        return self.data / "profile" / "comm_model.json"
+
+    @property
     def cost_model(self) -> Path:
         """The cost model fitted by the cost_model stage."""
         return self.data / "cost_model" / "model.pt"

@@ -48,6 +48,23 @@ class FailedPlacements(TypedDict):
     failed: dict[str, dict[str, int]]
 
 
+class CommMetrics(TypedDict):
+    """The comm model fitted on measured all-to-alls (`measure.commmodel.profile_comm`): the
+    placements measured per device count, the held-out MAPE (a share) against its target."""
+
+    placements: int
+    device_counts: list[int]
+    batch_size: int
+    heldout_share: float
+    mape_heldout: Number
+    mape_heldout_by_world: dict[str, Number]
+    mape_train: Number
+    mape_heldout_across: Number  # the across-device-count fit alone (what extrapolation uses)
+    median_ms_by_world: dict[str, Number]
+    mape_target: float
+    mape_target_met: bool
+
+
 class ProfileMetrics(StageTime):
     """reports/metrics/profile.json. Built by `measure.analysis.profile_metrics`."""
 
@@ -69,6 +86,7 @@ class ProfileMetrics(StageTime):
     torch_fbgemm_kendall_tau: Number
     harness_check: dict[str, dict[str, Any]]
     comm_measured_processes: int
+    comm: NotRequired[CommMetrics]
     torch_threads: int
     peak_rss_gib: float
 

@@ -65,6 +65,10 @@ class ProfileConfig:
     bench: "BenchConfig"    # cross-check against FBGEMM's harness
     comm_processes: int     # torchrun processes for the all-to-all check (1: analytic only)
     comm_tasks: int         # DreamShard train tasks whose plan's four stages are shown
+    comm_device_counts: tuple[int, ...]  # device counts whose all-to-alls the comm model is fitted on
+    comm_placements: int    # random placements of train tables measured per device count
+    comm_heldout_share: float  # of those, held out to score the fitted comm model
+    comm_mape_target: float  # the comm model's goal: held-out MAPE
     cv_target: float        # repeatability goal: median coefficient of variation across rounds
     remeasure: bool         # measure the train-pool shards again in an independent pass (a replicate's data)
 
@@ -80,6 +84,10 @@ class ProfileConfig:
         cfg = cls(backend=backend, torch_shards=x.integer("torch_shards", lo=0),
                   bench=BenchConfig.from_params(x.sub("bench").values),
                   comm_processes=m.integer("processes"), comm_tasks=m.integer("tasks", lo=0),
+                  comm_device_counts=tuple(m.integers("device_counts", lo=2)),
+                  comm_placements=m.integer("placements", lo=2),
+                  comm_heldout_share=m.number("heldout_share", lo=0, hi=1, lo_open=True),
+                  comm_mape_target=m.number("mape_target", lo=0, lo_open=True),
                   random_shards=c.integer("random_shards", lo=0),
                   heuristic_tasks=c.integer("heuristic_tasks", lo=0),
                   test_random_shards=c.integer("test_random_shards", lo=0),

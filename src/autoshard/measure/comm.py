@@ -47,7 +47,23 @@ def analytic_comm(dims_per_device: Sequence[Sequence[int]], pooling_per_device: 
 def measure_comm(dims_per_device: Sequence[Sequence[int]], batch_size: int, device: str = "cpu",
                  timing: TimingConfig = DEFAULT_TIMING, timeout_s: float = 600) -> list[tuple[float, float]]:
     """(forward, backward) all-to-all ms per device, measured across D torchrun processes."""
-    world = len(dims_per_device)
+    widths = [int(sum(d)) for d in dims_per_device]
+    return measure_comm_many([widths], batch_size, device, timing, timeout_s)[0]
+
+
+def measure_comm_many(placements: Sequence[Sequence[int]], batch_size: int, device: str = "cpu",
+                      timing: TimingConfig = DEFAULT_TIMING,
+                      timeout_s: float = 600) -> list[list[tuple[float, float]]]:
+    """(forward, backward) all-to-all ms per device of many placements, given as the summed
+    embedding width of every device, all with the same device count D: one torchrun launch of
+    D processes measures them all (process start-up, ~2 s, is paid once). Each placement gets
+    `timing.warmup` untimed and `timing.runs` timed forward and backward all-to-alls per rank;
+    the per-rank medians are returned, in the order given. On CPU with more processes than
+    cores the ranks are oversubscribed: their times include waiting for a core."""
+    worlds = {len(w) for w in placements}
+    if len(worlds) != 1:
+        raise ConfigError(f"comm.placements: device counts {sorted(worlds)} (one launch measures one count)")
+    world = worlds.pop()
     if world < 2:
         raise ConfigError(f"comm.processes: {world} (measuring all-to-all needs at least 2)")
     if batch_size < world:
@@ -55,7 +71,7 @@ def measure_comm(dims_per_device: Sequence[Sequence[int]], batch_size: int, devi
     with tempfile.TemporaryDirectory(prefix="autoshard-comm-") as tmp:
         spec = Path(tmp) / "spec.json"
         out = Path(tmp) / "out.json"
-        spec.write_text(json.dumps({"widths": [int(sum(d)) for d in dims_per_device],
+        spec.write_text(json.dumps({"placements": [[int(w) for w in p] for p in placements],
                                     "batch_size": batch_size, "device": device,
                                     "warmup": timing.warmup, "runs": timing.runs}))
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -65,7 +81,7 @@ def measure_comm(dims_per_device: Sequence[Sequence[int]], batch_size: int, devi
         if done.returncode != 0 or not out.exists():
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
             raise RuntimeError(f"all-to-all measurement failed: {' | '.join(tail)}")
-        return [tuple(x) for x in json.loads(out.read_text())]
+        return [[(float(f), float(b)) for f, b in ranks] for ranks in json.loads(out.read_text())]
 
 
 def device_stages(compute: Sequence[ShardCost], comm: Sequence[tuple[float, float]]) -> pd.DataFrame:
@@ -78,19 +94,21 @@ def device_stages(compute: Sequence[ShardCost], comm: Sequence[tuple[float, floa
     return table
 
 
-def _worker(spec_path: str, out_path: str) -> None:
-    """One torchrun process: time the forward and backward all-to-all of its device."""
-    import torch.distributed as dist
+def synchronized_ms(stages: pd.DataFrame) -> float:
+    """DreamShard's step cost of one placement: every stage ends at a barrier, so the step
+    waits for the slowest device in each stage: the sum over the four stages of their maxima
+    (never below `max_device_ms`, which lets each device run its four stages back to back)."""
+    return float(stages[STAGES].max(axis=0).sum())
 
-    spec = json.loads(Path(spec_path).read_text())
-    cuda = spec["device"] == "cuda"
-    dist.init_process_group("nccl" if cuda else "gloo")
+
+def max_device_ms(stages: pd.DataFrame) -> float:
+    """The slowest device's four stages summed: the objective without the barriers."""
+    return float(stages[STAGES].sum(axis=1).max())
+
+
+def _time_placement(dist, widths: list[int], rows: int, spec: dict, device, cuda: bool) -> tuple[float, float]:
+    """This rank's median forward and backward all-to-all ms of one placement."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    rows = spec["batch_size"] // world
-    widths = spec["widths"]
     mine = widths[rank]
     # Forward: send rows x mine to every rank; receive rows x widths[j] from each rank j.
     fwd_in = torch.randn(rows * world * mine, device=device)
@@ -111,11 +129,30 @@ def _worker(spec_path: str, out_path: str) -> None:
                 torch.cuda.synchronize(device)
             if i >= spec["warmup"]:
                 times[name].append((time.perf_counter() - t0) * 1e3)
-    medians = (statistics.median(times["fwd"]), statistics.median(times["bwd"]))
-    gathered = [None] * world
-    dist.all_gather_object(gathered, medians)
-    if rank == 0:
-        Path(out_path).write_text(json.dumps(gathered))
+    return statistics.median(times["fwd"]), statistics.median(times["bwd"])
+
+
+def _worker(spec_path: str, out_path: str) -> None:
+    """One torchrun process: time the forward and backward all-to-all of its device in every
+    placement of the spec; rank 0 writes every rank's medians."""
+    import torch.distributed as dist
+
+    spec = json.loads(Path(spec_path).read_text())
+    cuda = spec["device"] == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo")
+    world = dist.get_world_size()
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    rows = spec["batch_size"] // world
+    results = []
+    for widths in spec["placements"]:
+        medians = _time_placement(dist, widths, rows, spec, device, cuda)
+        gathered = [None] * world
+        dist.all_gather_object(gathered, medians)
+        results.append(gathered)
+    if dist.get_rank() == 0:
+        Path(out_path).write_text(json.dumps(results))
     dist.destroy_process_group()
 
 

@@ -76,3 +76,18 @@ def device_stages(stages: pd.DataFrame, title: str) -> plt.Figure:
     fig.tight_layout()
     return fig
 
+
+
+def comm_fit(rows: pd.DataFrame) -> plt.Figure:
+    """The comm model's predicted all-to-all ms against the measured, per direction; rows need
+    `predicted_ms`, `ms`, `direction`, `world` and `heldout`."""
+    fig, ax = plt.subplots(1, 2, figsize=(11, 4.5))
+    for a, (direction, part) in zip(ax, rows.groupby("direction"), strict=False):
+        part = part.assign(set=part["heldout"].map({True: "held out", False: "fitted"}),
+                           devices=part["world"].astype(str))
+        sns.scatterplot(data=part, x="ms", y="predicted_ms", hue="devices", style="set", s=18, ax=a)
+        lim = [0, float(part[["ms", "predicted_ms"]].max().max()) * 1.05]
+        a.plot(lim, lim, "k--", lw=1)
+        a.set(title=f"{direction} all-to-all", xlabel="measured (ms)", ylabel="comm model (ms)")
+    fig.tight_layout()
+    return fig

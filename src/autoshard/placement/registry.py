@@ -30,6 +30,9 @@ _METHODS = (
            summary="LPT on the profile's measured single-table costs: largest first onto the least-loaded device"),
     Method("milp", "baseline", ("profile",),
            summary="exact min-max MILP (HiGHS) on the measured single-table costs, node- and time-limited"),
+    Method("sync_greedy", "baseline", ("profile",),
+           summary="largest measured single cost first onto the device with the lowest predicted synchronized-"
+                   "stages cost (measured single forward/backward costs summed, comm model)"),
     Method("rl_greedy", "rl", ("cost_model", "policy"), summary="the trained policy, greedy"),
     Method("rl_best_of_n", "rl", ("cost_model", "policy"),
            summary="the best of N sampled placements by predicted bottleneck"),

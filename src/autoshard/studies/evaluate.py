@@ -21,6 +21,7 @@ from autoshard.costmodel.model import CostModel
 from autoshard.data.features import FEATURE_COLUMNS
 from autoshard.data.tasks import Task, first_fit_decreasing
 from autoshard.measure.backends import BACKENDS, DEVICES, BackendConfig, resolve_device
+from autoshard.measure.commmodel import CommModel
 from autoshard.measure.fbgemm import OPTIMIZERS
 from autoshard.measure.timing import TimingConfig
 from autoshard.placement import surrogate
@@ -30,10 +31,12 @@ from autoshard.placement.registry import KIND
 from autoshard.placement.search import local_search
 from autoshard.placement.shards import memory_ok
 from autoshard.placement.surrogate import MilpConfig
+from autoshard.placement.sync import planner as sync_planner
 from autoshard.placement.torchrec import torchrec_plan
 from autoshard.rl import numpy_planner
 from autoshard.rl.infer import cost_greedy, policy_plans
 from autoshard.rl.policy import Policy
+from autoshard.studies.measured import OBJECTIVES
 from autoshard.studies.paired import same_split
 
 Planner = Callable[[Task], np.ndarray]
@@ -85,6 +88,7 @@ class EvaluateConfig:
     targets: Targets
     milp: MilpConfig
     noise_targets: NoiseTargets
+    objective: str = "max_device"  # max_device | synchronized_stages: what the headline `measured_ms` is
 
     @classmethod
     def from_params(cls, evaluate: dict, profile: dict, rl: dict) -> "EvaluateConfig":
@@ -118,7 +122,8 @@ class EvaluateConfig:
                   speed_tables=tuple(f.integers("speed_tables")), speed_devices=f.integer("speed_devices"),
                   speed_repeats=f.integer("speed_repeats"),
                   speed_budget_s=f.number("speed_budget_s", lo=0, lo_open=True),
-                  targets=targets, milp=milp, noise_targets=noise)
+                  targets=targets, milp=milp, noise_targets=noise,
+                  objective=f.text("objective", OBJECTIVES))
         f.done()
         return cfg
 
@@ -197,11 +202,14 @@ def small_tasks(features: pd.DataFrame, test_tables: np.ndarray, cfg: SmallConfi
 def planners(pool_features: pd.DataFrame, features: np.ndarray, model: CostModel, policy: Policy,
              best_of: int, batch_size: int, seed: int, single_costs: np.ndarray | None = None,
              milp: MilpConfig | None = None, solves: dict | None = None,
-             hybrid: tuple[CostModel, np.ndarray] | None = None) -> dict[str, Planner]:
+             hybrid: tuple[CostModel, np.ndarray] | None = None,
+             sync: tuple[np.ndarray, np.ndarray, CommModel] | None = None) -> dict[str, Planner]:
     """Every method of the registry as a planner (the exact search is for small tasks only);
     `single_costs` (ms per pool table, measured alone) feed the LPT and MILP baselines, which
     are left out without them; `hybrid` (the hybrid cost model and its features with the single
-    costs) gives `hybrid_greedy`, left out without it."""
+    costs) gives `hybrid_greedy`, left out without it; `sync` (measured single forward and backward
+    ms per pool table, `placement.sync.stage_singles`, and the comm model) gives `sync_greedy`,
+    left out without it."""
     def heuristic(name: str) -> Planner:
         return lambda t: heuristic_plan(name, pool_features, t, seed)
 
@@ -216,6 +224,7 @@ def planners(pool_features: pd.DataFrame, features: np.ndarray, model: CostModel
             **({"hybrid_greedy": lambda t: cost_greedy(hybrid[0], hybrid[1], [t])[0]} if hybrid else {}),
             **(surrogate.planners(single_costs, pool_features["size_bytes"].to_numpy(np.int64), milp, seed, solves)
                if single_costs is not None and milp is not None else {}),
+            **({"sync_greedy": sync_planner(sync[0], sync[1], pool_features, sync[2], batch_size)} if sync else {}),
             "rl_greedy": lambda t: policy_plans(policy, model, features, [t])[0],
             "rl_best_of_n": lambda t: policy_plans(policy, model, features, [t], best_of, seed=sample_seed(t))[0],
             "rl_local_search": lambda t: policy_plans(policy, model, features, [t], refine=True)[0],

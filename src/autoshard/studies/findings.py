@@ -57,6 +57,16 @@ def paired_comparisons(ratios: pd.DataFrame, plans: dict[str, list[np.ndarray | 
                             seed=seed)
 
 
+def paired_synchronized(ratios: pd.DataFrame, plans: dict[str, list[np.ndarray | None]], task_names: list[str],
+                        noise_sd: dict[str, float | None], resamples: int, seed: int) -> dict:
+    """`paired_comparisons` on each plan's synchronized-stages cost (`synchronized_ms`: the sum
+    over the four stages of the slowest device, measured compute and modelled comm) instead of
+    the slowest device's compute. `noise_sd` is still the compute bottleneck's repeat noise: the
+    comm model adds none of its own (it is a fitted function), so the minimum detectable effect
+    is that of the compute part."""
+    return paired_comparisons(ratios.assign(measured_ms=ratios["synchronized_ms"]), plans, task_names, noise_sd,
+                              resamples, seed)
+
 
 def paired_frame(pairs: dict, methods: tuple[str, ...], references: tuple[str, ...] = REFERENCES) -> pd.DataFrame:
     """The paired statistics of `methods` against `references` as one table."""

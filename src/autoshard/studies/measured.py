@@ -6,8 +6,13 @@ rounds, each in a seeded shuffled order, with a calibration shard timed between 
 warms up or drifts, and a batch measured while the machine changed is measured again. Each
 task's batch is filed in the measurement store (`measure.store`) when done: an interrupted run
 resumes with the tasks it finished, and a shard measured once under the same settings, by this
-stage, another or the profile, is reused for any plan that holds it. Communication is
-TorchRec's analytic all-to-all estimate, labelled as such.
+stage, another or the profile, is reused for any plan that holds it. Communication comes from
+the comm model the profile stage fitted on measured all-to-alls (`measure.commmodel`), for a
+device count it was measured at ("measured-model") or extrapolated across device counts
+("extrapolated-model"); without a model, TorchRec's analytic estimate ("analytic"). Column
+`comm_source` says which. Each plan is scored two ways: the slowest device's compute
+(`measured_ms`) and DreamShard's synchronized stages, measured compute plus modelled comm
+(`synchronized_ms`, see `measure.comm.synchronized_ms`).
 """
 
 from collections.abc import Sequence
@@ -26,10 +31,13 @@ from autoshard.data.tasks import Task
 from autoshard.measure.backends import BackendConfig
 from autoshard.measure.base import CostBackend
 from autoshard.measure.batches import BatchJob, measure_batch_job
-from autoshard.measure.comm import analytic_comm
+from autoshard.measure.comm import STAGES, analytic_comm
+from autoshard.measure.commmodel import CommModel
 from autoshard.measure.interleaved import FIELDS
 from autoshard.measure.store import MeasurementStore, shard_key, values
 from autoshard.placement.shards import device_shards
+
+OBJECTIVES = ("max_device", "synchronized_stages")  # evaluate.objective: what `measured_ms` ranks plans by
 
 
 def task_shards(task: Task, plans: Sequence[np.ndarray | None]) -> list[list[int]]:
@@ -77,14 +85,25 @@ def measure_batches(jobs: list[BatchJob], backend: CostBackend, engine: Engine |
         engine.map(measure_batch_job, jobs, desc)
 
 
-def device_frame(pool_features: pd.DataFrame, task: Task, method: str, plan: np.ndarray,
-                 costs: dict[str, list[float]], batch_size: int, device: str) -> pd.DataFrame:
-    """One row per device of a plan: measured compute (forward, backward and their IQRs),
-    analytic communication, tables and memory."""
-    shards = device_shards(task, plan)
+def plan_comm(pool_features: pd.DataFrame, shards: list[list[int]], batch_size: int, device: str,
+              comm_model: CommModel | None = None) -> tuple[list[tuple[float, float]], str]:
+    """(forward, backward) all-to-all ms per device of a plan and where they come from: the comm
+    model ("measured-model" at a fitted device count, "extrapolated-model" at another) or, without
+    one, TorchRec's analytic estimate ("analytic")."""
     dims = [pool_features["dim"].to_numpy()[s].tolist() for s in shards]
+    if comm_model is not None:
+        return comm_model.predict([int(sum(d)) for d in dims], batch_size), comm_model.source(len(shards))
     pfs = [pool_features["pooling_factor"].to_numpy()[s].tolist() for s in shards]
-    comm = analytic_comm(dims, pfs, batch_size, device)
+    return analytic_comm(dims, pfs, batch_size, device), "analytic"
+
+
+def device_frame(pool_features: pd.DataFrame, task: Task, method: str, plan: np.ndarray,
+                 costs: dict[str, list[float]], batch_size: int, device: str,
+                 comm_model: CommModel | None = None) -> pd.DataFrame:
+    """One row per device of a plan: measured compute (forward, backward and their IQRs),
+    communication (see `plan_comm`; `comm_source` says which), tables and memory."""
+    shards = device_shards(task, plan)
+    comm, source = plan_comm(pool_features, shards, batch_size, device, comm_model)
     sizes = pool_features["size_bytes"].to_numpy()
     rows = []
     for d, shard in enumerate(shards):
@@ -93,7 +112,7 @@ def device_frame(pool_features: pd.DataFrame, task: Task, method: str, plan: np.
                      "shard": shard_key(shard), "tables": len(shard), "memory_bytes": int(sizes[shard].sum()),
                      "forward_compute_ms": cost[0], "backward_compute_ms": cost[1],
                      "forward_iqr_ms": cost[2], "backward_iqr_ms": cost[3], "cv": cost[4],
-                     "forward_comm_ms": comm[d][0], "backward_comm_ms": comm[d][1]})
+                     "forward_comm_ms": comm[d][0], "backward_comm_ms": comm[d][1], "comm_source": source})
     return pd.DataFrame(rows)
 
 
@@ -107,12 +126,13 @@ def measurement_store(root: str | Path, cfg: BackendConfig, pool: Pool) -> Measu
 def score(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Task],
           plans: dict[str, list[np.ndarray | None]], cfg: BackendConfig, store: MeasurementStore, seed: int,
           tag: str = "", progress: bool = True, engine: Engine | None = None,
-          pool_source: dict | None = None) -> pd.DataFrame:
+          pool_source: dict | None = None, comm_model: CommModel | None = None) -> pd.DataFrame:
     """Per-device measurements of every method's plan of every task (methods without a plan
     for a task are left out), on `cfg.threads` threads with `cfg.batch_size` bags per table.
     Shards already in `store` are read; `tag` names an independent second pass (its own space).
     With an `engine`, the tasks' batches are its jobs (they rebuild the backend from `cfg` and
-    `pool_source`); each device row carries the drift and re-measurement of its shard's batch."""
+    `pool_source`); each device row carries the drift and re-measurement of its shard's batch.
+    Communication from `comm_model` when given, else analytic (`plan_comm`)."""
     store = store.tagged(tag)
     per_task = [[p[i] for p in plans.values()] for i in range(len(tasks))]
     jobs = batch_jobs(tasks, per_task, store, cfg, seed, tag, pool_source)
@@ -124,7 +144,7 @@ def score(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Task],
         task_plans = {m: p[i] for m, p in plans.items() if p[i] is not None}
         records = {k: known[k] for k in map(shard_key, task_shards(task, list(task_plans.values())))}
         costs = {k: values(r) for k, r in records.items()}
-        frames += [device_frame(pool_features, task, m, p, costs, cfg.batch_size, backend.device).assign(
+        frames += [device_frame(pool_features, task, m, p, costs, cfg.batch_size, backend.device, comm_model).assign(
             drift=max((r["drift"] for r in records.values()), default=0.0),
             remeasured=any(r["attempts"] > 1 for r in records.values())) for m, p in task_plans.items()]
     out = pd.concat(frames, ignore_index=True)
@@ -144,22 +164,47 @@ def predict_devices(devices: pd.DataFrame, model: CostModel, features: np.ndarra
     return out
 
 
-def bottlenecks(devices: pd.DataFrame) -> pd.DataFrame:
-    """The measured bottleneck (max device compute) per (task, method), also in units of its
-    batches' calibration shard (`calibrated`)."""
-    return devices.groupby(["task", "method"], sort=False).agg(
+def synchronized(devices: pd.DataFrame, keys: Sequence[str] = ("task", "method")) -> pd.Series:
+    """Per plan, the synchronized-stages cost: the sum over the four stages of the slowest
+    device's time in it (measured compute, modelled or analytic comm)."""
+    return devices.groupby(list(keys), sort=False)[STAGES].max().sum(axis=1).rename("synchronized_ms")
+
+
+def bottlenecks(devices: pd.DataFrame, objective: str = "max_device") -> pd.DataFrame:
+    """The measured bottleneck (max device compute, also in units of its batches' calibration
+    shard: `calibrated`) and the synchronized-stages cost per (task, method); `measured_ms` is the
+    one `objective` names (as in `plan_frame`)."""
+    _check_objective(objective)
+    out = devices.groupby(["task", "method"], sort=False).agg(
         measured_ms=("compute_ms", "max"), calibrated=("calibrated", "max")).reset_index()
+    out = out.merge(synchronized(devices).reset_index(), on=["task", "method"])
+    if objective == "synchronized_stages":
+        out["measured_ms"] = out["synchronized_ms"]
+    return out
 
 
-def plan_frame(devices: pd.DataFrame, tasks: list[Task], seconds: pd.DataFrame) -> pd.DataFrame:
+def _check_objective(objective: str) -> None:
+    if objective not in OBJECTIVES:
+        raise ValueError(f"objective: {objective!r} (expected one of {', '.join(OBJECTIVES)})")
+
+
+def plan_frame(devices: pd.DataFrame, tasks: list[Task], seconds: pd.DataFrame,
+               objective: str = "max_device") -> pd.DataFrame:
     """One row per (task, method) with a plan: measured bottleneck (max device compute),
-    the same with analytic communication, the predicted bottleneck (`devices` needs a
-    `predicted_ms` column), the fullest device's share of the memory cap, the sharding time."""
+    the same with communication, the synchronized-stages cost (`synchronized_ms`), the predicted
+    bottleneck (`devices` needs a `predicted_ms` column), the fullest device's share of the memory
+    cap, the sharding time and the comm source. With `objective` "synchronized_stages" the
+    headline `measured_ms` is the synchronized cost (the compute bottleneck stays in `max_device_ms`)."""
+    _check_objective(objective)
     by_task = {t.name: t for t in tasks}
     out = devices.groupby(["task", "protocol", "method"], sort=False).agg(
         measured_ms=("compute_ms", "max"), with_comm_ms=("with_comm_ms", "max"),
         predicted_ms=("predicted_ms", "max"), memory_bytes=("memory_bytes", "max"),
-        calibrated=("calibrated", "max")).reset_index()
+        calibrated=("calibrated", "max"), comm_source=("comm_source", "first")).reset_index()
+    out = out.merge(synchronized(devices).reset_index(), on=["task", "method"])
+    out["max_device_ms"] = out["measured_ms"]
+    if objective == "synchronized_stages":
+        out["measured_ms"] = out["synchronized_ms"]
     out["memory_share"] = out["memory_bytes"] / out["task"].map(lambda n: by_task[n].memory_bytes)
     out["unseen_ratio"] = out["task"].map(lambda n: by_task[n].unseen_ratio)
     return out.merge(seconds[["task", "method", "seconds"]], on=["task", "method"], how="left")

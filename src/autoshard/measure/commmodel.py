@@ -1,0 +1,213 @@
+"""A communication cost model fitted on measured all-to-alls, as NeuroShard models comm.
+
+Per device and direction, the all-to-all time is linear in what the device sends and what it
+receives: ms = a + b * sent_mb + c * received_mb, fitted by least squares per device count D.
+With table-wise sharding and a data-parallel batch B, device d of summed embedding width w_d
+sends (D - 1) * B/D * w_d * 4 bytes forward (its pooled rows to each peer) and receives
+B/D * (W - w_d) * 4 bytes (W: the placement's total width); backward the two swap.
+A second fit across all measured device counts adds a term in D; it is what the model uses
+for a device count it was not measured at (an extrapolation, labelled so).
+"""
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from autoshard.core.errors import ConfigError
+from autoshard.core.seeding import rng
+from autoshard.measure.comm import measure_comm_many
+from autoshard.measure.timing import TimingConfig
+
+DIRECTIONS = ("forward", "backward")
+BYTES_PER_VALUE = 4
+MB = 1e6
+
+
+def traffic(widths: Sequence[int], batch_size: int) -> list[dict[str, tuple[float, float]]]:
+    """Per device: {direction: (sent_mb, received_mb)} of one all-to-all step."""
+    world = len(widths)
+    rows = batch_size // world
+    total = sum(widths)
+    out = []
+    for w in widths:
+        sent = (world - 1) * rows * w * BYTES_PER_VALUE / MB
+        received = rows * (total - w) * BYTES_PER_VALUE / MB
+        out.append({"forward": (sent, received), "backward": (received, sent)})
+    return out
+
+
+def comm_rows(placements: Sequence[Sequence[int]], measured: Sequence[Sequence[tuple[float, float]]],
+              batch_size: int, placement_ids: Sequence[int] | None = None) -> pd.DataFrame:
+    """One row per (placement, device, direction): world, width, sent_mb, received_mb, ms."""
+    ids = list(placement_ids) if placement_ids is not None else list(range(len(placements)))
+    rows = []
+    for pid, widths, ranks in zip(ids, placements, measured, strict=True):
+        for d, (moved, times) in enumerate(zip(traffic(widths, batch_size), ranks, strict=True)):
+            for direction, ms in zip(DIRECTIONS, times, strict=True):
+                sent, received = moved[direction]
+                rows.append({"placement": int(pid), "world": len(widths), "device": d, "direction": direction,
+                             "width": int(widths[d]), "batch_size": batch_size,
+                             "sent_mb": sent, "received_mb": received, "ms": float(ms)})
+    return pd.DataFrame(rows)
+
+
+def _design(rows: pd.DataFrame, with_world: bool) -> np.ndarray:
+    cols = [np.ones(len(rows)), rows["sent_mb"].to_numpy(float), rows["received_mb"].to_numpy(float)]
+    if with_world:
+        cols.append(rows["world"].to_numpy(float))
+    return np.column_stack(cols)
+
+
+@dataclass
+class CommModel:
+    """Least-squares coefficients: `per_world[D][direction]` = [a, b, c] (intercept, per sent
+    MB, per received MB); `across[direction]` = [a, b, c, e] with e per device of world size."""
+
+    per_world: dict[int, dict[str, list[float]]] = field(default_factory=dict)
+    across: dict[str, list[float]] = field(default_factory=dict)
+
+    def source(self, world: int) -> str:
+        """'measured-model' when fitted at this device count, 'extrapolated-model' when only the
+        across-world fit covers it."""
+        return "measured-model" if world in self.per_world else "extrapolated-model"
+
+    def predict_rows(self, rows: pd.DataFrame) -> np.ndarray:
+        """Predicted ms for rows with world, direction, sent_mb, received_mb (never below 0)."""
+        out = np.zeros(len(rows))
+        for i, (world, direction, sent, received) in enumerate(
+                rows[["world", "direction", "sent_mb", "received_mb"]].itertuples(index=False)):
+            if int(world) in self.per_world:
+                a, b, c = self.per_world[int(world)][direction]
+                out[i] = a + b * sent + c * received
+            else:
+                a, b, c, e = self.across[direction]
+                out[i] = a + b * sent + c * received + e * world
+        return np.maximum(out, 0.0)
+
+    def predict(self, widths: Sequence[int], batch_size: int) -> list[tuple[float, float]]:
+        """(forward, backward) ms per device of a placement given as each device's summed width."""
+        fwd, bwd = self.predict_arrays(np.asarray(widths, float), batch_size)
+        return [(float(f), float(b)) for f, b in zip(fwd, bwd, strict=True)]
+
+    def predict_arrays(self, widths: np.ndarray, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and backward ms per device as arrays: `predict` without pandas, for planners
+        that call it once per candidate device."""
+        world = len(widths)
+        scale = (batch_size // world) * BYTES_PER_VALUE / MB
+        sent = (world - 1) * widths * scale
+        received = (widths.sum() - widths) * scale
+        out = []
+        for direction, (s, r) in zip(DIRECTIONS, [(sent, received), (received, sent)], strict=True):
+            if world in self.per_world:
+                a, b, c = self.per_world[world][direction]
+                ms = a + b * s + c * r
+            else:
+                a, b, c, e = self.across[direction]
+                ms = a + b * s + c * r + e * world
+            out.append(np.maximum(ms, 0.0))
+        return out[0], out[1]
+
+    def to_json(self) -> dict:
+        """A JSON-ready document (device counts as string keys)."""
+        return {"per_world": {str(w): v for w, v in self.per_world.items()}, "across": self.across,
+                "units": "ms = a + b*sent_mb + c*received_mb (+ e*world across device counts)"}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "CommModel":
+        return cls({int(w): v for w, v in doc["per_world"].items()}, doc["across"])
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CommModel":
+        return cls.from_json(json.loads(Path(path).read_text()))
+
+
+def fit_comm_model(rows: pd.DataFrame) -> CommModel:
+    """Least squares per device count and direction, and across device counts per direction."""
+    if rows.empty:
+        raise ConfigError("comm rows: none (the comm model needs measured all-to-alls)")
+    model = CommModel()
+    for world, part in rows.groupby("world"):
+        model.per_world[int(world)] = {
+            d: np.linalg.lstsq(_design(g, False), g["ms"].to_numpy(float), rcond=None)[0].tolist()
+            for d, g in part.groupby("direction")}
+    for direction, g in rows.groupby("direction"):
+        coef = np.linalg.lstsq(_design(g, True), g["ms"].to_numpy(float), rcond=None)[0].tolist()
+        if g["world"].nunique() < 2:  # the world term is not identified from one device count
+            coef = [*np.linalg.lstsq(_design(g, False), g["ms"].to_numpy(float), rcond=None)[0].tolist(), 0.0]
+        model.across[str(direction)] = coef
+    return model
+
+
+def heldout_split(placements: int, share: float, seed: int, world: int) -> np.ndarray:
+    """A seeded boolean mask of the held-out placements (at least one, at least one left to fit)."""
+    if placements < 2:
+        raise ConfigError(f"profile.comm.placements: {placements} (fitting and holding out needs at least 2)")
+    held = min(placements - 1, max(1, round(share * placements)))
+    mask = np.zeros(placements, bool)
+    mask[rng(seed, "profile", "comm", "heldout", world).choice(placements, held, replace=False)] = True
+    return mask
+
+
+def mape(model: CommModel, rows: pd.DataFrame) -> float:
+    """Mean absolute percentage error of the model on measured rows (a share)."""
+    truth = rows["ms"].to_numpy(float)
+    return float(np.mean(np.abs(model.predict_rows(rows) - truth) / truth))
+
+
+def random_placements(table_dims: Sequence[int], world: int, count: int, seed: int) -> list[list[int]]:
+    """`count` random placements of tables with `table_dims` onto `world` devices, as each
+    device's summed width; the tables are a random subset (a quarter to all) so that the
+    totals vary too. Seeded by rng(seed, "profile", "comm", world)."""
+    gen = rng(seed, "profile", "comm", world)
+    dims = np.asarray(table_dims, int)
+    out = []
+    for _ in range(count):
+        k = int(gen.integers(max(1, len(dims) // 4), len(dims) + 1))
+        chosen = gen.choice(len(dims), k, replace=False)
+        devices = gen.integers(0, world, k)
+        out.append([int(dims[chosen][devices == d].sum()) for d in range(world)])
+    return out
+
+
+def profile_comm(table_dims: Sequence[int], device_counts: Sequence[int], placements: int, batch_size: int,
+                 timing: TimingConfig, seed: int, heldout_share: float = 0.25, device: str = "cpu",
+                 mape_target: float = 0.10) -> tuple[pd.DataFrame, CommModel, dict]:
+    """Measure `placements` random placements per device count (one torchrun launch each),
+    fit the model on the placements not held out, and score it on the held-out ones.
+    Returns the measured rows (column `heldout`), the model and the metrics."""
+    frames = []
+    for world in device_counts:
+        widths = random_placements(table_dims, int(world), placements, seed)
+        measured = measure_comm_many(widths, batch_size, device, timing)
+        held = heldout_split(placements, heldout_share, seed, int(world))
+        rows = comm_rows(widths, measured, batch_size)
+        frames.append(rows.assign(heldout=held[rows["placement"].to_numpy()]))
+    rows = pd.concat(frames, ignore_index=True)
+    model = fit_comm_model(rows[~rows["heldout"]])
+    test = rows[rows["heldout"]]
+    metrics = {"placements": int(placements), "device_counts": [int(w) for w in device_counts],
+               "batch_size": int(batch_size), "heldout_share": float(heldout_share),
+               "mape_heldout": mape(model, test),
+               "mape_heldout_by_world": {str(w): mape(model, g) for w, g in test.groupby("world")},
+               "mape_train": mape(model, rows[~rows["heldout"]]),
+               # the fit across device counts alone, as used where no count was measured (8 devices)
+               "mape_heldout_across": mape(CommModel({}, model.across), test),
+               "median_ms_by_world": {str(w): float(g["ms"].median()) for w, g in rows.groupby("world")},
+               "mape_target": float(mape_target)}
+    metrics["mape_target_met"] = bool(metrics["mape_heldout"] <= mape_target)
+    return rows, model, metrics
+
+
+def error_table(model: CommModel, rows: pd.DataFrame) -> pd.DataFrame:
+    """MAPE and median measured ms per device count, direction and fitted / held-out set."""
+    rows = rows.assign(predicted_ms=model.predict_rows(rows))
+    rows["ape"] = (rows["predicted_ms"] - rows["ms"]).abs() / rows["ms"]
+    return rows.groupby(["world", "direction", "heldout"]).agg(
+        rows=("ms", "size"), median_ms=("ms", "median"), mape=("ape", "mean")).reset_index()

@@ -1,0 +1,82 @@
+"""The communication model: exact recovery on synthetic rows, a fit on a small measured set."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from autoshard.core.errors import ConfigError
+from autoshard.measure.commmodel import (
+    CommModel,
+    comm_rows,
+    fit_comm_model,
+    heldout_split,
+    mape,
+    random_placements,
+    traffic,
+)
+from autoshard.measure.timing import TimingConfig
+
+TRUE = {2: {"forward": (0.5, 0.3, 0.2), "backward": (0.4, 0.1, 0.6)},
+        4: {"forward": (0.9, 0.25, 0.35), "backward": (1.1, 0.15, 0.5)}}
+
+
+def _synthetic(seed: int) -> pd.DataFrame:
+    frames = []
+    for world, coef in TRUE.items():
+        widths = random_placements(list(range(8, 200, 8)), world, 12, seed)
+        measured = [[tuple(coef[k][0] + coef[k][1] * m[k][0] + coef[k][2] * m[k][1] for k in ("forward", "backward"))
+                     for m in traffic(w, 1024)] for w in widths]
+        frames.append(comm_rows(widths, measured, 1024))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_traffic_counts_bytes_each_device_sends_and_receives():
+    moved = traffic([10, 30], 8)  # 4 rows per device, 4 bytes a value
+    assert moved[0]["forward"] == (4 * 10 * 4 / 1e6, 4 * 30 * 4 / 1e6)
+    assert moved[0]["backward"] == moved[0]["forward"][::-1]
+
+
+def test_fit_recovers_synthetic_coefficients_exactly():
+    model = fit_comm_model(_synthetic(0))
+    for world, coef in TRUE.items():
+        for direction, abc in coef.items():
+            assert np.allclose(model.per_world[world][direction], abc, atol=1e-9)
+    assert mape(model, _synthetic(1)) < 1e-9
+    assert model.source(4) == "measured-model" and model.source(8) == "extrapolated-model"
+
+
+def test_model_round_trips_through_json(tmp_path):
+    model = fit_comm_model(_synthetic(0))
+    model.save(tmp_path / "m.json")
+    again = CommModel.load(tmp_path / "m.json")
+    assert again.predict([64, 32, 16, 8], 1024) == model.predict([64, 32, 16, 8], 1024)
+    assert len(again.predict([64] * 8, 1024)) == 8  # extrapolated across world sizes
+
+
+def test_heldout_split_is_seeded_and_leaves_a_fit_set():
+    a, b = heldout_split(10, 0.25, 0, 2), heldout_split(10, 0.25, 0, 2)
+    assert (a == b).all() and 0 < a.sum() < 10
+    with pytest.raises(ConfigError, match="profile.comm.placements"):
+        heldout_split(1, 0.25, 0, 2)
+
+
+def test_fit_on_a_small_measured_set():
+    """Two torchrun processes, three tiny placements: the fit reproduces its own rows' scale."""
+    from autoshard.measure.comm import measure_comm_many
+
+    widths = [[16, 64], [128, 32], [256, 256]]
+    measured = measure_comm_many(widths, 256, timing=TimingConfig(warmup=1, runs=3))
+    rows = comm_rows(widths, measured, 256)
+    assert len(rows) == 3 * 2 * 2 and (rows["ms"] > 0).all()
+    model = fit_comm_model(rows)
+    assert set(model.per_world) == {2}
+    predicted = model.predict([64, 64], 256)
+    assert all(f >= 0 and b >= 0 for f, b in predicted)
+
+
+def test_predict_arrays_agrees_with_the_row_prediction():
+    model = fit_comm_model(_synthetic(0))
+    for widths in ([64, 32], [8, 16, 24, 300], [50] * 8):
+        rows = pd.DataFrame([{"world": len(widths), "direction": k, "sent_mb": m[k][0], "received_mb": m[k][1]}
+                             for m in traffic(widths, 1024) for k in ("forward", "backward")])
+        assert np.allclose(model.predict_rows(rows), np.ravel(model.predict(widths, 1024)))

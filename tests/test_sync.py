@@ -1,0 +1,160 @@
+"""The synchronized-stages objective: scoring hand-made placements, and the sync_greedy planner."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from autoshard.core.errors import ConfigError
+from autoshard.data.tasks import Task
+from autoshard.measure.comm import STAGES, max_device_ms, synchronized_ms
+from autoshard.measure.commmodel import CommModel
+from autoshard.placement.heuristics import Infeasible
+from autoshard.placement.lpt import lpt
+from autoshard.placement.sync import planner, predicted_stages, stage_singles, sync_greedy, synchronized_cost
+from autoshard.studies.measured import bottlenecks, plan_comm, plan_frame, synchronized
+
+NO_COMM = CommModel({2: {"forward": [0.0, 0.0, 0.0], "backward": [0.0, 0.0, 0.0]}},
+                    {"forward": [0.0] * 4, "backward": [0.0] * 4})
+
+
+def _zero_comm(widths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros(len(widths)), np.zeros(len(widths))
+
+
+def _stages(rows: list[tuple[float, float, float, float]]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=STAGES)
+
+
+def test_balanced_sums_but_not_stages_scores_worse_synchronized():
+    """Both plans' devices sum to 6 ms; only the second balances each stage."""
+    sums_only = _stages([(4.0, 0.5, 0.5, 1.0), (1.0, 0.5, 0.5, 4.0)])
+    per_stage = _stages([(2.5, 0.5, 0.5, 2.5), (2.5, 0.5, 0.5, 2.5)])
+    assert max_device_ms(sums_only) == max_device_ms(per_stage) == 6.0
+    assert synchronized_ms(sums_only) == 9.0 and synchronized_ms(per_stage) == 6.0
+    assert synchronized_ms(sums_only) > synchronized_ms(per_stage)
+    assert synchronized_cost(sums_only.to_numpy()) == 9.0
+
+
+def _devices(plan_stages: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    frames = []
+    for method, stages in plan_stages.items():
+        frame = stages.assign(task="t", protocol="dreamshard", method=method, device=range(len(stages)),
+                              memory_bytes=1, predicted_ms=1.0, comm_source="measured-model")
+        frame["compute_ms"] = frame["forward_compute_ms"] + frame["backward_compute_ms"]
+        frame["with_comm_ms"] = frame[STAGES].sum(axis=1)
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_measured_scoring_reports_both_objectives():
+    devices = _devices({"sums": _stages([(4.0, 0.5, 0.5, 1.0), (1.0, 0.5, 0.5, 4.0)]),
+                        "stages": _stages([(2.5, 0.5, 0.5, 2.5), (2.5, 0.5, 0.5, 2.5)])})
+    assert synchronized(devices).to_dict() == {("t", "sums"): 9.0, ("t", "stages"): 6.0}
+    assert bottlenecks(devices).set_index("method")["synchronized_ms"].to_dict() == {"sums": 9.0, "stages": 6.0}
+    tasks = [Task("t", "dreamshard", "test", (0, 1), 2, 10, 1.0)]
+    seconds = pd.DataFrame({"task": "t", "method": ["sums", "stages"], "seconds": 0.1})
+    headline = plan_frame(devices, tasks, seconds).set_index("method")
+    assert (headline["measured_ms"] == 5.0).all()  # max-device compute: the two tie
+    synced = plan_frame(devices, tasks, seconds, objective="synchronized_stages").set_index("method")
+    assert synced.loc["sums", "measured_ms"] == 9.0 and synced.loc["stages", "max_device_ms"] == 5.0
+    assert (synced["comm_source"] == "measured-model").all()
+    with pytest.raises(ValueError, match="objective"):
+        plan_frame(devices, tasks, seconds, objective="mean")
+
+
+def test_comm_source_says_where_comm_comes_from():
+    features = pd.DataFrame({"dim": [16, 32, 64, 8], "pooling_factor": [1.0, 2.0, 3.0, 4.0]})
+    model = CommModel({2: {"forward": [1.0, 0.0, 0.0], "backward": [2.0, 0.0, 0.0]}},
+                      {"forward": [1.0, 0.0, 0.0, 0.5], "backward": [2.0, 0.0, 0.0, 0.5]})
+    comm, source = plan_comm(features, [[0, 1], [2, 3]], 64, "cpu", model)
+    assert source == "measured-model" and comm == [(1.0, 2.0), (1.0, 2.0)]
+    comm, source = plan_comm(features, [[0], [1], [2], [3]], 64, "cpu", model)
+    assert source == "extrapolated-model" and comm[0] == (3.0, 4.0)
+    _, source = plan_comm(features, [[0, 1], [2, 3]], 64, "cpu")
+    assert source == "analytic"
+
+
+# --- sync_greedy ------------------------------------------------------------------------------
+
+def test_sync_greedy_beats_max_device_greedy_on_its_objective():
+    """Forward-heavy A, D and backward-heavy B, C on 2 devices: LPT on the per-table totals (the
+    max-device greedy) pairs B with C and A with D, so one device is slow forward and the other
+    backward; sync_greedy puts one of each kind on each device."""
+    forward = np.array([5.0, 0.0, 0.0, 4.0])
+    backward = np.array([0.0, 4.0, 4.0, 0.0])
+    dims = np.ones(4)
+    sizes = np.ones(4, np.int64)
+
+    def cost(p: np.ndarray) -> float:
+        f, b = np.bincount(p, forward, 2), np.bincount(p, backward, 2)
+        return synchronized_cost(predicted_stages(f, b, np.bincount(p, dims, 2), _zero_comm))
+
+    greedy_plan = lpt(forward + backward, sizes, 2, 10)
+    placement = sync_greedy(forward, backward, dims, sizes, 2, 10, _zero_comm)
+    assert cost(greedy_plan) == 17.0 and cost(placement) == 9.0
+    assert placement[0] != placement[3] and placement[1] != placement[2]
+
+
+def test_sync_greedy_respects_memory():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        n, devices = int(rng.integers(4, 12)), int(rng.integers(2, 4))
+        sizes = rng.integers(1, 10, n).astype(np.int64)
+        capacity = int(max(sizes.max(), np.ceil(1.3 * sizes.sum() / devices)))
+        try:
+            placement = sync_greedy(rng.uniform(0.1, 2, n), rng.uniform(0.1, 2, n), rng.integers(4, 64, n),
+                                    sizes, devices, capacity, _zero_comm)
+        except Infeasible:
+            continue
+        assert (placement >= 0).all()
+        assert np.bincount(placement, sizes, devices).max() <= capacity
+    with pytest.raises(Infeasible):
+        sync_greedy(np.ones(2), np.ones(2), np.ones(2), np.array([5, 5]), 2, 4, _zero_comm)
+
+
+def test_sync_greedy_weighs_communication():
+    """Equal compute; the comm model charges what a device sends: wide tables are spread."""
+    model = CommModel({2: {"forward": [0.0, 100.0, 0.0], "backward": [0.0, 0.0, 100.0]}}, {})
+    comm = lambda w: model.predict_arrays(w, 64)  # noqa: E731
+    placement = sync_greedy(np.ones(4), np.ones(4), np.array([256, 256, 1, 1]), np.ones(4, np.int64), 2, 10, comm)
+    assert placement[0] != placement[1]
+
+
+def test_stage_singles_and_the_task_planner():
+    profile = pd.DataFrame({"tables": [[0], [1], [2], [0, 1], [0]], "num_tables": [1, 1, 1, 2, 1],
+                            "forward_ms": [1.0, 2.0, 3.0, 9.0, 3.0], "backward_ms": [2.0, 1.0, 1.0, 9.0, 4.0]})
+    forward, backward = stage_singles(profile, 4)
+    assert forward[:3].tolist() == [2.0, 2.0, 3.0] and backward[:3].tolist() == [3.0, 1.0, 1.0]
+    assert np.isnan(forward[3])
+    features = pd.DataFrame({"dim": [8, 8, 8, 8], "size_bytes": [1, 1, 1, 1]})
+    place = planner(forward, backward, features, NO_COMM, 64)
+    plan = place(Task("t", "dreamshard", "test", (0, 1, 2), 2, 10, 1.0))
+    assert sorted(np.bincount(plan, minlength=2)) == [1, 2]
+    with pytest.raises(ConfigError, match=r"no single-table measurement of tables \[3\]"):
+        place(Task("u", "dreamshard", "test", (0, 3), 2, 10, 1.0))
+
+
+def test_paired_synchronized_compares_on_the_synchronized_cost():
+    from autoshard.studies.findings import paired_synchronized
+
+    names = [f"t{i}" for i in range(8)]
+    rows = []
+    for i, name in enumerate(names):
+        for method, measured, synced in (("naive", 10.0, 12.0), ("random", 10.0, 13.0),
+                                         ("cost_greedy", 9.0, 14.0 + 0.1 * i)):
+            rows.append({"task": name, "protocol": "dreamshard", "method": method, "measured_ms": measured,
+                         "synchronized_ms": synced, "unseen_ratio": 1.0})
+    ratios = pd.DataFrame(rows)
+    plans = {m: [np.array([i % 2, 1 - i % 2, int(m == "cost_greedy")]) for i in range(8)]
+             for m in ("naive", "random", "cost_greedy")}
+    pairs = paired_synchronized(ratios, plans, names, {"dreamshard": 0.01}, 200, 0)
+    entry = pairs["dreamshard"]["cost_greedy__vs__best_heuristic"]
+    assert entry["median_ratio"] > 1.1, "slower on the synchronized cost though faster on compute"
+
+
+def test_bottlenecks_follow_the_objective():
+    devices = _devices({"sums": _stages([(4.0, 0.5, 0.5, 1.0), (1.0, 0.5, 0.5, 4.0)])})
+    assert bottlenecks(devices)["measured_ms"].tolist() == [5.0]
+    assert bottlenecks(devices, "synchronized_stages")["measured_ms"].tolist() == [9.0]
+    with pytest.raises(ValueError, match="objective"):
+        bottlenecks(devices, "mean")
