@@ -175,8 +175,9 @@ def bottlenecks(devices: pd.DataFrame, objective: str = "max_device") -> pd.Data
     shard: `calibrated`) and the synchronized-stages cost per (task, method); `measured_ms` is the
     one `objective` names (as in `plan_frame`)."""
     _check_objective(objective)
-    out = devices.groupby(["task", "method"], sort=False).agg(
-        measured_ms=("compute_ms", "max"), calibrated=("calibrated", "max")).reset_index()
+    calibrated = {"calibrated": ("calibrated", "max")} if "calibrated" in devices else {}
+    out = devices.groupby(["task", "method"], sort=False).agg(measured_ms=("compute_ms", "max"),
+                                                             **calibrated).reset_index()
     out = out.merge(synchronized(devices).reset_index(), on=["task", "method"])
     if objective == "synchronized_stages":
         out["measured_ms"] = out["synchronized_ms"]
@@ -200,7 +201,8 @@ def plan_frame(devices: pd.DataFrame, tasks: list[Task], seconds: pd.DataFrame,
     out = devices.groupby(["task", "protocol", "method"], sort=False).agg(
         measured_ms=("compute_ms", "max"), with_comm_ms=("with_comm_ms", "max"),
         predicted_ms=("predicted_ms", "max"), memory_bytes=("memory_bytes", "max"),
-        calibrated=("calibrated", "max"), comm_source=("comm_source", "first")).reset_index()
+        comm_source=("comm_source", "first"),
+        **({"calibrated": ("calibrated", "max")} if "calibrated" in devices else {})).reset_index()
     out = out.merge(synchronized(devices).reset_index(), on=["task", "method"])
     out["max_device_ms"] = out["measured_ms"]
     if objective == "synchronized_stages":
