@@ -265,18 +265,11 @@ def measure_stored(tables, placement: np.ndarray, devices: int, args: argparse.N
 
 
 def measure(tables, placement: np.ndarray, devices: int, args: argparse.Namespace, backend=None) -> pd.DataFrame:
-    """Per device: tables and measured forward, backward and total compute (ms)."""
-    import torch
+    """`measure_shards` of a table-wise placement (every table one whole shard)."""
+    from autoshard.placement.columns import ColumnShard
 
-    torch.set_num_threads(1)
-    backend = backend or _backend(tables, args)
-    rows = []
-    for d in range(devices):
-        shard = [int(t) for t in np.flatnonzero(placement == d)]
-        cost = backend.measure(shard, args.batch_size) if shard else None
-        rows.append({"device": d, "tables": len(shard), "forward_ms": cost.forward_ms if cost else 0.0,
-                     "backward_ms": cost.backward_ms if cost else 0.0, "total_ms": cost.total_ms if cost else 0.0})
-    return pd.DataFrame(rows)
+    whole = [ColumnShard(t, 0, d, d) for t, d in enumerate(tables.features["dim"].tolist())]
+    return measure_shards(tables, whole, placement, devices, args, backend)
 
 
 def measure_shards(tables, shards: list, placement: np.ndarray, devices: int, args: argparse.Namespace,
