@@ -9,6 +9,7 @@ from autoshard.core.errors import ConfigError
 from autoshard.data.features import FEATURE_COLUMNS, REUSE_COLUMNS, feature_matrix
 from autoshard.data.tasks import Task
 from autoshard.measure.base import shard_bytes
+from autoshard.measure.store import MeasurementStore
 from autoshard.placement import columns
 
 
@@ -190,12 +191,14 @@ def test_the_study_measures_column_plans_against_table_plans(user_pool, tmp_path
     assert study.key_shard("0:16-48,3", dims) == ([0, 3], [32, 32])
     backend = Counting(user_pool)
     timing = TimingConfig(warmup=0, runs=1, rounds=1)
-    rows = study.plan_rows(backend, f, tasks, plans, 64, tmp_path, 0, timing, progress=False)
+    store = study.columns_store(MeasurementStore(tmp_path, "space"))
+    rows = study.plan_rows(backend, f, tasks, plans, 64, store, 0, timing, progress=False)
     assert len(rows) == 6 and (rows["measured_ms"] > 0).all()
     assert any(d is not None and d != [int(dims[t]) for t in ts] for ts, d in backend.calls)
     calls = len(backend.calls)
-    again = study.plan_rows(backend, f, tasks, plans, 64, tmp_path, 0, timing, progress=False)
-    assert len(backend.calls) == calls  # resumed from the saved tasks
+    again = study.plan_rows(backend, f, tasks, plans, 64, store, 0, timing, progress=False)
+    assert len(backend.calls) == calls  # resumed from the store
+    assert store.folder.parent == tmp_path and store.folder.name != "space"  # a tagged pass of the study's store
     pd.testing.assert_frame_equal(rows, again)
     table = study.per_task(rows, ["size_greedy"], ["column_greedy"])
     assert len(table) == 3

@@ -393,3 +393,27 @@ def test_a_batch_records_its_calibration_time_and_the_task_calibrates_on_its_own
     assert batch.calibration_ms == 5.0 and [c[0] + c[1] for c in batch.costs] == [1.0, 2.0]
     task = Task("t", "dreamshard", "test", (9, 3, 12, 1, 7, 20, 15, 2, 30, 4), 2, 1, 1.0)
     assert calibration_shard(task) == (1, 2, 3, 4, 7, 9, 12, 15)
+
+
+def test_a_drifting_batch_keeps_the_attempt_whose_calibration_drifted_least():
+    from autoshard.measure.base import ShardCost
+    from autoshard.measure.interleaved import measure_batch
+    from autoshard.measure.timing import TimingConfig
+
+    class Machine:  # attempt 1: the calibration shard slows 40% after the first round, shards cost 2 ms;
+        name, device = "fake", "cpu"  # attempt 2: it drifts 20%, shards cost 1 ms; attempt 3: 30%, 3 ms
+        def __init__(self):
+            self.calls, self.attempt = 0, 0
+
+        def measure(self, tables, batch_size, dims=None):
+            if len(tables) == 3:  # the calibration shard: timed 1 + rounds (2) times per attempt
+                self.calls += 1
+                self.attempt = (self.calls - 1) // 3
+                slow = [0.4, 0.2, 0.3][self.attempt] if (self.calls - 1) % 3 else 0.0
+                return ShardCost(forward_ms=5 * (1 + slow), backward_ms=0.0)
+            return ShardCost(forward_ms=[2.0, 1.0, 3.0][self.attempt], backward_ms=0.0)
+
+    timing = TimingConfig(warmup=0, runs=1, rounds=2, drift_limit=0.1, retries=2)
+    batch = measure_batch(Machine(), [[1], [2]], [0, 1, 2], 8, timing, np.random.default_rng(0))
+    assert batch.attempts == 3  # every attempt drifted past the limit ...
+    assert batch.drift == pytest.approx(0.2) and [c[0] for c in batch.costs] == [1.0, 1.0]  # ... the least kept

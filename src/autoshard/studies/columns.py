@@ -3,23 +3,21 @@
 Per task, every plan (table-wise ones as one whole column shard per table, column-wise ones as
 `placement.columns` split tasks) is turned into device shards of column shards; the distinct
 device shards of all plans of a task are measured as one batch in interleaved rounds
-(`measure.interleaved`, each column shard at its own width), saved per task so a stopped run
-resumes. A device shard's key lists its column shards' keys sorted ("3,17:0-16,40"); a shard
-of whole tables has the same key as in `studies.measured` ("3,17,40"). The reference per task is
-the best table-wise plan *by measurement*, so the comparison is conservative for column-wise.
+(`measure.interleaved`, each column shard at its own width), filed in the study's measurement
+store (a tagged space of its own, `columns_store`), so a stopped run resumes. A device shard's
+key lists its column shards' keys sorted ("3,17:0-16,40"); a shard of whole tables has the same
+key as in `studies.measured` ("3,17,40"). The reference per task is the best table-wise plan
+*by measurement*, so the comparison is conservative for column-wise.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from autoshard.core.atomic import atomic_file
 from autoshard.core.errors import ConfigError
 from autoshard.core.params import Fields
 from autoshard.core.schema import ColumnsMetrics
@@ -28,6 +26,7 @@ from autoshard.data.features import feature_matrix
 from autoshard.data.tasks import Task
 from autoshard.measure.base import CostBackend
 from autoshard.measure.interleaved import measure_batch
+from autoshard.measure.store import MeasurementStore, record, values
 from autoshard.measure.timing import TimingConfig
 from autoshard.placement.columns import (
     ColumnShard,
@@ -45,7 +44,6 @@ from autoshard.placement.torchrec import torchrec_column_plan
 from autoshard.studies.paired import compare
 
 SplitPlacement = tuple[list[ColumnShard], np.ndarray]  # column shards and a device per shard
-META = "_batches"
 
 
 @dataclass(frozen=True)
@@ -97,26 +95,24 @@ def plan_keys(plan: SplitPlacement, devices: int) -> list[str]:
 
 
 def measure_task(backend: CostBackend, task: Task, plans: Sequence[SplitPlacement], dims: Sequence[int],
-                 batch_size: int, work: Path, seed: int, timing: TimingConfig) -> dict:
-    """Measured fields (`interleaved.FIELDS`, then the CV) of the distinct device shards of
-    `plans`, keyed by device key; resumed from and saved to `<work>/<task>.columns.json`."""
-    path = work / f"{task.name.replace('/', '__')}.columns.json"
-    known = json.loads(path.read_text()) if path.exists() else {}
+                 batch_size: int, store: MeasurementStore, known: dict[str, dict], seed: int,
+                 timing: TimingConfig) -> dict[str, dict]:
+    """Store records of the distinct device shards of `plans` by device key: those in `known`
+    (a `read` of `store`, updated here) are reused, the others measured as one batch and added
+    to `store`."""
     keys = [k for p in plans for k in plan_keys(p, task.devices) if k]
-    todo = sorted(set(keys) - set(known) - {META})
-    if not todo:
-        return known
-    parsed = [key_shard(k, dims) for k in todo]
-    calibration = key_shard(keys[0], dims)[0]
-    g = rng(seed, "columns", "order", task.name, len(known))
-    batch = measure_batch(backend, [t for t, _ in parsed], calibration, batch_size, timing, g,
-                          dims=[w for _, w in parsed])
-    known.update(zip(todo, batch.costs, strict=True))
-    known.setdefault(META, []).append({"drift": batch.drift, "attempts": batch.attempts})
-    work.mkdir(parents=True, exist_ok=True)
-    with atomic_file(path) as tmp:
-        tmp.write_text(json.dumps(known, sort_keys=True))
-    return known
+    todo = sorted(set(keys) - set(known))
+    if todo:
+        parsed = [key_shard(k, dims) for k in todo]
+        calibration = key_shard(keys[0], dims)[0]
+        g = rng(seed, "columns", "order", task.name)
+        batch = measure_batch(backend, [t for t, _ in parsed], calibration, batch_size, timing, g,
+                              dims=[w for _, w in parsed])
+        records = {k: record(c, batch.drift, batch.attempts, batch.calibration_ms)
+                   for k, c in zip(todo, batch.costs, strict=True)}
+        store.write(records, f"columns {task.name}")
+        known.update(records)
+    return {k: known[k] for k in keys}
 
 
 def predicted_ms(model, pool_features: pd.DataFrame, plan: SplitPlacement, devices: int) -> float:
@@ -129,19 +125,21 @@ def predicted_ms(model, pool_features: pd.DataFrame, plan: SplitPlacement, devic
 
 
 def plan_rows(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Task],
-              plans: dict[str, list[SplitPlacement | None]], batch_size: int, work: Path, seed: int,
+              plans: dict[str, list[SplitPlacement | None]], batch_size: int, store: MeasurementStore, seed: int,
               timing: TimingConfig, model=None, progress: bool = True) -> pd.DataFrame:
     """One row per (task, method) with a plan: measured bottleneck (max device forward +
-    backward), predicted bottleneck (with `model`), number of split tables and column shards."""
+    backward), predicted bottleneck (with `model`), number of split tables and column shards.
+    Measurements go through `store`: give it the study's store tagged "columns" (`columns_store`)."""
     from tqdm.auto import tqdm
 
     dims = pool_features["dim"].to_numpy(dtype=np.int64)
+    known = store.read()
     rows = []
     for i, task in enumerate(tqdm(tasks, desc="measuring column plans", disable=not progress)):
         mine = {m: p[i] for m, p in plans.items() if p[i] is not None}
-        costs = measure_task(backend, task, list(mine.values()), dims, batch_size, work, seed, timing)
+        costs = measure_task(backend, task, list(mine.values()), dims, batch_size, store, known, seed, timing)
         for method, plan in mine.items():
-            compute = [costs[k][0] + costs[k][1] if k else 0.0 for k in plan_keys(plan, task.devices)]
+            compute = [sum(values(costs[k])[:2]) if k else 0.0 for k in plan_keys(plan, task.devices)]
             split = {s.table for s in plan[0] if not s.whole}
             rows.append({"task": task.name, "protocol": task.protocol, "unseen_ratio": task.unseen_ratio,
                          "method": method, "measured_ms": float(np.max(compute)), "split_tables": len(split),
@@ -149,6 +147,14 @@ def plan_rows(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Tas
                          "predicted_ms": (predicted_ms(model, pool_features, plan, task.devices)
                                           if model is not None else float("nan"))})
     return pd.DataFrame(rows)
+
+
+def columns_store(store: MeasurementStore) -> MeasurementStore:
+    """The column study's pass in the study's store: its own tagged space, so each task's
+    table-wise and column-wise plans are measured side by side in one batch (a plan measured in
+    another pass can differ by more than the effect this study looks for), resumed and kept like
+    every other measurement."""
+    return store.tagged("columns")
 
 
 def planners(model, pool_features: pd.DataFrame, single_costs: np.ndarray, cfg: ColumnsConfig, milp: MilpConfig,
