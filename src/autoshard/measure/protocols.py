@@ -84,8 +84,8 @@ def compare_protocols(backend: CostBackend, candidates: Sequence[Sequence[int]],
     shards = [tuple(int(t) for t in candidates[i]) for i in picked]
     rows = []
     for k in range(check.passes if shards else 0):
-        order = (SEQUENTIAL, INTERLEAVED) if k % 2 == 0 else (INTERLEAVED, SEQUENTIAL)
-        for protocol in order:
+        in_turn = (SEQUENTIAL, INTERLEAVED) if k % 2 == 0 else (INTERLEAVED, SEQUENTIAL)
+        for protocol in in_turn:
             start = time.perf_counter()
             if protocol == SEQUENTIAL:
                 costs = measure_sequential(backend, shards, batch_size, timing.rounds)
