@@ -69,8 +69,15 @@ def test_profile_metrics():
             "mape_heldout_by_world": {"2": 0.08}, "mape_train": 0.05, "mape_heldout_across": 0.1,
             "median_ms_by_world": {"2": 1.0},
             "mape_target": 0.1, "mape_target_met": True}
-    metrics = as_written(profile_metrics(table, versus, harness, 0.01, 2, 1, 3.0, 0.5, comm), schema.ProfileMetrics)
+    protocols = {name: {"shards": 8, "pass_change_median": change, "within_pass_cv_median": 0.02, "seconds": 9.0}
+                 for name, change in [("sequential", 0.06), ("interleaved", 0.02)]}
+    metrics = as_written(profile_metrics(table, versus, harness, 0.01, 2, 1, 3.0, 0.5, comm, protocols),
+                         schema.ProfileMetrics)
     assert metrics["comm"]["mape_heldout"] == 0.08
+    assert metrics["protocol_check"]["interleaved"]["pass_change_median"] == 0.02
+    with pytest.raises(ConfigError, match=r"protocol_check\.sequential\.shards"):
+        as_written(profile_metrics(table, versus, harness, 0.01, 2, 1, 3.0, 0.5, comm,
+                                   {"sequential": protocols["sequential"] | {"shards": "8"}}), schema.ProfileMetrics)
     assert metrics["cv_target"] == 0.01 and not metrics["cv_target_met"] and metrics["rounds_for_cv_target"] > 1
     assert metrics["torch_fbgemm_kendall_tau"] == 1.0 and metrics["torch_over_fbgemm_median_ratio"] == 2.0
     assert metrics["harness_check"]["forward"]["ours_ms"] == 1.1

@@ -80,10 +80,19 @@ def test_evaluate_metrics_are_strict_json_with_the_contract_keys():
     milp = pd.DataFrame({"task": ["t0"], "objective": [1.0], "lower_bound": [1.0], "gap": [0.0], "status": ["optimal"],
                          "seconds": [0.1]})
     tasks = [Task(n, "autoshard", "test", (0, 1, 2), 2, 10**9, 0.0) for n in names]
+    measured = devices(0.01).assign(protocol="autoshard", comm_source="measured-model")
+    plans["milp"][0] = plans["milp"][1] = None  # no plan on two tasks: a failure on the first
+    status = pd.DataFrame({"task": names[1:2], "method": ["milp"], "status": ["not run"]})  # not on the second
     metrics = evaluate_metrics(table, pd.DataFrame(), pd.Series(dtype=float), pd.DataFrame(), speed, {}, tasks,
-                               devices(0.01), quality, pairs, plain_answer(pairs, quality), milp, 1.0)
+                               measured, quality, pairs, plain_answer(pairs, quality), milp, 1.0,
+                               plans=plans, sizes=np.ones(3), plan_status=status, objective="max_device",
+                               paired_synchronized={"autoshard": {}})
     text = json.dumps(_plain(metrics), allow_nan=False)
     loaded = json.loads(text)
+    assert {"failed", "objective", "paired_synchronized", "comm_source"} <= set(loaded), "readers rely on these keys"
+    assert loaded["failed"]["autoshard"]["milp"] == 1 and loaded["failed"]["autoshard"]["rl_greedy"] == 0
+    assert loaded["objective"] == "max_device" and loaded["paired_synchronized"] == {"autoshard": {}}
+    assert loaded["comm_source"] == {"autoshard": "measured-model"}
     assert set(loaded["noise"]) >= {"median_cv", "calibration_drift", "remeasured_share"}
     assert set(loaded["paired"]["autoshard"]["rl_greedy__vs__cost_greedy"]) == {
         "tasks", "median_ratio", "ci_low", "ci_high", "p_value", "identical_share", "mde"}

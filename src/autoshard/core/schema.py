@@ -65,6 +65,16 @@ class CommMetrics(TypedDict):
     mape_target_met: bool
 
 
+class ProtocolScores(TypedDict):
+    """One timing protocol in the profile's protocol check (`measure.protocols.protocol_scores`):
+    the median |pass-to-pass change| of a shard's cost and the median CV within a pass (shares)."""
+
+    shards: int
+    pass_change_median: Number
+    within_pass_cv_median: Number
+    seconds: float
+
+
 class ProfileMetrics(StageTime):
     """reports/metrics/profile.json. Built by `measure.analysis.profile_metrics`."""
 
@@ -87,6 +97,7 @@ class ProfileMetrics(StageTime):
     harness_check: dict[str, dict[str, Any]]
     comm_measured_processes: int
     comm: NotRequired[CommMetrics]
+    protocol_check: NotRequired[dict[str, ProtocolScores]]  # sequential and interleaved, measured side by side
     torch_threads: int
     peak_rss_gib: float
 

@@ -31,6 +31,7 @@ from autoshard.measure.backends import BackendConfig
 from autoshard.measure.base import CostBackend, ShardTooLarge
 from autoshard.measure.batches import BatchJob, measure_batch_job
 from autoshard.measure.crosscheck import BenchConfig
+from autoshard.measure.protocols import ProtocolCheck
 from autoshard.measure.store import MeasurementStore, shard_key, shard_tables, values
 from autoshard.measure.timing import TimingConfig
 
@@ -51,7 +52,8 @@ class Job:
 @dataclass(frozen=True)
 class ProfileConfig:
     """The `profile` section: the backend, its timing protocol (`warmup` and `runs` per
-    round, `rounds` interleaved rounds per chunk, `drift_limit` and `retries`) and what to collect."""
+    round, `rounds` interleaved rounds per chunk, `drift_limit` and `retries`), what to collect and the
+    protocol check (the evidence for that timing protocol)."""
 
     backend: BackendConfig
     random_shards: int
@@ -71,6 +73,7 @@ class ProfileConfig:
     comm_mape_target: float  # the comm model's goal: held-out MAPE
     cv_target: float        # repeatability goal: median coefficient of variation across rounds
     remeasure: bool         # measure the train-pool shards again in an independent pass (a replicate's data)
+    protocol_check: ProtocolCheck  # the timing protocols compared on a few shards (measure/protocols.py)
 
     @classmethod
     def from_params(cls, values: dict) -> "ProfileConfig":
@@ -94,7 +97,8 @@ class ProfileConfig:
                   test_heuristic_tasks=c.integer("test_heuristic_tasks", lo=0),
                   repeat_shards=c.integer("repeat_shards", lo=0),
                   repeat_rounds=c.integer("repeat_rounds", lo=0), chunk_size=c.integer("chunk_size"),
-                  cv_target=f.number("cv_target", lo=0, lo_open=True), remeasure=c.boolean("remeasure"))
+                  cv_target=f.number("cv_target", lo=0, lo_open=True), remeasure=c.boolean("remeasure"),
+                  protocol_check=ProtocolCheck.from_fields(f.sub("protocol_check")))
         for section in (c, x, m, f):
             section.done()
         return cfg

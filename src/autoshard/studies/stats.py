@@ -8,7 +8,7 @@ import pandas as pd
 
 from autoshard.core.seeding import rng
 from autoshard.placement.registry import KIND, METHODS
-from autoshard.studies import paired
+from autoshard.studies import memory, paired
 from autoshard.studies.evaluate import Targets
 
 
@@ -104,11 +104,16 @@ def device_errors(devices: pd.DataFrame) -> pd.Series:
 def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_errors: pd.Series,
                      repeat_noise: pd.DataFrame, speed_table: pd.DataFrame, numpy_same: dict[str, float],
                      tasks: list, devices: pd.DataFrame, quality: dict, pairs: dict, answer: list[str],
-                     milp_table: pd.DataFrame, seconds: float, replicates: dict | None = None) -> dict:
+                     milp_table: pd.DataFrame, seconds: float, replicates: dict | None = None, *,
+                     plans: dict[str, list], sizes: np.ndarray, plan_status: pd.DataFrame, objective: str,
+                     paired_synchronized: dict) -> dict:
     """reports/metrics/evaluate.json: `noise` first (the measurement quality), then the `paired`
     comparisons per protocol (`<method>__vs__<reference>`), the plain `answer`,
     `replicates.<protocol>.<method>` (mean_ratio, std, n), the per-method `results`, the targets,
-    the cost model's device error, the MILP's gaps and the sharding speed."""
+    the cost model's device error, the MILP's gaps and the sharding speed; then `failed`
+    (`memory.failed_counts` of `plans` with `plan_status`, `evaluate.plan_all`'s frame), the
+    headline `objective`, `paired_synchronized` (the same comparisons on synchronized_ms) and
+    `comm_source` per protocol (where the all-to-all came from: readers rely on all four keys)."""
     return {
         "noise": quality, "paired": pairs, "answer": answer, "replicates": replicates or {},
         "results": {proto: g.drop(columns="protocol").set_index("method").to_dict("index")
@@ -125,4 +130,8 @@ def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_err
         "tasks": pd.Series([t.protocol for t in tasks]).value_counts().to_dict(),
         "shards_measured": int(devices["shard"].nunique()),
         "seconds": seconds,
+        "failed": memory.failed_counts(tasks, plans, sizes, plan_status),  # per protocol and method
+        "objective": objective,
+        "paired_synchronized": paired_synchronized,  # <protocol>.<method>__vs__<reference> on synchronized_ms
+        "comm_source": devices.groupby("protocol")["comm_source"].first().to_dict(),
     }

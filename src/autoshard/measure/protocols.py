@@ -1,0 +1,113 @@
+"""The evidence for the timing protocol: the same shards timed sequentially and interleaved,
+each protocol in independent passes.
+
+`sequential` is what a plain benchmark loop does: a shard's rounds back to back (each round
+`warmup` + `runs` as the profile times them), then the next shard, in a fixed order.
+`interleaved` is the profile's protocol (`measure.interleaved.measure_batch`: every shard once
+a round in a freshly shuffled order, a calibration shard between rounds, a drifting batch
+measured again). Both give a shard the same timed runs and take the median over its rounds, so
+only the order differs. Per protocol two numbers decide: how far a shard's cost moves from one
+pass to the next (what running the stage again would see), and the CV across a shard's rounds
+within a pass (the noise a single pass reports about itself). A protocol whose within-pass CV is
+small but whose pass-to-pass change is large is hiding its noise.
+"""
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from autoshard.core.params import Fields
+from autoshard.core.schema import ProtocolScores
+from autoshard.core.seeding import rng
+from autoshard.measure.base import CostBackend, ShardTooLarge
+from autoshard.measure.interleaved import measure_batch
+from autoshard.measure.timing import TimingConfig
+
+SEQUENTIAL, INTERLEAVED = "sequential", "interleaved"
+
+
+@dataclass(frozen=True)
+class ProtocolCheck:
+    """The `profile.protocol_check` section: how many shards (0: no check) and how many
+    independent passes of each protocol (at least 2, to compare passes)."""
+
+    shards: int
+    passes: int
+
+    @classmethod
+    def from_fields(cls, f: Fields) -> "ProtocolCheck":
+        cfg = cls(shards=f.integer("shards", lo=0), passes=f.integer("passes", lo=2))
+        f.done()
+        return cfg
+
+
+def _cv(totals: Sequence[float]) -> float:
+    """Coefficient of variation across rounds, as `measure_batch` reports it (NaN with one)."""
+    return float(np.std(totals, ddof=1) / np.mean(totals)) if len(totals) > 1 else float("nan")
+
+
+def measure_sequential(backend: CostBackend, shards: Sequence[Sequence[int]], batch_size: int,
+                       rounds: int) -> list[tuple[float, float]]:
+    """Per shard, its `rounds` measurements back to back: (median forward + median backward in
+    ms, CV of the round totals); NaNs for a shard too large to measure."""
+    out = []
+    for shard in shards:
+        try:
+            costs = [backend.measure(list(shard), batch_size) for _ in range(rounds)]
+        except ShardTooLarge:
+            out.append((float("nan"), float("nan")))
+            continue
+        total = float(np.median([c.forward_ms for c in costs]) + np.median([c.backward_ms for c in costs]))
+        out.append((total, _cv([c.total_ms for c in costs])))
+    return out
+
+
+def measure_interleaved(backend: CostBackend, shards: Sequence[Sequence[int]], batch_size: int,
+                        timing: TimingConfig, g: np.random.Generator) -> list[tuple[float, float]]:
+    """Per shard, (cost in ms, CV across rounds) from one interleaved batch; the calibration
+    shard is the one with the most tables, as the profile chooses it."""
+    batch = measure_batch(backend, shards, max(shards, key=len), batch_size, timing, g)
+    return [(c[0] + c[1], c[-1]) for c in batch.costs]
+
+
+def compare_protocols(backend: CostBackend, candidates: Sequence[Sequence[int]], check: ProtocolCheck,
+                      batch_size: int, timing: TimingConfig, seed: int) -> pd.DataFrame:
+    """One row per pass, protocol and shard: `cost_ms`, `cv` (within the pass) and the pass's
+    `seconds`. `check.shards` of `candidates` are drawn (seeded); in each pass both protocols
+    run, the first one alternating from pass to pass so that a slow phase of the machine
+    does not land on one protocol only."""
+    g = rng(seed, "profile", "protocol_check", "shards")
+    picked = sorted(g.choice(len(candidates), size=min(check.shards, len(candidates)), replace=False))
+    shards = [tuple(int(t) for t in candidates[i]) for i in picked]
+    rows = []
+    for k in range(check.passes if shards else 0):
+        in_turn = (SEQUENTIAL, INTERLEAVED) if k % 2 == 0 else (INTERLEAVED, SEQUENTIAL)
+        for protocol in in_turn:
+            start = time.perf_counter()
+            if protocol == SEQUENTIAL:
+                costs = measure_sequential(backend, shards, batch_size, timing.rounds)
+            else:
+                order_rng = rng(seed, "profile", "protocol_check", "order", k)
+                costs = measure_interleaved(backend, shards, batch_size, timing, order_rng)
+            seconds = time.perf_counter() - start
+            rows += [{"pass": k, "protocol": protocol, "shard": i, "tables": len(s), "cost_ms": cost, "cv": cv,
+                      "seconds": seconds} for i, (s, (cost, cv)) in enumerate(zip(shards, costs, strict=True))]
+    return pd.DataFrame(rows, columns=["pass", "protocol", "shard", "tables", "cost_ms", "cv", "seconds"])
+
+
+def protocol_scores(rows: pd.DataFrame) -> dict[str, ProtocolScores]:
+    """Per protocol (`compare_protocols`' rows): shards, the median over shards and consecutive
+    passes of |cost in pass k / cost in pass k-1 - 1|, the median within-pass CV and the
+    seconds spent measuring. The `protocol_check` entry of reports/metrics/profile.json."""
+    out: dict[str, ProtocolScores] = {}
+    for protocol in (SEQUENTIAL, INTERLEAVED):
+        g = rows[rows["protocol"] == protocol]
+        wide = g.pivot(index="shard", columns="pass", values="cost_ms").sort_index(axis=1).to_numpy()
+        change = pd.Series((wide[:, 1:] / wide[:, :-1] - 1).ravel()).abs()
+        out[protocol] = {"shards": int(g["shard"].nunique()), "pass_change_median": float(change.median()),
+                         "within_pass_cv_median": float(g["cv"].median()),
+                         "seconds": float(g.groupby("pass")["seconds"].first().sum())}
+    return out
