@@ -25,7 +25,7 @@ class TimingConfig:
     runs: int = 2
     flush_mb: int = 128  # CUDA only: bytes written between runs to evict the L2 cache
     rounds: int = 3
-    drift_limit: float = 0.1
+    drift_limit: float = 0.25
     retries: int = 1
 
 
