@@ -11,8 +11,17 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from autoshard.core.errors import ConfigError
-from autoshard.core.metrics import write_metrics
-from autoshard.pipeline.report import build, headline, main, notebook_stages, quality, readme, targets
+from autoshard.core.metrics import read_metrics, write_metrics
+from autoshard.pipeline.report import (
+    build,
+    headline,
+    main,
+    notebook_stages,
+    quality,
+    readme,
+    stage_times,
+    targets,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -214,3 +223,20 @@ def test_the_regime_table_says_where_rl_beats_ties_or_loses():
     lines = {line.split("|")[1].strip(): line for line in text.splitlines()[2:]}
     assert "beats" in lines["compute only"] and "loses to" in lines["tight memory"]
     assert "ties with" in lines["synchronized stages with communication"], "an effect below the detectable one ties"
+
+
+def test_stage_times_are_set_against_the_budget(tmp_path):
+    reports, _, dvc_file = fake_reports(tmp_path)
+    stages = notebook_stages(dvc_file)
+    total = sum(read_metrics(reports / "metrics" / f"{s}.json")["seconds"] for s, _ in stages
+                if (reports / "metrics" / f"{s}.json").exists())
+    assert total > 0 and "within the study's budget of" in stage_times(reports / "metrics", stages, total / 60 + 1)
+    assert "**over** the study's budget" in stage_times(reports / "metrics", stages, total / 60 / 2)
+    assert "budget" not in stage_times(reports / "metrics", stages)
+
+
+def test_a_bad_budget_is_refused_naming_the_field(tmp_path):
+    reports, data, dvc_file = fake_reports(tmp_path)
+    (tmp_path / "p.yaml").write_text("budget_minutes: 0\n")
+    with pytest.raises(ConfigError, match=r"^budget_minutes: 0"):
+        build(reports, data, dvc_file, tmp_path / "p.yaml")

@@ -60,7 +60,7 @@ class Fields:
         return default
 
     def name(self, key: str) -> str:
-        return f"{self.section}.{key}"
+        return f"{self.section}.{key}" if self.section else key  # "": the file's top level
 
     def sub(self, key: str) -> "Fields":
         return Fields(self.name(key), self._raw(key, _MISSING))
