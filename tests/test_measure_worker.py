@@ -78,3 +78,145 @@ def test_measure_refuses_a_job_file_that_is_not_json_and_an_output_that_is_its_i
     assert "not JSON" in capsys.readouterr().err
     assert main(["measure", "--jobs", str(jobs), "--out", str(jobs)]) == 2
     assert "an input of this command" in capsys.readouterr().err
+
+
+PLAN_SHARDS = [[0, 3, 5], [1, 2, 4, 6, 7], [8, 9, 10, 11]]
+
+
+def plan_file(path, shards) -> None:
+    """A hand-made table-wise plan of the 12-table pool (tables named as `read_tables` names them)."""
+    assignment = {f"table_{t}": d for d, shard in enumerate(shards) for t in shard}
+    path.write_text(json.dumps({
+        "format": "autoshard-plan/1", "method": "by_hand", "options": {}, "tables_file": "pool", "devices": len(shards),
+        "memory_per_device_bytes": 2**30, "assignment": assignment, "per_device": [{}] * len(shards),
+        "predicted_bottleneck_ms": None, "predicted": "none", "sharding_seconds": 0.0, "model_files": {},
+        "engine": "none"}))
+
+
+def measured_rows(source, tmp_path, shards) -> tuple:
+    """`autoshard measure` of `shards` on the pool folder: the rows file and its document."""
+    jobs, out = tmp_path / "jobs.json", tmp_path / "rows.json"
+    jobs.write_text(json.dumps(job_doc(source["folder"], {"shards": shards})))
+    assert main(["measure", "--jobs", str(jobs), "--out", str(out)]) == 0
+    return out, json.loads(out.read_text())
+
+
+def store_import(rows, store, *extra) -> int:
+    return main(["store", "import", str(rows), "--store", str(store), *extra])
+
+
+def score_space(source, plan, store, space, *extra) -> int:
+    return main(["score", "--tables", source["folder"]["folder"], "--plan", str(plan), "--backend", "analytic",
+                 "--batch-size", "64", "--store", str(store), "--space", space, "--json", *extra])
+
+
+@pytest.fixture
+def no_measuring(monkeypatch):
+    """Any measurement in this process from now on fails the test (requested after measuring the rows)."""
+    from autoshard.measure import batches
+    from autoshard.measure.analytic import AnalyticBackend
+
+    def refuse(*_):
+        raise AssertionError("measured here")
+
+    monkeypatch.setattr(batches, "measure_batch_job", refuse)
+    monkeypatch.setattr(AnalyticBackend, "measure", refuse)
+
+
+def test_rows_carry_their_space_and_score_reads_the_imported_rows_without_measuring(source, tmp_path, capsys,
+                                                                                   request):
+    from autoshard.data.pool import load_pool
+    from autoshard.measure.backends import BackendConfig
+    from autoshard.measure.store import space
+
+    rows, doc = measured_rows(source, tmp_path, PLAN_SHARDS)
+    cfg = parse_job(job_doc(source["folder"])).backend
+    assert isinstance(cfg, BackendConfig) and doc["space"] == space(cfg, load_pool(source["folder"]["folder"]))
+    store = tmp_path / "store"
+    capsys.readouterr()
+    assert store_import(rows, store) == 0
+    out = capsys.readouterr().out
+    assert f"imported 3 shards into space {doc['space']} of {store}" in out and f"--space {doc['space']}" in out
+    batch = list((store / doc["space"]).glob("batch-*.json"))
+    assert len(batch) == 1 and "rows.json" in json.loads(batch[0].read_text())["label"]
+    assert json.loads((store / doc["space"] / "space.json").read_text()) == doc["settings"]
+    assert store_import(rows, store) == 0 and "already imported" in capsys.readouterr().out
+    assert list((store / doc["space"]).glob("batch-*.json")) == batch, "re-importing is a no-op"
+    plan = tmp_path / "plan.json"
+    plan_file(plan, PLAN_SHARDS)
+    request.getfixturevalue("no_measuring")
+    assert score_space(source, plan, store, doc["space"]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    assert [d["forward_ms"] for d in scored["per_device"]] == [r["forward_ms"] for r in doc["rows"]]
+    assert scored["space"] == doc["space"] and sorted(p.name for p in store.iterdir()) == [doc["space"]]
+
+
+def other_machine(doc: dict) -> dict:
+    """The rows document as a GPU node would have written it: its machine, so its own key."""
+    from autoshard.measure.store import settings_key
+
+    host = doc["settings"]["machine"] | {"gpu": "NVIDIA H200", "cpu": "Other CPU"}
+    settings = doc["settings"] | {"machine": host}
+    return doc | {"settings": settings, "space": settings_key(settings),
+                  "rows": [r | {"versions": host} for r in doc["rows"]]}
+
+
+def test_rows_of_another_machine_are_filed_under_their_own_key(source, tmp_path, capsys):
+    _, doc = measured_rows(source, tmp_path, PLAN_SHARDS)
+    foreign = other_machine(doc)
+    assert foreign["space"] != doc["space"]
+    rows, store = tmp_path / "gpu-rows.json", tmp_path / "store"
+    rows.write_text(json.dumps(foreign))
+    assert store_import(rows, store, "--pass", "repeat-1") == 0 and store_import(rows, store) == 0
+    assert "NVIDIA H200" in capsys.readouterr().out
+    from autoshard.core.digest import key
+
+    assert sorted(p.name for p in store.iterdir()) == sorted([foreign["space"], key(foreign["space"], "repeat-1")])
+    assert json.loads((store / foreign["space"] / "space.json").read_text())["machine"]["gpu"] == "NVIDIA H200"
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d | {"format": "autoshard-measure-rows/1"}, r"rows\.format: autoshard-measure-rows/1 \(carries no "
+                                                           r"space key"),
+    (lambda d: d | {"space": "0" * 16}, r"rows\.space: '0{16}' \(not the key of rows\.settings"),
+    (lambda d: d | {"rows": [d["rows"][0] | {"forward_ms": -1.0}]}, r"rows\.rows\[0\]\.forward_ms: -1\.0"),
+    (lambda d: d | {"rows": [d["rows"][0] | {"forward_ms": None}]}, r"rows\.rows\[0\]\.forward_ms: None"),
+    (lambda d: d | {"rows": [d["rows"][0], d["rows"][0]]}, r"rows\.rows\[1\]\.tables: \[0, 3, 5\] \(this shard is "
+                                                           r"listed twice"),
+    (lambda d: d | {"rows": [d["rows"][0] | {"versions": {"cpu": "x"}}]}, r"rows\.rows\[0\]\.versions: not the "
+                                                                          r"machine of rows\.settings"),
+    (lambda d: d | {"rows": []}, r"rows\.rows: \[\] \(expected a non-empty list\)"),
+    (lambda d: d | {"settings": d["settings"] | {"code": "abc"}}, r"rows\.settings\.code: 'abc' \(expected a SHA-256"),
+    (lambda d: {k: v for k, v in d.items() if k != "settings"}, r"rows\.settings: missing"),
+])
+def test_bad_rows_files_are_one_line_and_leave_the_store_alone(source, tmp_path, capsys, change, message):
+    _, doc = measured_rows(source, tmp_path, PLAN_SHARDS[:1])
+    rows, store = tmp_path / "bad.json", tmp_path / "store"
+    rows.write_text(json.dumps(change(doc)))
+    capsys.readouterr()
+    assert store_import(rows, store) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"autoshard store: error: {rows}: "), err
+    assert re.search(message, err), err
+    assert not store.exists()
+
+
+def test_a_foreign_space_missing_shards_is_an_error_and_nothing_is_measured(source, tmp_path, capsys, request):
+    rows, doc = measured_rows(source, tmp_path, PLAN_SHARDS[:1])
+    store, plan = tmp_path / "store", tmp_path / "plan.json"
+    assert store_import(rows, store) == 0
+    request.getfixturevalue("no_measuring")
+    plan_file(plan, PLAN_SHARDS)
+    files = sorted(store.rglob("*"))
+    capsys.readouterr()
+    assert score_space(source, plan, store, doc["space"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"measurement space {doc['space']}: 2 shards of the plan {plan} are missing" in err
+    assert sorted(store.rglob("*")) == files
+    for space, message in ((doc["space"][:8], "expected a space key"), ("f" * 16, "no such space")):
+        assert score_space(source, plan, store, space) == 2
+        assert f"--space: '{space}' ({message}" in capsys.readouterr().err
+    assert main(["score", "--tables", source["folder"]["folder"], "--plan", str(plan), "--space", doc["space"]]) == 2
+    assert "--space: only with --store" in capsys.readouterr().err
+    assert score_space(source, plan, store, doc["space"], "--batch-size", "32") == 2
+    assert "measured at batch size 64, not 32" in capsys.readouterr().err

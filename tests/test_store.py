@@ -115,3 +115,57 @@ def test_profile_is_the_same_on_every_engine_and_resumes_across_engines(tmp_path
     pd.testing.assert_frame_equal(on_ray, here)
     pd.testing.assert_frame_equal(moved, here)
     assert finished.calls == 0, "the engine's workers measured, not this process"
+
+
+def test_a_space_key_is_what_its_settings_say(setup):
+    from autoshard.measure.store import settings, settings_key, space
+
+    pool, cfg, _, _ = setup
+    described = settings(cfg.backend, pool)
+    assert settings_key(json.loads(json.dumps(described))) == space(cfg.backend, pool)
+
+
+FOREIGN = "0123456789abcdef"
+
+
+def foreign_space(root, pool, cfg, jobs, leave_out: int = 0) -> MeasurementStore:
+    """A space of another machine's measurements of every job's shard (but the first `leave_out`)."""
+    from autoshard.measure.base import ShardTooLarge
+    from autoshard.measure.collect import pass_tag
+
+    backend, base = AnalyticBackend(pool), MeasurementStore(root, FOREIGN)
+    for r in sorted({j.round for j in jobs}):
+        records = {}
+        for job in [j for j in jobs if j.round == r][leave_out if r == 0 else 0:]:
+            try:
+                c = backend.measure(job.tables, cfg.backend.batch_size)
+                records[shard_key(job.tables)] = record([c.forward_ms, c.backward_ms, 0.0, 0.0, float("nan")], 0.0, 1)
+            except ShardTooLarge:
+                records[shard_key(job.tables)] = record(None, 0.0, 1)
+        base.tagged(pass_tag(r)).write(records, "import")
+    return base
+
+
+def test_the_profile_reads_a_named_foreign_space_and_measures_nothing_into_it(tmp_path, setup):
+    from dataclasses import replace
+
+    from autoshard.core.errors import ConfigError
+
+    pool, cfg, jobs, _ = setup
+    named, counted = replace(cfg, measurements_space=FOREIGN), Counting(pool)
+    foreign_space(tmp_path / "whole", pool, cfg, jobs)
+    table = collect(pool, jobs, counted, named, tmp_path / "whole", progress=False)
+    assert counted.calls == 0 and len(table) == len(jobs) and table["forward_ms"].notna().any()
+    assert not MeasurementStore.for_settings(tmp_path / "whole", cfg.backend, pool).folder.exists()
+    partial = tmp_path / "partial"
+    foreign_space(partial, pool, cfg, jobs, leave_out=2)
+    files = sorted(partial.rglob("*"))
+    with pytest.raises(ConfigError, match=rf"measurement space {FOREIGN}: \d+ shards of the profile are missing"):
+        collect(pool, jobs, counted, named, partial, progress=False)
+    task = Task("x/y", "test", "test", (4, 9), 2, 10**12, 0.0)
+    store = measurement_store(partial, cfg.backend, pool, FOREIGN)
+    with pytest.raises(ConfigError, match=rf"measurement space {FOREIGN}: 1 shards of the plans are missing"):
+        score(counted, pool.features, [task], {"a": [np.array([0, 0])]}, cfg.backend, store, 0, progress=False)
+    assert counted.calls == 0 and sorted(partial.rglob("*")) == files, "nothing measured, nothing written"
+    with pytest.raises(ConfigError, match=r"profile\.measurements_space: 'fedcba9876543210' \(no such space"):
+        measurement_store(tmp_path, cfg.backend, pool, "fedcba9876543210")

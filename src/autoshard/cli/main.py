@@ -2,9 +2,10 @@
 
   autoshard plan    --tables T --devices D --memory-per-device 16GiB [--method rl] --out plan.json
   autoshard plan    ... --sharding column [--column-ways 1,2,4] [--split NAME=K]   (column-wise shards)
-  autoshard score   --tables T --plan plan.json [--backend fbgemm|torch|analytic] [--store DIR]
+  autoshard score   --tables T --plan plan.json [--backend fbgemm|torch|analytic] [--store DIR [--space KEY]]
   autoshard compare --tables T --devices D --memory-per-device 16GiB [--measure]
   autoshard measure --jobs jobs.json --out rows.json   (the portable measurement worker)
+  autoshard store import rows.json --store DIR   (file a worker's rows under their own space)
 
 Bad input is one line on stderr naming the file, row and field, exit status 2, and no output
 file (outputs are checked first, written to a temporary file and renamed on success); Ctrl-C or
@@ -93,6 +94,9 @@ def parser() -> argparse.ArgumentParser:
     score.add_argument("--store", type=Path, default=None,
                        help="a measurement store (the study's: data/measurements): shards measured there "
                             "under the same settings are read, new ones measured and added")
+    score.add_argument("--space", default=None,
+                       help="with --store: read the plan's shards from this space (one imported with `autoshard "
+                            "store import`, measured elsewhere) instead of this machine's; nothing is measured")
     compare = sub.add_parser("compare", help="every method on the same tables")
     _common(compare)
     _task_args(compare)
@@ -102,6 +106,15 @@ def parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("measure", help="measure the shards of a job file (see autoshard.measure.worker)")
     worker.add_argument("--jobs", required=True, type=Path, help="job file (JSON): shards, backend, pool")
     worker.add_argument("--out", required=True, type=Path, help="rows to write (JSON)")
+    store = sub.add_parser("store", help="the measurement store")
+    store_sub = store.add_subparsers(dest="store_command", required=True)
+    imported = store_sub.add_parser("import", help="file the rows of `autoshard measure` (measured on any machine) "
+                                                   "in the store under their own space")
+    imported.add_argument("rows", type=Path, help="a rows file of `autoshard measure`")
+    imported.add_argument("--store", required=True, type=Path, help="the store (the study's: data/measurements)")
+    imported.add_argument("--pass", dest="tag", default="",
+                          help="file the rows as this independent pass of their space (a stage's tag, "
+                               "e.g. repeat-1) instead of the space itself")
     return top
 
 
@@ -238,18 +251,22 @@ def _backend(tables, args: argparse.Namespace):
 def measure_stored(tables, placement: np.ndarray, devices: int, args: argparse.Namespace) -> pd.DataFrame:
     """`measure`'s frame, through the measurement store at `args.store`: shards stored under the
     same settings (backend, batch, runs, code, machine, the tables' features and traces) are
-    read; the others are measured as one batch and added."""
+    read; the others are measured as one batch and added. With `--space`, every shard is read
+    from that space (imported, measured elsewhere) and none is measured."""
     from autoshard.core.seeding import rng
     from autoshard.data.pool import Pool
     from autoshard.measure.backends import make_backend
     from autoshard.measure.batches import BatchJob, measure_batch_job
-    from autoshard.measure.store import MeasurementStore, shard_key, values
+    from autoshard.measure.store import shard_key, store_for, values
 
     cfg = _backend_config(tables, args)
     pool = Pool(features=tables.features, traces=tables.traces)
-    store = MeasurementStore.for_settings(args.store, cfg, pool)
+    if args.space is not None:  # a worker's pool: the tables without the names this command gives them
+        pool = Pool(features=tables.features.drop(columns="name", errors="ignore"), traces=tables.traces)
+    store = store_for(args.store, cfg, pool, args.space, "--space")
     shards = [[int(t) for t in np.flatnonzero(placement == d)] for d in range(devices)]
     todo = store.missing(s for s in shards if s)
+    store.refuse_measuring(todo, f"the plan {args.plan}")
     if todo:
         job = BatchJob(shards=tuple(todo), calibration=tuple(next(s for s in shards if s)), backend=cfg, pool={},
                        store_root=str(args.store), space=store.folder.name, order=rng(0, "score", *todo),
@@ -300,18 +317,22 @@ def cmd_score(args: argparse.Namespace) -> int:
     from autoshard.cli.user_tables import read_tables
 
     check_arguments(args)
+    if args.space is not None and args.store is None:
+        raise ConfigError("--space: only with --store (the store that holds the space)")
     tables = read_tables(args.tables, args.weight_bytes)
     if args.store is not None:  # the store holds whole-table shards
         frame = measure_stored(tables, *read_plan(args.plan, tables), args)
     else:
         frame = measure_shards(tables, *read(args.plan, tables), args)
     bottleneck = float(frame["total_ms"].max())
+    source = args.backend if args.space is None else f"space {args.space}"
     if args.json:
-        print(json.dumps({"plan": str(args.plan), "backend": args.backend, "batch_size": args.batch_size,
-                          "measured_bottleneck_ms": bottleneck, "per_device": frame.to_dict("records")}))
+        print(json.dumps({"plan": str(args.plan), "backend": args.backend, "space": args.space,
+                          "batch_size": args.batch_size, "measured_bottleneck_ms": bottleneck,
+                          "per_device": frame.to_dict("records")}))
     else:
         print(frame.round(3).to_string(index=False))
-        print(f"\nmeasured bottleneck ({args.backend}, batch {args.batch_size}): {bottleneck:.3f} ms")
+        print(f"\nmeasured bottleneck ({source}, batch {args.batch_size}): {bottleneck:.3f} ms")
     return 0
 
 
@@ -353,17 +374,41 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_measure(args: argparse.Namespace) -> int:
-    from autoshard.measure.worker import ROWS_FORMAT, measure_job, read_job
+    from autoshard.measure.worker import measure_rows, read_job
 
     check_outputs({"--out": args.out}, [args.jobs])
     job = read_job(args.jobs)
     try:
-        rows = measure_job(job)
+        doc = measure_rows(job)
     except ConfigError as exc:
         raise ConfigError(f"{args.jobs}: {exc}") from None
-    write_files({args.out: json.dumps({"format": ROWS_FORMAT, "rows": rows}, indent=1) + "\n"})
+    write_files({args.out: json.dumps(doc, indent=1) + "\n"})
+    rows = doc["rows"]
     ok = sum(r["status"] == "ok" for r in rows)
-    print(f"measured {ok} of {len(rows)} shards with {rows[0]['backend']} on {rows[0]['device']}: wrote {args.out}")
+    print(f"measured {ok} of {len(rows)} shards with {rows[0]['backend']} on {rows[0]['device']} "
+          f"(space {doc['space']}): wrote {args.out}")
+    return 0
+
+
+def cmd_store(args: argparse.Namespace) -> int:
+    """`store import`: a worker's rows, checked first, filed under their own space."""
+    import hashlib
+
+    from autoshard.measure.store import import_rows
+    from autoshard.measure.worker import read_rows
+
+    if args.store.exists() and not args.store.is_dir():
+        raise ConfigError(f"--store: {shown(str(args.store))} (not a folder)")
+    rows = read_rows(args.rows)
+    digest = hashlib.sha256(args.rows.read_bytes()).hexdigest()[:12]
+    store, new = import_rows(args.store, rows.space, rows.settings, rows.records,
+                             f"autoshard store import {args.rows.name} (sha256 {digest})", args.tag)
+    host = rows.settings["machine"]
+    where = f"pass {shown(args.tag)} of space {rows.space}" if args.tag else f"space {rows.space}"
+    done = "imported" if new else "already imported (nothing changed):"
+    print(f"{done} {len(rows.records)} shards into {where} of {args.store} ({rows.settings['backend']['backend']}, "
+          f"batch {rows.settings['backend']['batch_size']}, measured on {host.get('gpu', '?')} / "
+          f"{host.get('cpu', '?')}); read it with --space {rows.space}")
     return 0
 
 
@@ -374,7 +419,8 @@ def _one_line(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run the command; every failure is one line on stderr (status 2 for bad input, 130/143
     when interrupted), never a traceback."""
-    commands = {"plan": cmd_plan, "score": cmd_score, "compare": cmd_compare, "measure": cmd_measure}
+    commands = {"plan": cmd_plan, "score": cmd_score, "compare": cmd_compare, "measure": cmd_measure,
+                "store": cmd_store}
     prog = "autoshard"
     try:
         with interruptible():

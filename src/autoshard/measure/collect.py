@@ -32,7 +32,7 @@ from autoshard.measure.base import CostBackend, ShardTooLarge
 from autoshard.measure.batches import BatchJob, measure_batch_job
 from autoshard.measure.crosscheck import BenchConfig
 from autoshard.measure.protocols import ProtocolCheck
-from autoshard.measure.store import MeasurementStore, shard_key, shard_tables, values
+from autoshard.measure.store import shard_key, shard_tables, store_for, values
 from autoshard.measure.timing import TimingConfig
 
 REMEASURED = "remeasured.parquet"  # the train-pool shards measured again (profile.collect.remeasure)
@@ -74,6 +74,7 @@ class ProfileConfig:
     cv_target: float        # repeatability goal: median coefficient of variation across rounds
     remeasure: bool         # measure the train-pool shards again in an independent pass (a replicate's data)
     protocol_check: ProtocolCheck  # the timing protocols compared on a few shards (measure/protocols.py)
+    measurements_space: str | None = None  # read shards from this imported space (measured elsewhere), measure none
 
     @classmethod
     def from_params(cls, values: dict) -> "ProfileConfig":
@@ -98,7 +99,8 @@ class ProfileConfig:
                   repeat_shards=c.integer("repeat_shards", lo=0),
                   repeat_rounds=c.integer("repeat_rounds", lo=0), chunk_size=c.integer("chunk_size"),
                   cv_target=f.number("cv_target", lo=0, lo_open=True), remeasure=c.boolean("remeasure"),
-                  protocol_check=ProtocolCheck.from_fields(f.sub("protocol_check")))
+                  protocol_check=ProtocolCheck.from_fields(f.sub("protocol_check")),
+                  measurements_space=f.optional_text("measurements_space"))
         for section in (c, x, m, f):
             section.done()
         return cfg
@@ -238,10 +240,12 @@ def collect(pool: Pool, jobs: list[Job], backend: CostBackend, cfg: ProfileConfi
     `engine` the chunks run here on `backend`; with one, each chunk is an engine job that
     rebuilds the backend from `cfg` and `pool_source` (a `measure.worker` pool source). A `tag`
     makes the whole collection an independent pass (its own store space and shuffled orders):
-    nothing is read from the untagged measurements."""
+    nothing is read from the untagged measurements. With `cfg.measurements_space` the shards are
+    read from that space (imported, measured elsewhere) and none is measured: one missing is an
+    error."""
     if engine is not None and pool_source is None:
         raise ConfigError("profile: measuring on an engine needs the pool's source (a folder or its parameters)")
-    shared = MeasurementStore.for_settings(store_root, cfg.backend, pool).tagged(tag)
+    shared = store_for(store_root, cfg.backend, pool, cfg.measurements_space).tagged(tag)
     stores = {r: shared.tagged(pass_tag(r)) for r in sorted({j.round for j in jobs})}
     known = {r: s.read() for r, s in stores.items()}
     sizes = pool.features["size_bytes"].to_numpy()
@@ -255,6 +259,7 @@ def collect(pool: Pool, jobs: list[Job], backend: CostBackend, cfg: ProfileConfi
                 backend=cfg.backend, pool=pool_source or {}, store_root=str(store.folder.parent.resolve()),
                 space=store.folder.name, order=rng(seed, "profile", "order", *([tag] if tag else []), c),
                 label=f"profile{' ' + tag if tag else ''} chunk {c}"))
+    shared.refuse_measuring([s for job in batch_jobs for s in job.shards], "the profile")
     desc = f"profile ({backend.name}, {len(batch_jobs)} chunks to measure)" if progress else None
     if engine is None:
         torch.set_num_threads(cfg.backend.threads)

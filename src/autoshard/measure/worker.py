@@ -11,8 +11,21 @@ travel. The worker needs torch and numpy; on a CUDA device it uses FBGEMM's CUDA
      "backend": {"backend": "fbgemm", "device": "auto", "optimizer": "EXACT_ROWWISE_ADAGRAD",
                  "batch_size": 2048, "threads": 1, "warmup": 2, "runs": 5, "memory_limit_gib": 8},
      "shards": [[0, 5, 9], [3]]}
+
+The rows file says where its rows belong in a measurement store: the space key they were
+measured under, computed here with this machine (`measure.store.space`), and what that key is
+made of (`settings`: the tables' digest, the backend settings that ran, the measuring code's
+digest, the machine), so that `autoshard store import` files them under their own key:
+
+    {"format": "autoshard-measure-rows/2", "space": "<16 hex digits>",
+     "settings": {"tables": ..., "backend": {...}, "code": ..., "machine": {...}},
+     "rows": [{"tables": [0, 5, 9], "status": "ok", "forward_ms": ..., ...}, ...]}
+
+Format 1 files (rows without a space) cannot be imported: measure them again.
 """
 
+import math
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -22,12 +35,18 @@ from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import read_json, shown
 from autoshard.core.params import Fields
 from autoshard.data.pool import Pool, build_pool, load_pool
-from autoshard.measure.backends import BackendConfig, make_backend
+from autoshard.measure.backends import BACKENDS, BackendConfig, make_backend
 from autoshard.measure.base import CostBackend, ShardTooLarge, check_batch, check_shard
+from autoshard.measure.store import from_worker_rows, settings, settings_key
 
 JOBS_FORMAT = "autoshard-measure-jobs/1"
-ROWS_FORMAT = "autoshard-measure-rows/1"
+ROWS_FORMAT = "autoshard-measure-rows/2"
+OLD_ROWS_FORMAT = "autoshard-measure-rows/1"  # rows without their space: not importable
 MAX_SHARDS = 1_000_000
+TIMES = ("forward_ms", "backward_ms", "forward_iqr_ms", "backward_iqr_ms")
+ROW_FIELDS = {"tables", "backend", "device", "status", "versions", *TIMES}
+SETTINGS_FIELDS = {"tables", "backend", "code", "machine"}
+DIGEST = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -95,9 +114,22 @@ def measure_job(job: MeasureJob) -> list[dict]:
     """One row per shard: its tables, forward and backward medians and IQRs (ms), the backend
     and device that measured it, and the machine and library versions; a shard too large for
     the device has status `too_large` and no times."""
+    return _measure(job, job_pool(job))[0]
+
+
+def measure_rows(job: MeasureJob) -> dict:
+    """The rows file of `job`: its rows, the space they were measured under (the settings that
+    ran, on this machine) and what that key is made of."""
+    pool = job_pool(job)
+    rows, backend = _measure(job, pool)
+    described = settings(replace(job.backend, backend=backend.name), pool)
+    return {"format": ROWS_FORMAT, "space": settings_key(described), "settings": described, "rows": rows}
+
+
+def _measure(job: MeasureJob, pool: Pool) -> tuple[list[dict], CostBackend]:
+    """The job's rows on `pool` and the backend that measured them."""
     import torch
 
-    pool = job_pool(job)
     check_batch(job.backend.batch_size, pool.traces)
     shards = []
     for i, shard in enumerate(job.shards):
@@ -119,7 +151,107 @@ def measure_job(job: MeasureJob) -> list[dict]:
             row |= {"status": "too_large", "forward_ms": None, "backward_ms": None,
                     "forward_iqr_ms": None, "backward_iqr_ms": None}
         rows.append(row | {"versions": versions})
-    return rows
+    return rows, backend
+
+
+@dataclass(frozen=True)
+class WorkerRows:
+    """A checked rows file: the space its rows were measured under, what that key is made of,
+    and the rows as store records by shard key."""
+
+    space: str
+    settings: dict
+    records: dict[str, dict]
+
+
+def parse_rows(doc: object) -> WorkerRows:
+    """A rows document, every field checked (errors name the field): the space must be the key
+    of its settings, every row measured by that backend on that machine, each shard once."""
+    if not isinstance(doc, dict):
+        raise ConfigError(f"rows: {shown(doc)} (expected an object)")
+    if doc.get("format") == OLD_ROWS_FORMAT:
+        raise ConfigError(f"rows.format: {OLD_ROWS_FORMAT} (carries no space key or machine: measure the job "
+                          f"again with this version of `autoshard measure`)")
+    if doc.get("format") != ROWS_FORMAT:
+        raise ConfigError(f"rows.format: {shown(doc.get('format'))} (expected {ROWS_FORMAT})")
+    _exact_fields(doc, {"format", "space", "settings", "rows"}, "rows")
+    described = _settings(doc["settings"])
+    if not isinstance(doc["space"], str) or doc["space"] != settings_key(described):
+        raise ConfigError(f"rows.space: {shown(doc['space'])} (not the key of rows.settings: the file was "
+                          "changed after it was measured)")
+    rows = doc["rows"]
+    if not isinstance(rows, list) or not rows:
+        raise ConfigError(f"rows.rows: {shown(rows)} (expected a non-empty list)")
+    seen: set[tuple[int, ...]] = set()
+    for i, row in enumerate(rows):
+        shard = _row(row, f"rows.rows[{i}]", described)
+        if shard in seen:
+            raise ConfigError(f"rows.rows[{i}].tables: {list(shard)} (this shard is listed twice)")
+        seen.add(shard)
+    return WorkerRows(space=doc["space"], settings=described, records=from_worker_rows(rows))
+
+
+def read_rows(path: Path) -> WorkerRows:
+    """The rows file at `path`; a bad one is one error naming the file and the field."""
+    doc = read_json(path, "measurement rows file")
+    try:
+        return parse_rows(doc)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+
+
+def _exact_fields(doc: dict, expected: set[str], where: str) -> None:
+    missing, extra = sorted(expected - set(doc)), sorted(set(doc) - expected)
+    if missing:
+        raise ConfigError(f"{where}.{missing[0]}: missing")
+    if extra:
+        raise ConfigError(f"{where}.{extra[0]}: {shown(doc[extra[0]])} (unknown field)")
+
+
+def _settings(described: object) -> dict:
+    """The rows' `settings`: two SHA-256 digests, the backend settings and the machine."""
+    if not isinstance(described, dict):
+        raise ConfigError(f"rows.settings: {shown(described)} (expected an object)")
+    _exact_fields(described, SETTINGS_FIELDS, "rows.settings")
+    for name in ("tables", "code"):
+        if not isinstance(described[name], str) or not DIGEST.fullmatch(described[name]):
+            raise ConfigError(f"rows.settings.{name}: {shown(described[name])} (expected a SHA-256 digest)")
+    backend, host = described["backend"], described["machine"]
+    if not isinstance(backend, dict) or backend.get("backend") not in BACKENDS:
+        raise ConfigError(f"rows.settings.backend: {shown(backend)} (expected the backend settings)")
+    if type(backend.get("batch_size")) is not int or backend["batch_size"] < 1:
+        raise ConfigError(f"rows.settings.backend.batch_size: {shown(backend.get('batch_size'))} "
+                          "(expected a positive integer)")
+    if not isinstance(host, dict) or not host or not all(isinstance(v, str) for v in host.values()):
+        raise ConfigError(f"rows.settings.machine: {shown(host)} (expected the machine's description)")
+    return described
+
+
+def _row(row: object, where: str, described: dict) -> tuple[int, ...]:
+    """One checked row's shard: measured by the settings' backend on their machine, with
+    finite non-negative times when `ok` and none when `too_large`."""
+    if not isinstance(row, dict):
+        raise ConfigError(f"{where}: {shown(row)} (expected an object)")
+    _exact_fields(row, ROW_FIELDS, where)
+    tables = row["tables"]
+    if not isinstance(tables, list) or not tables or not all(type(t) is int and t >= 0 for t in tables) \
+            or len(set(tables)) != len(tables):
+        raise ConfigError(f"{where}.tables: {shown(tables)} (expected distinct table ids)")
+    if row["backend"] != described["backend"]["backend"]:
+        raise ConfigError(f"{where}.backend: {shown(row['backend'])} (the settings say "
+                          f"{described['backend']['backend']})")
+    if row["versions"] != described["machine"]:
+        raise ConfigError(f"{where}.versions: not the machine of rows.settings (rows of two machines in one file)")
+    if row["status"] not in ("ok", "too_large"):
+        raise ConfigError(f"{where}.status: {shown(row['status'])} (expected ok or too_large)")
+    for name in TIMES:
+        value = row[name]
+        if row["status"] == "too_large":
+            if value is not None:
+                raise ConfigError(f"{where}.{name}: {shown(value)} (a shard too large has no times)")
+        elif isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{where}.{name}: {shown(value)} (expected a time in ms, at least 0)")
+    return tuple(sorted(tables))
 
 
 def split(job: MeasureJob, parts: int) -> list[MeasureJob]:

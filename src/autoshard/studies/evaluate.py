@@ -140,6 +140,7 @@ def measuring_backend(profile: Fields, timing: Fields) -> BackendConfig:
                             drift_limit=timing.number("drift_limit", lo=0, lo_open=True),
                             retries=timing.integer("retries", lo=0)),
         memory_limit_bytes=int(p.number("memory_limit_gib", lo=0, lo_open=True) * 2**30))
+    p.optional_text("measurements_space")  # where plans' measurements are read from: `measured.measurement_store`
     p.done()
     timing.done()
     return backend

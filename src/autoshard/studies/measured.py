@@ -34,7 +34,7 @@ from autoshard.measure.batches import BatchJob, measure_batch_job
 from autoshard.measure.comm import STAGES, analytic_comm
 from autoshard.measure.commmodel import CommModel
 from autoshard.measure.interleaved import FIELDS
-from autoshard.measure.store import MeasurementStore, shard_key, values
+from autoshard.measure.store import MeasurementStore, shard_key, store_for, values
 from autoshard.placement.shards import device_shards
 
 OBJECTIVES = ("max_device", "synchronized_stages")  # evaluate.objective: what `measured_ms` ranks plans by
@@ -116,11 +116,12 @@ def device_frame(pool_features: pd.DataFrame, task: Task, method: str, plan: np.
     return pd.DataFrame(rows)
 
 
-def measurement_store(root: str | Path, cfg: BackendConfig, pool: Pool) -> MeasurementStore:
+def measurement_store(root: str | Path, cfg: BackendConfig, pool: Pool, space: str | None = None) -> MeasurementStore:
     """The study's store under `root` for `cfg` on `pool`: measurements are reused only for the
     same tables (every table's features and trace), backend settings, measuring code,
-    libraries and machine (`measure.store.space`), by whichever stage measured them."""
-    return MeasurementStore.for_settings(root, cfg, pool)
+    libraries and machine (`measure.store.space`), by whichever stage measured them. With
+    `space` (`profile.measurements_space`), that imported space, read only (`store.store_for`)."""
+    return store_for(root, cfg, pool, space)
 
 
 def score(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Task],
@@ -136,6 +137,7 @@ def score(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Task],
     store = store.tagged(tag)
     per_task = [[p[i] for p in plans.values()] for i in range(len(tasks))]
     jobs = batch_jobs(tasks, per_task, store, cfg, seed, tag, pool_source)
+    store.refuse_measuring([s for job in jobs for s in job.shards], "the plans")
     torch.set_num_threads(cfg.threads)  # as the profile stage measured
     measure_batches(jobs, backend, engine, f"measuring plans{' (' + tag + ')' if tag else ''}" if progress else None)
     known = store.read()
