@@ -457,3 +457,10 @@ def test_score_measures_each_column_shard_at_its_width(files, tmp_path, capsys):
         per_device = pd.DataFrame(r["per_device"])
         assert per_device["columns"].sum() == widths and per_device["tables"].sum() == shards
     assert results[0]["per_device"] == results[1]["per_device"]
+
+
+def test_a_negative_zero_pooling_factor_is_zero(tmp_path):
+    """"-0" passes the range check; as -0.0 it made numpy's trace sampler fail (`scale < 0`)."""
+    tables = read_tables(write(tmp_path, HEADER + "a,1000,16,-0\nb,500,16,-0.0\n"))
+    assert not np.signbit(tables.features["pooling_factor"]).any()
+    assert len(tables.traces.indices) == 0  # empty bags, and no crash

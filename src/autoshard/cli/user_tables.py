@@ -194,7 +194,8 @@ def _field(record: dict, where: str, column: str, lo: float, hi: float, whole: b
         return default
     if value is None:
         raise ConfigError(f"{where}, field {column}: missing")
-    return number(value, f"{where}, field {column}", lo, hi, whole)
+    checked = number(value, f"{where}, field {column}", lo, hi, whole)
+    return checked if whole else checked + 0.0  # "-0" is 0.0: a negative zero fails numpy's `scale >= 0` checks
 
 
 def table_trace(name: str, rows: int, pooling_factor: float, alpha: float, batch: int,
