@@ -235,10 +235,18 @@ def test_config_and_task_selection(smoke_params, world):
 
 
 def test_bad_evaluate_parameters_name_the_field(smoke_params):
-    assert config(smoke_params).objective == "max_device"
-    assert config(smoke_params, objective="synchronized_stages").objective == "synchronized_stages"
+    assert config(smoke_params).objective == {"autoshard": "max_device", "dreamshard": "synchronized_stages",
+                                              "tight": "max_device", "small": "max_device"}
+    every = config(smoke_params, objective="synchronized_stages").objective
+    assert set(every) == {"autoshard", "dreamshard", "tight", "small"}, "a plain string: every protocol"
+    assert set(every.values()) == {"synchronized_stages"}
     with pytest.raises(ConfigError, match="evaluate.objective: 'mean'"):
         config(smoke_params, objective="mean")
+    per_protocol = smoke_params["evaluate"]["objective"]
+    with pytest.raises(ConfigError, match="evaluate.objective.dreamshard: 'mean'"):
+        config(smoke_params, objective=per_protocol | {"dreamshard": "mean"})
+    with pytest.raises(ConfigError, match="evaluate.objective.criteo: 'max_device'"):
+        config(smoke_params, objective=per_protocol | {"criteo": "max_device"})
     with pytest.raises(ConfigError, match=r"evaluate.small.tables: \[9, 4\]"):
         config(smoke_params, small=smoke_params["evaluate"]["small"] | {"tables": [9, 4]})
     with pytest.raises(ConfigError, match="evaluate.timing.runs: 0"):

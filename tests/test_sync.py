@@ -62,6 +62,20 @@ def test_measured_scoring_reports_both_objectives():
         plan_frame(devices, tasks, seconds, objective="mean")
 
 
+def test_each_protocol_is_ranked_by_its_own_objective():
+    one = _devices({"sums": _stages([(4.0, 0.5, 0.5, 1.0), (1.0, 0.5, 0.5, 4.0)])})
+    devices = pd.concat([one, one.assign(task="u", protocol="autoshard")], ignore_index=True)
+    tasks = [Task("t", "dreamshard", "test", (0, 1), 2, 10, 1.0), Task("u", "autoshard", "test", (0, 1), 2, 10, 1.0)]
+    seconds = pd.DataFrame({"task": ["t", "u"], "method": "sums", "seconds": 0.1})
+    objective = {"dreamshard": "synchronized_stages", "autoshard": "max_device"}
+    frame = plan_frame(devices, tasks, seconds, objective).set_index("task")
+    assert frame.loc["t", "measured_ms"] == 9.0 and frame.loc["u", "measured_ms"] == 5.0
+    assert frame["objective"].to_dict() == {"t": "synchronized_stages", "u": "max_device"}
+    assert bottlenecks(devices, objective).set_index("task")["measured_ms"].to_dict() == {"t": 9.0, "u": 5.0}
+    with pytest.raises(ValueError, match="objective of autoshard: None"):
+        plan_frame(devices, tasks, seconds, {"dreamshard": "max_device"})
+
+
 def test_comm_source_says_where_comm_comes_from():
     features = pd.DataFrame({"dim": [16, 32, 64, 8], "pooling_factor": [1.0, 2.0, 3.0, 4.0]})
     model = CommModel({2: {"forward": [1.0, 0.0, 0.0], "backward": [2.0, 0.0, 0.0]}},

@@ -40,6 +40,7 @@ from autoshard.studies.measured import OBJECTIVES
 from autoshard.studies.paired import same_split
 
 Planner = Callable[[Task], np.ndarray]
+PROTOCOLS = ("autoshard", "dreamshard", "tight", "small")  # the evaluated protocols (evaluate.objective's keys)
 
 
 
@@ -88,7 +89,7 @@ class EvaluateConfig:
     targets: Targets
     milp: MilpConfig
     noise_targets: NoiseTargets
-    objective: str = "max_device"  # max_device | synchronized_stages: what the headline `measured_ms` is
+    objective: dict[str, str]  # protocol -> max_device | synchronized_stages: what its headline `measured_ms` is
 
     @classmethod
     def from_params(cls, evaluate: dict, profile: dict, rl: dict) -> "EvaluateConfig":
@@ -123,9 +124,20 @@ class EvaluateConfig:
                   speed_repeats=f.integer("speed_repeats"),
                   speed_budget_s=f.number("speed_budget_s", lo=0, lo_open=True),
                   targets=targets, milp=milp, noise_targets=noise,
-                  objective=f.text("objective", OBJECTIVES))
+                  objective=objectives(f))
         f.done()
         return cfg
+
+
+def objectives(f: Fields) -> dict[str, str]:
+    """`evaluate.objective`: one of OBJECTIVES for every protocol, or a mapping protocol ->
+    objective naming each of PROTOCOLS (the issue: each protocol ranked by its paper's objective)."""
+    if not isinstance(f.values.get("objective"), dict):
+        return dict.fromkeys(PROTOCOLS, f.text("objective", OBJECTIVES))
+    o = f.sub("objective")
+    out = {p: o.text(p, OBJECTIVES) for p in PROTOCOLS}
+    o.done()
+    return out
 
 
 def measuring_backend(profile: Fields, timing: Fields) -> BackendConfig:
