@@ -10,7 +10,8 @@ from autoshard.measure.comm import STAGES, max_device_ms, synchronized_ms
 from autoshard.measure.commmodel import CommModel
 from autoshard.placement.heuristics import Infeasible
 from autoshard.placement.lpt import lpt
-from autoshard.placement.sync import planner, predicted_stages, stage_singles, sync_greedy, synchronized_cost
+from autoshard.placement.surrogate import MilpConfig
+from autoshard.placement.sync import planners, predicted_stages, stage_singles, sync_greedy, synchronized_cost
 from autoshard.studies.measured import bottlenecks, plan_comm, plan_frame, synchronized
 
 NO_COMM = CommModel({2: {"forward": [0.0, 0.0, 0.0], "backward": [0.0, 0.0, 0.0]}},
@@ -141,11 +142,15 @@ def test_stage_singles_and_the_task_planner():
     assert forward[:3].tolist() == [2.0, 2.0, 3.0] and backward[:3].tolist() == [3.0, 1.0, 1.0]
     assert np.isnan(forward[3])
     features = pd.DataFrame({"dim": [8, 8, 8, 8], "size_bytes": [1, 1, 1, 1]})
-    place = planner(forward, backward, features, NO_COMM, 64)
-    plan = place(Task("t", "dreamshard", "test", (0, 1, 2), 2, 10, 1.0))
-    assert sorted(np.bincount(plan, minlength=2)) == [1, 2]
-    with pytest.raises(ConfigError, match=r"no single-table measurement of tables \[3\]"):
-        place(Task("u", "dreamshard", "test", (0, 3), 2, 10, 1.0))
+    methods = planners(forward, backward, features, NO_COMM, 64, MilpConfig(1000, 10.0), solves=(solves := {}))
+    assert list(methods) == ["sync_greedy", "sync_local_search", "sync_milp"]
+    for place in methods.values():
+        plan = place(Task("t", "dreamshard", "test", (0, 1, 2), 2, 10, 1.0))
+        assert sorted(np.bincount(plan, minlength=2)) == [1, 2]
+        with pytest.raises(ConfigError, match=r"no single-table measurement of tables \[3\]"):
+            place(Task("u", "dreamshard", "test", (0, 3), 2, 10, 1.0))
+    assert solves["t"].status == "optimal" and solves["t"].gap <= 1e-3
+    assert "sync_milp" not in planners(forward, backward, features, NO_COMM, 64), "no MILP without its limits"
 
 
 def test_paired_synchronized_compares_on_the_synchronized_cost():
