@@ -179,8 +179,11 @@ def bottlenecks(devices: pd.DataFrame, objective: Objective = "max_device") -> p
     out = devices.groupby(["task", "method"], sort=False).agg(measured_ms=("compute_ms", "max"),
                                                              **calibrated).reset_index()
     out = out.merge(synchronized(devices).reset_index(), on=["task", "method"])
-    protocol = out["task"].map(devices.groupby("task")["protocol"].first())
-    _rank_by(out, protocol.map(lambda p: objective_of(objective, p)))
+    if isinstance(objective, str):  # one for every protocol: the frame need not name them
+        _rank_by(out, pd.Series(objective_of(objective, "every protocol"), index=out.index))
+    else:
+        protocol = out["task"].map(devices.groupby("task")["protocol"].first())
+        _rank_by(out, protocol.map(lambda p: objective_of(objective, p)))
     return out
 
 
