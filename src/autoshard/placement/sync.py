@@ -94,7 +94,7 @@ def planners(forward: np.ndarray, backward: np.ndarray, pool_features: pd.DataFr
              batch_size: int, milp: MilpConfig | None = None, seed: int = 0,
              solves: dict[str, MilpResult] | None = None) -> dict[str, Callable[[Task], np.ndarray]]:
     """`sync_greedy`, `sync_local_search` (from its plan) and, with `milp` (its limits), `sync_milp`
-    over per-pool-table measured single forward and backward costs, with the comm model at
+    (bounded by and never worse than sync_local_search's plan) over per-pool-table measured single forward and backward costs, with the comm model at
     `batch_size`; a task with a table not measured alone gets no plan (a `ConfigError` naming the
     tables). Each MILP solve is kept in `solves` by task name when given."""
     dims = pool_features["dim"].to_numpy(float)
@@ -122,7 +122,7 @@ def planners(forward: np.ndarray, backward: np.ndarray, pool_features: pd.DataFr
     def exact(t: Task) -> np.ndarray:
         f, b, w, s, lines = inputs(t)
         try:
-            start = greedy(t)
+            start = sync_local_search(f, b, w, s, t.devices, t.memory_bytes, lines, greedy(t))
         except Infeasible:
             start = None
         result = solve_sync(f, b, w, s, t.devices, t.memory_bytes, lines, start, time_limit=milp.time_limit_s,

@@ -11,7 +11,7 @@ covers the clip). The model:
         a_b + b_b sum_t w_t x[t, d] <= z_2,  sum_t g_t x[t, d] <= z_3,  sum_t size_t x[t, d] <= cap.
 
 The devices are identical, so the mirror images are removed as in `placement.milp`; the
-starting plan (sync_greedy's) bounds the objective from above and stands in when the solver
+starting plan (sync_local_search's, in the evaluate stage) bounds the objective from above and stands in when the solver
 finds nothing better within its limits (status "start"). HiGHS on one thread, seeded.
 """
 
