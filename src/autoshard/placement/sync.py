@@ -94,9 +94,10 @@ def planners(forward: np.ndarray, backward: np.ndarray, pool_features: pd.DataFr
              batch_size: int, milp: MilpConfig | None = None, seed: int = 0,
              solves: dict[str, MilpResult] | None = None) -> dict[str, Callable[[Task], np.ndarray]]:
     """`sync_greedy`, `sync_local_search` (from its plan) and, with `milp` (its limits), `sync_milp`
-    (bounded by and never worse than sync_local_search's plan) over per-pool-table measured single forward and backward costs, with the comm model at
-    `batch_size`; a task with a table not measured alone gets no plan (a `ConfigError` naming the
-    tables). Each MILP solve is kept in `solves` by task name when given."""
+    (bounded by, and never worse than, sync_local_search's plan) over per-pool-table measured single
+    forward and backward costs, with the comm model at `batch_size`; a task with a table not
+    measured alone gets no plan (a `ConfigError` naming the tables). Each MILP solve is kept in
+    `solves` by task name when given."""
     dims = pool_features["dim"].to_numpy(float)
     sizes = pool_features["size_bytes"].to_numpy(np.int64)
 
