@@ -25,7 +25,7 @@ from autoshard.measure.store import MeasurementStore
 from autoshard.pipeline.stage import select, stage_spec
 from autoshard.placement.exact import exact_plan, partition_count, placements
 from autoshard.placement.heuristics import Infeasible, place
-from autoshard.placement.registry import METHODS
+from autoshard.placement.registry import METHODS, OBJECTIVE
 from autoshard.placement.shards import memory_ok, predicted_bottleneck
 from autoshard.placement.surrogate import MilpConfig
 from autoshard.placement.torchrec import torchrec_plan
@@ -35,6 +35,8 @@ from autoshard.studies.evaluate import (
     SmallConfig,
     Targets,
     held_out_tasks,
+    not_run,
+    plan_all,
     planners,
     small_tasks,
 )
@@ -152,8 +154,28 @@ def test_every_method_respects_memory_on_random_tasks(world):
 
     check()
     for name in ("random", "cost_greedy", "cost_greedy_local_search", "hybrid_greedy", "lpt_measured", "milp",
-                 "rl_greedy", "rl_best_of_n", "rl_local_search", "exact"):
+                 "rl_greedy", "rl_best_of_n", "rl_local_search", "exact", "sync_greedy", "sync_local_search",
+                 "sync_milp"):
         assert planned[name] > 0, f"{name} never planned: the property was never exercised"
+
+
+def test_the_sync_methods_are_planned_only_where_their_objective_ranks_the_plans():
+    assert OBJECTIVE == dict.fromkeys(("sync_greedy", "sync_local_search", "sync_milp"), "synchronized_stages")
+    objective = {"autoshard": "max_device", "dreamshard": "synchronized_stages", "tight": "max_device",
+                 "small": "max_device"}
+    tasks = [Task(f"{p}/0", p, "test", (0, 1), 2, 10, 1.0) for p in objective]
+    methods = {m: (lambda t: np.array([0, 1])) for m in ("cost_greedy", "sync_greedy", "sync_milp", "exact")}
+    plans, status = plan_all(methods, tasks, np.ones(2, np.int64), progress=False, objective=objective)
+    ran = {(r.task.split("/")[0], r.method) for r in status.itertuples() if r.status == "ok"}
+    assert ran == {*((p, "cost_greedy") for p in objective), ("dreamshard", "sync_greedy"),
+                   ("dreamshard", "sync_milp"), ("small", "exact")}
+    assert plans["sync_greedy"][0] is None and plans["sync_greedy"][1] is not None
+    why = "optimises synchronized_stages; autoshard is ranked by max_device"
+    assert not_run("sync_greedy", tasks[0], objective) == why
+    assert not_run("sync_greedy", tasks[0]) is None, "without the protocols' objectives every method runs"
+    assert not_run("exact", tasks[1]) == "small tasks only"
+    skipped = status[status["status"].str.startswith("not run")]
+    assert len(skipped) == 3 * 2 + 3, "sync_greedy and sync_milp on three protocols, exact on three"
 
 
 # --- the exact search -------------------------------------------------------------------------
@@ -235,10 +257,18 @@ def test_config_and_task_selection(smoke_params, world):
 
 
 def test_bad_evaluate_parameters_name_the_field(smoke_params):
-    assert config(smoke_params).objective == "max_device"
-    assert config(smoke_params, objective="synchronized_stages").objective == "synchronized_stages"
+    assert config(smoke_params).objective == {"autoshard": "max_device", "dreamshard": "synchronized_stages",
+                                              "tight": "max_device", "small": "max_device"}
+    every = config(smoke_params, objective="synchronized_stages").objective
+    assert set(every) == {"autoshard", "dreamshard", "tight", "small"}, "a plain string: every protocol"
+    assert set(every.values()) == {"synchronized_stages"}
     with pytest.raises(ConfigError, match="evaluate.objective: 'mean'"):
         config(smoke_params, objective="mean")
+    per_protocol = smoke_params["evaluate"]["objective"]
+    with pytest.raises(ConfigError, match="evaluate.objective.dreamshard: 'mean'"):
+        config(smoke_params, objective=per_protocol | {"dreamshard": "mean"})
+    with pytest.raises(ConfigError, match="evaluate.objective.criteo: 'max_device'"):
+        config(smoke_params, objective=per_protocol | {"criteo": "max_device"})
     with pytest.raises(ConfigError, match=r"evaluate.small.tables: \[9, 4\]"):
         config(smoke_params, small=smoke_params["evaluate"]["small"] | {"tables": [9, 4]})
     with pytest.raises(ConfigError, match="evaluate.timing.runs: 0"):

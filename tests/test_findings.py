@@ -6,17 +6,21 @@ import numpy as np
 import pandas as pd
 
 from autoshard.core.metrics import _plain
+from autoshard.core.schema import HeadlineObjective, check
 from autoshard.data.tasks import Task
 from autoshard.studies.evaluate import NoiseTargets
 from autoshard.studies.findings import (
     measurement_quality,
     paired_comparisons,
+    paired_frame,
+    paired_synchronized,
     per_task_ratios,
     plain_answer,
     replicate_summary,
     verdict,
 )
-from autoshard.studies.stats import evaluate_metrics
+from autoshard.studies.memory import failed_counts
+from autoshard.studies.stats import evaluate_metrics, summary, with_ratios
 
 TARGETS = NoiseTargets(median_cv=0.03, plan_repeat_change=0.01)
 
@@ -85,13 +89,15 @@ def test_evaluate_metrics_are_strict_json_with_the_contract_keys():
     status = pd.DataFrame({"task": names[1:2], "method": ["milp"], "status": ["not run"]})  # not on the second
     metrics = evaluate_metrics(table, pd.DataFrame(), pd.Series(dtype=float), pd.DataFrame(), speed, {}, tasks,
                                measured, quality, pairs, plain_answer(pairs, quality), milp, 1.0,
-                               plans=plans, sizes=np.ones(3), plan_status=status, objective="max_device",
+                               plans=plans, sizes=np.ones(3), plan_status=status,
+                               objective={"autoshard": "max_device", "dreamshard": "synchronized_stages"},
                                paired_synchronized={"autoshard": {}})
     text = json.dumps(_plain(metrics), allow_nan=False)
     loaded = json.loads(text)
     assert {"failed", "objective", "paired_synchronized", "comm_source"} <= set(loaded), "readers rely on these keys"
     assert loaded["failed"]["autoshard"]["milp"] == 1 and loaded["failed"]["autoshard"]["rl_greedy"] == 0
-    assert loaded["objective"] == "max_device" and loaded["paired_synchronized"] == {"autoshard": {}}
+    assert loaded["objective"] == {"autoshard": "max_device", "dreamshard": "synchronized_stages"}
+    assert check(loaded, HeadlineObjective, "evaluate.json") and loaded["paired_synchronized"] == {"autoshard": {}}
     assert loaded["comm_source"] == {"autoshard": "measured-model"}
     assert set(loaded["noise"]) >= {"median_cv", "calibration_drift", "remeasured_share"}
     assert set(loaded["paired"]["autoshard"]["rl_greedy__vs__cost_greedy"]) == {
@@ -134,3 +140,33 @@ def test_a_machine_that_slowed_down_between_passes_is_divided_out():
                           "calibrated": [2.0, 2.4]})  # everything 10% slower, the calibration shard too
     repeat = noise(first, again)
     assert np.allclose(repeat["relative_change"], 0.1) and np.allclose(repeat["calibrated_change"], 0.0)
+
+
+def test_a_method_planned_for_one_protocol_only_is_compared_there_and_absent_elsewhere():
+    """The sync_* methods run only where their objective ranks the plans (dreamshard here): every
+    reader of the plans takes them where they are and leaves them out elsewhere."""
+    frame, plans, names = ratios_frame(rl_factor=0.8)
+    dream = frame.assign(protocol="dreamshard", task="d" + frame["task"])
+    sync = dream[dream["method"] == "cost_greedy"].assign(method="sync_greedy",
+                                                          measured_ms=lambda f: f["measured_ms"] * 0.9)
+    both = pd.concat([frame, dream, sync], ignore_index=True)
+    both["synchronized_ms"] = both["measured_ms"] * 1.5
+    both[["predicted_ms", "with_comm_ms", "memory_share", "seconds"]] = 1.0
+    all_names = names + ["d" + n for n in names]
+    plans = {m: p + p for m, p in plans.items()} | {"sync_greedy": [None] * len(names) + plans["cost_greedy"]}
+    noise = {"autoshard": 0.002, "dreamshard": 0.002}
+    for pairs in (paired_comparisons(both, plans, all_names, noise, 200, 0),
+                  paired_synchronized(both, plans, all_names, noise, 200, 0)):
+        assert "sync_greedy__vs__cost_greedy" in pairs["dreamshard"]
+        assert not any(k.startswith("sync_greedy") for k in pairs["autoshard"])
+        assert set(paired_frame(pairs, ("sync_greedy",))["protocol"]) == {"dreamshard"}
+    per_task = per_task_ratios(both, [("sync_greedy", "cost_greedy")])
+    assert len(per_task) == len(names) and set(per_task["protocol"]) == {"dreamshard"}
+    table = summary(with_ratios(both), 100, 0)
+    assert set(table.loc[table["method"] == "sync_greedy", "protocol"]) == {"dreamshard"}
+    tasks = [Task(n, "autoshard" if n.startswith("t") else "dreamshard", "test", (0, 1, 2), 2, 10**9, 0.0)
+             for n in all_names]
+    status = pd.DataFrame({"task": names, "method": "sync_greedy", "status": "not run (optimises "
+                           "synchronized_stages; autoshard is ranked by max_device)"})
+    counts = failed_counts(tasks, plans, np.ones(3), status)
+    assert counts["autoshard"]["sync_greedy"] == 0 and counts["dreamshard"]["sync_greedy"] == 0, "not run: not failed"

@@ -186,7 +186,11 @@ def test_evaluate_notebook(profiled, smoke_params, monkeypatch):
     assert set(pair) == {"tasks", "median_ratio", "ci_low", "ci_high", "p_value", "identical_share", "mde"}
     assert {"lpt_measured", "milp", "cost_greedy_local_search"} <= set(metrics["results"]["dreamshard"])
     assert metrics["answer"], "the plain answer is written"
-    assert metrics["objective"] == "max_device" and "sync_greedy" in metrics["results"]["dreamshard"]
+    assert metrics["objective"] == {"autoshard": "max_device", "dreamshard": "synchronized_stages",
+                                    "tight": "max_device", "small": "max_device"}
+    synced = {"sync_greedy", "sync_local_search", "sync_milp"}
+    assert synced <= set(metrics["results"]["dreamshard"]), "planned where they are scored"
+    assert not synced & set(metrics["results"]["autoshard"]), "and nowhere else"
     assert "sync_greedy__vs__best_heuristic" in metrics["paired_synchronized"]["dreamshard"]
     assert (plans["synchronized_ms"] >= plans["measured_ms"]).all()
     assert set(plans["comm_source"]) <= {"measured-model", "extrapolated-model"}

@@ -41,13 +41,15 @@ EVALUATE = {
                  "value": 0.8312, "target": "<= 0.9", "met": True},
                 {"protocol": "small", "method": "rl_greedy", "statistic": "predicted gap", "value": 0.0123,
                  "target": "<= 0.01", "met": False}],
+    "objective": {"autoshard": "synchronized_stages", "small": "max_device"},
     "seconds": 12.0,
 }
 
 
 def test_headline_table_comes_from_the_metrics():
     text = headline(EVALUATE)
-    assert "**autoshard** (4 tasks)" in text and "**small** (4 tasks)" in text
+    assert "**autoshard** (4 tasks; bottleneck: synchronized_stages)" in text
+    assert "**small** (4 tasks; bottleneck: max_device)" in text, "each protocol under its own objective"
     row = next(line for line in text.splitlines() if line.startswith("| rl_greedy") and "0.831" in line)
     assert "0.831 [0.750, 0.900]" in row and "75%" in row
     assert "1.23%" in text, "the small tasks show the gap to the optimum"
@@ -57,6 +59,11 @@ def test_headline_table_comes_from_the_metrics():
     verdicts = [line.rstrip(" |").rsplit("|", 1)[-1].strip() for part in (measured, predicted)
                 for line in part.splitlines() if line.startswith("| ") and "protocol" not in line]
     assert verdicts == ["met", "**not met**"], "measured and predicted targets stand in separate tables"
+
+
+def test_the_headline_refuses_one_objective_for_all():
+    with pytest.raises(ConfigError, match="objective"):
+        headline(EVALUATE | {"objective": "max_device"})
 
 
 NOISE = {"median_cv": 0.05, "calibration_drift": 0.02, "remeasured_share": 0.1, "plan_repeat_change": 0.03,

@@ -10,7 +10,8 @@ from autoshard.measure.comm import STAGES, max_device_ms, synchronized_ms
 from autoshard.measure.commmodel import CommModel
 from autoshard.placement.heuristics import Infeasible
 from autoshard.placement.lpt import lpt
-from autoshard.placement.sync import planner, predicted_stages, stage_singles, sync_greedy, synchronized_cost
+from autoshard.placement.surrogate import MilpConfig
+from autoshard.placement.sync import planners, predicted_stages, stage_singles, sync_greedy, synchronized_cost
 from autoshard.studies.measured import bottlenecks, plan_comm, plan_frame, synchronized
 
 NO_COMM = CommModel({2: {"forward": [0.0, 0.0, 0.0], "backward": [0.0, 0.0, 0.0]}},
@@ -60,6 +61,20 @@ def test_measured_scoring_reports_both_objectives():
     assert (synced["comm_source"] == "measured-model").all()
     with pytest.raises(ValueError, match="objective"):
         plan_frame(devices, tasks, seconds, objective="mean")
+
+
+def test_each_protocol_is_ranked_by_its_own_objective():
+    one = _devices({"sums": _stages([(4.0, 0.5, 0.5, 1.0), (1.0, 0.5, 0.5, 4.0)])})
+    devices = pd.concat([one, one.assign(task="u", protocol="autoshard")], ignore_index=True)
+    tasks = [Task("t", "dreamshard", "test", (0, 1), 2, 10, 1.0), Task("u", "autoshard", "test", (0, 1), 2, 10, 1.0)]
+    seconds = pd.DataFrame({"task": ["t", "u"], "method": "sums", "seconds": 0.1})
+    objective = {"dreamshard": "synchronized_stages", "autoshard": "max_device"}
+    frame = plan_frame(devices, tasks, seconds, objective).set_index("task")
+    assert frame.loc["t", "measured_ms"] == 9.0 and frame.loc["u", "measured_ms"] == 5.0
+    assert frame["objective"].to_dict() == {"t": "synchronized_stages", "u": "max_device"}
+    assert bottlenecks(devices, objective).set_index("task")["measured_ms"].to_dict() == {"t": 9.0, "u": 5.0}
+    with pytest.raises(ValueError, match="objective of autoshard: None"):
+        plan_frame(devices, tasks, seconds, {"dreamshard": "max_device"})
 
 
 def test_comm_source_says_where_comm_comes_from():
@@ -127,11 +142,15 @@ def test_stage_singles_and_the_task_planner():
     assert forward[:3].tolist() == [2.0, 2.0, 3.0] and backward[:3].tolist() == [3.0, 1.0, 1.0]
     assert np.isnan(forward[3])
     features = pd.DataFrame({"dim": [8, 8, 8, 8], "size_bytes": [1, 1, 1, 1]})
-    place = planner(forward, backward, features, NO_COMM, 64)
-    plan = place(Task("t", "dreamshard", "test", (0, 1, 2), 2, 10, 1.0))
-    assert sorted(np.bincount(plan, minlength=2)) == [1, 2]
-    with pytest.raises(ConfigError, match=r"no single-table measurement of tables \[3\]"):
-        place(Task("u", "dreamshard", "test", (0, 3), 2, 10, 1.0))
+    methods = planners(forward, backward, features, NO_COMM, 64, MilpConfig(1000, 10.0), solves=(solves := {}))
+    assert list(methods) == ["sync_greedy", "sync_local_search", "sync_milp"]
+    for place in methods.values():
+        plan = place(Task("t", "dreamshard", "test", (0, 1, 2), 2, 10, 1.0))
+        assert sorted(np.bincount(plan, minlength=2)) == [1, 2]
+        with pytest.raises(ConfigError, match=r"no single-table measurement of tables \[3\]"):
+            place(Task("u", "dreamshard", "test", (0, 3), 2, 10, 1.0))
+    assert solves["t"].status == "optimal" and solves["t"].gap <= 1e-3
+    assert "sync_milp" not in planners(forward, backward, features, NO_COMM, 64), "no MILP without its limits"
 
 
 def test_paired_synchronized_compares_on_the_synchronized_cost():

@@ -48,6 +48,14 @@ class FailedPlacements(TypedDict):
     failed: dict[str, dict[str, int]]
 
 
+class HeadlineObjective(TypedDict):
+    """The entry `objective` of reports/metrics/evaluate.json: protocol -> what its headline
+    `measured_ms` ranks plans by (max_device | synchronized_stages). Built by
+    `studies.evaluate.objectives`."""
+
+    objective: dict[str, str]
+
+
 class CommMetrics(TypedDict):
     """The comm model fitted on measured all-to-alls (`measure.commmodel.profile_comm`): the
     placements measured per device count, the held-out MAPE (a share) against its target."""

@@ -102,14 +102,18 @@ class CommModel:
         received = (widths.sum() - widths) * scale
         out = []
         for direction, (s, r) in zip(DIRECTIONS, [(sent, received), (received, sent)], strict=True):
-            if world in self.per_world:
-                a, b, c = self.per_world[world][direction]
-                ms = a + b * s + c * r
-            else:
-                a, b, c, e = self.across[direction]
-                ms = a + b * s + c * r + e * world
-            out.append(np.maximum(ms, 0.0))
+            a, b, c = self.coefficients(world, direction)
+            out.append(np.maximum(a + b * s + c * r, 0.0))
         return out[0], out[1]
+
+    def coefficients(self, world: int, direction: str) -> tuple[float, float, float]:
+        """(a, b, c) of ms = a + b * sent_mb + c * received_mb at `world` devices: the fit at that
+        device count, else the fit across counts with its device-count term folded into a."""
+        if world in self.per_world:
+            a, b, c = self.per_world[world][direction]
+            return float(a), float(b), float(c)
+        a, b, c, e = self.across[direction]
+        return float(a + e * world), float(b), float(c)
 
     def to_json(self) -> dict:
         """A JSON-ready document (device counts as string keys)."""

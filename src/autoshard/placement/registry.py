@@ -9,12 +9,14 @@ from autoshard.placement.heuristics import HEURISTICS
 @dataclass(frozen=True)
 class Method:
     """A placement method: `id` everywhere; `kind` heuristic | baseline | rl | optimum;
-    `needs` the trained files it reads (cost model, policy)."""
+    `needs` the trained files it reads (cost model, policy); `objective`, when set, the one it
+    optimises: the evaluate stage plans it only for protocols ranked by that objective."""
 
     id: str
     kind: str
     needs: tuple[str, ...] = ()
     summary: str = ""
+    objective: str | None = None
 
 
 _METHODS = (
@@ -32,7 +34,14 @@ _METHODS = (
            summary="exact min-max MILP (HiGHS) on the measured single-table costs, node- and time-limited"),
     Method("sync_greedy", "baseline", ("profile",),
            summary="largest measured single cost first onto the device with the lowest predicted synchronized-"
-                   "stages cost (measured single forward/backward costs summed, comm model)"),
+                   "stages cost (measured single forward/backward costs summed, comm model)",
+           objective="synchronized_stages"),
+    Method("sync_local_search", "baseline", ("profile",),
+           summary="sync_greedy refined by moves and swaps on the predicted synchronized-stages cost",
+           objective="synchronized_stages"),
+    Method("sync_milp", "baseline", ("profile",),
+           summary="exact MILP (HiGHS) on the predicted synchronized-stages cost (per-stage linear surrogate), "
+                   "node- and time-limited", objective="synchronized_stages"),
     Method("rl_greedy", "rl", ("cost_model", "policy"), summary="the trained policy, greedy"),
     Method("rl_best_of_n", "rl", ("cost_model", "policy"),
            summary="the best of N sampled placements by predicted bottleneck"),
@@ -43,6 +52,8 @@ _METHODS = (
 REGISTRY: dict[str, Method] = {m.id: m for m in _METHODS}
 METHODS: tuple[str, ...] = tuple(REGISTRY)
 KIND: dict[str, str] = {m.id: m.kind for m in _METHODS}
+# Methods planned only where their objective ranks the protocol's plans: method -> objective.
+OBJECTIVE: dict[str, str] = {m.id: m.objective for m in _METHODS if m.objective}
 RL_METHODS: tuple[str, ...] = tuple(m.id for m in _METHODS if m.kind == "rl")
 # What the `autoshard` command offers: every method that needs only the tables and the trained files.
 COMMAND: tuple[str, ...] = tuple(m.id for m in _METHODS if m.kind != "optimum" and "profile" not in m.needs)

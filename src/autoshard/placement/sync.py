@@ -1,4 +1,5 @@
-"""sync_greedy: greedy placement on DreamShard's synchronized-stages objective, predicted.
+"""sync_greedy: greedy placement on DreamShard's synchronized-stages objective, predicted; and the
+planners of the three sync methods (`sync_search`: local search, `sync_milp`: the exact MILP).
 
 A training step waits at a barrier after each of its four stages (forward compute, forward
 all-to-all, backward all-to-all, backward compute), so its cost is the sum of each stage's
@@ -24,6 +25,10 @@ from autoshard.data.packing import PackingGuard
 from autoshard.data.tasks import Task
 from autoshard.measure.commmodel import CommModel
 from autoshard.placement.heuristics import Infeasible
+from autoshard.placement.milp import MilpResult
+from autoshard.placement.surrogate import MilpConfig
+from autoshard.placement.sync_milp import solve_sync
+from autoshard.placement.sync_search import comm_lines, sync_local_search
 
 CommFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
@@ -85,21 +90,46 @@ def sync_greedy(forward: np.ndarray, backward: np.ndarray, dims: np.ndarray, siz
     return placement
 
 
-def planner(forward: np.ndarray, backward: np.ndarray, pool_features: pd.DataFrame, comm_model: CommModel,
-            batch_size: int) -> Callable[[Task], np.ndarray]:
-    """`sync_greedy` over per-pool-table measured single forward and backward costs, with the
-    comm model at `batch_size`; a task with a table not measured alone gets no plan (a
-    `ConfigError` naming the tables)."""
+def planners(forward: np.ndarray, backward: np.ndarray, pool_features: pd.DataFrame, comm_model: CommModel,
+             batch_size: int, milp: MilpConfig | None = None, seed: int = 0,
+             solves: dict[str, MilpResult] | None = None) -> dict[str, Callable[[Task], np.ndarray]]:
+    """`sync_greedy`, `sync_local_search` (from its plan) and, with `milp` (its limits), `sync_milp`
+    (bounded by, and never worse than, sync_local_search's plan) over per-pool-table measured single
+    forward and backward costs, with the comm model at `batch_size`; a task with a table not
+    measured alone gets no plan (a `ConfigError` naming the tables). Each MILP solve is kept in
+    `solves` by task name when given."""
     dims = pool_features["dim"].to_numpy(float)
     sizes = pool_features["size_bytes"].to_numpy(np.int64)
 
     def comm(widths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return comm_model.predict_arrays(widths, batch_size)
 
-    def place(t: Task) -> np.ndarray:
+    def inputs(t: Task) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         ids = list(t.tables)
         missing = [t.tables[k] for k in np.flatnonzero(np.isnan(forward[ids]) | np.isnan(backward[ids]))]
         if missing:
             raise ConfigError(f"task {t.name}: no single-table measurement of tables {missing}")
-        return sync_greedy(forward[ids], backward[ids], dims[ids], sizes[ids], t.devices, t.memory_bytes, comm)
-    return place
+        lines = comm_lines(comm_model, t.devices, batch_size, float(dims[ids].sum()))
+        return forward[ids], backward[ids], dims[ids], sizes[ids], lines
+
+    def greedy(t: Task) -> np.ndarray:
+        f, b, w, s, _ = inputs(t)
+        return sync_greedy(f, b, w, s, t.devices, t.memory_bytes, comm)
+
+    def refined(t: Task) -> np.ndarray:
+        f, b, w, s, lines = inputs(t)
+        return sync_local_search(f, b, w, s, t.devices, t.memory_bytes, lines, greedy(t))
+
+    def exact(t: Task) -> np.ndarray:
+        f, b, w, s, lines = inputs(t)
+        try:
+            start = sync_local_search(f, b, w, s, t.devices, t.memory_bytes, lines, greedy(t))
+        except Infeasible:
+            start = None
+        result = solve_sync(f, b, w, s, t.devices, t.memory_bytes, lines, start, time_limit=milp.time_limit_s,
+                            node_limit=milp.node_limit, seed=seed)
+        if solves is not None:
+            solves[t.name] = result
+        return result.placement
+
+    return {"sync_greedy": greedy, "sync_local_search": refined, **({"sync_milp": exact} if milp else {})}

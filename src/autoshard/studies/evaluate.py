@@ -8,7 +8,7 @@ state and may refuse a tight cap) yields None there, with the reason recorded.
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,13 +25,13 @@ from autoshard.measure.commmodel import CommModel
 from autoshard.measure.fbgemm import OPTIMIZERS
 from autoshard.measure.timing import TimingConfig
 from autoshard.placement import surrogate
+from autoshard.placement import sync as sync_methods
 from autoshard.placement.exact import exact_plan
 from autoshard.placement.heuristics import HEURISTICS, Infeasible, heuristic_plan
-from autoshard.placement.registry import KIND
+from autoshard.placement.registry import KIND, OBJECTIVE
 from autoshard.placement.search import local_search
 from autoshard.placement.shards import memory_ok
 from autoshard.placement.surrogate import MilpConfig
-from autoshard.placement.sync import planner as sync_planner
 from autoshard.placement.torchrec import torchrec_plan
 from autoshard.rl import numpy_planner
 from autoshard.rl.infer import cost_greedy, policy_plans
@@ -40,6 +40,7 @@ from autoshard.studies.measured import OBJECTIVES
 from autoshard.studies.paired import same_split
 
 Planner = Callable[[Task], np.ndarray]
+PROTOCOLS = ("autoshard", "dreamshard", "tight", "small")  # the evaluated protocols (evaluate.objective's keys)
 
 
 
@@ -88,7 +89,7 @@ class EvaluateConfig:
     targets: Targets
     milp: MilpConfig
     noise_targets: NoiseTargets
-    objective: str = "max_device"  # max_device | synchronized_stages: what the headline `measured_ms` is
+    objective: dict[str, str]  # protocol -> max_device | synchronized_stages: what its headline `measured_ms` is
 
     @classmethod
     def from_params(cls, evaluate: dict, profile: dict, rl: dict) -> "EvaluateConfig":
@@ -123,9 +124,20 @@ class EvaluateConfig:
                   speed_repeats=f.integer("speed_repeats"),
                   speed_budget_s=f.number("speed_budget_s", lo=0, lo_open=True),
                   targets=targets, milp=milp, noise_targets=noise,
-                  objective=f.text("objective", OBJECTIVES))
+                  objective=objectives(f))
         f.done()
         return cfg
+
+
+def objectives(f: Fields) -> dict[str, str]:
+    """`evaluate.objective`: one of OBJECTIVES for every protocol, or a mapping protocol ->
+    objective naming each of PROTOCOLS (the issue: each protocol ranked by its paper's objective)."""
+    if not isinstance(f.values.get("objective"), dict):
+        return dict.fromkeys(PROTOCOLS, f.text("objective", OBJECTIVES))
+    o = f.sub("objective")
+    out = {p: o.text(p, OBJECTIVES) for p in PROTOCOLS}
+    o.done()
+    return out
 
 
 def measuring_backend(profile: Fields, timing: Fields) -> BackendConfig:
@@ -204,13 +216,15 @@ def planners(pool_features: pd.DataFrame, features: np.ndarray, model: CostModel
              best_of: int, batch_size: int, seed: int, single_costs: np.ndarray | None = None,
              milp: MilpConfig | None = None, solves: dict | None = None,
              hybrid: tuple[CostModel, np.ndarray] | None = None,
-             sync: tuple[np.ndarray, np.ndarray, CommModel] | None = None) -> dict[str, Planner]:
+             sync: tuple[np.ndarray, np.ndarray, CommModel] | None = None,
+             sync_solves: dict | None = None) -> dict[str, Planner]:
     """Every method of the registry as a planner (the exact search is for small tasks only);
     `single_costs` (ms per pool table, measured alone) feed the LPT and MILP baselines, which
     are left out without them; `hybrid` (the hybrid cost model and its features with the single
     costs) gives `hybrid_greedy`, left out without it; `sync` (measured single forward and backward
     ms per pool table, `placement.sync.stage_singles`, and the comm model) gives `sync_greedy`,
-    left out without it."""
+    `sync_local_search` and (with `milp`) `sync_milp`, whose solves go to `sync_solves`; all three
+    are left out without it."""
     def heuristic(name: str) -> Planner:
         return lambda t: heuristic_plan(name, pool_features, t, seed)
 
@@ -225,7 +239,8 @@ def planners(pool_features: pd.DataFrame, features: np.ndarray, model: CostModel
             **({"hybrid_greedy": lambda t: cost_greedy(hybrid[0], hybrid[1], [t])[0]} if hybrid else {}),
             **(surrogate.planners(single_costs, pool_features["size_bytes"].to_numpy(np.int64), milp, seed, solves)
                if single_costs is not None and milp is not None else {}),
-            **({"sync_greedy": sync_planner(sync[0], sync[1], pool_features, sync[2], batch_size)} if sync else {}),
+            **(sync_methods.planners(sync[0], sync[1], pool_features, sync[2], batch_size, milp, seed, sync_solves)
+               if sync else {}),
             "rl_greedy": lambda t: policy_plans(policy, model, features, [t])[0],
             "rl_best_of_n": lambda t: policy_plans(policy, model, features, [t], best_of, seed=sample_seed(t))[0],
             "rl_local_search": lambda t: policy_plans(policy, model, features, [t], refine=True)[0],
@@ -265,11 +280,24 @@ def same_plans(reference: list[np.ndarray | None], planner: Planner, tasks: list
     return {"same devices": float(np.mean(labels)), "same split": float(np.mean(splits))}
 
 
-def plan_all(methods: dict[str, Planner], tasks: list[Task], sizes: np.ndarray,
-             progress: bool = True) -> tuple[dict[str, list[np.ndarray | None]], pd.DataFrame]:
+def not_run(method: str, task: Task, objective: Mapping[str, str] | None = None) -> str | None:
+    """Why `method` is not planned for `task`, or None: the exact search runs on small tasks
+    only; a method that optimises one objective (`registry.OBJECTIVE`) runs only on protocols
+    that `objective` (protocol -> objective, `EvaluateConfig.objective`) ranks by it."""
+    if method == "exact" and task.protocol != "small":
+        return "small tasks only"
+    wanted, ranked_by = OBJECTIVE.get(method), (objective or {}).get(task.protocol)
+    if wanted and objective is not None and ranked_by != wanted:
+        return f"optimises {wanted}; {task.protocol} is ranked by {ranked_by}"
+    return None
+
+
+def plan_all(methods: dict[str, Planner], tasks: list[Task], sizes: np.ndarray, progress: bool = True,
+             objective: Mapping[str, str] | None = None) -> tuple[dict[str, list[np.ndarray | None]], pd.DataFrame]:
     """Each method's plan of each task (None: no plan), and a frame of (task, method, seconds,
-    status); timed on one thread. The exact search runs on small tasks only. A plan that breaks
-    the memory cap is no plan (status says so): under the tight-memory protocol a failure to
+    status); timed on one thread. A method is not run where `not_run` says so (given `objective`,
+    the protocols' objectives; without it, every method runs off the small tasks). A plan that
+    breaks the memory cap is no plan (status says so): under the tight-memory protocol a failure to
     count (`studies.memory.failed_counts`), not a crash of the stage."""
     from tqdm.auto import tqdm
 
@@ -279,8 +307,9 @@ def plan_all(methods: dict[str, Planner], tasks: list[Task], sizes: np.ndarray,
         for task in tqdm(tasks, desc="planning", disable=not progress):
             for name, planner in methods.items():
                 plan, status, seconds = None, "ok", float("nan")
-                if name == "exact" and task.protocol != "small":
-                    status = "not run (small tasks only)"
+                why = not_run(name, task, objective)
+                if why:
+                    status = f"not run ({why})"
                 else:
                     start = time.perf_counter()
                     try:

@@ -15,7 +15,7 @@ device count it was measured at ("measured-model") or extrapolated across device
 (`synchronized_ms`, see `measure.comm.synchronized_ms`).
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +38,7 @@ from autoshard.measure.store import MeasurementStore, shard_key, store_for, valu
 from autoshard.placement.shards import device_shards
 
 OBJECTIVES = ("max_device", "synchronized_stages")  # evaluate.objective: what `measured_ms` ranks plans by
+Objective = str | Mapping[str, str]  # one objective for every protocol, or protocol -> objective
 
 
 def task_shards(task: Task, plans: Sequence[np.ndarray | None]) -> list[list[int]]:
@@ -172,33 +173,43 @@ def synchronized(devices: pd.DataFrame, keys: Sequence[str] = ("task", "method")
     return devices.groupby(list(keys), sort=False)[STAGES].max().sum(axis=1).rename("synchronized_ms")
 
 
-def bottlenecks(devices: pd.DataFrame, objective: str = "max_device") -> pd.DataFrame:
+def bottlenecks(devices: pd.DataFrame, objective: Objective = "max_device") -> pd.DataFrame:
     """The measured bottleneck (max device compute, also in units of its batches' calibration
     shard: `calibrated`) and the synchronized-stages cost per (task, method); `measured_ms` is the
-    one `objective` names (as in `plan_frame`)."""
-    _check_objective(objective)
+    one `objective` names for the task's protocol (as in `plan_frame`)."""
     calibrated = {"calibrated": ("calibrated", "max")} if "calibrated" in devices else {}
     out = devices.groupby(["task", "method"], sort=False).agg(measured_ms=("compute_ms", "max"),
                                                              **calibrated).reset_index()
     out = out.merge(synchronized(devices).reset_index(), on=["task", "method"])
-    if objective == "synchronized_stages":
-        out["measured_ms"] = out["synchronized_ms"]
+    if isinstance(objective, str):  # one for every protocol: the frame need not name them
+        _rank_by(out, pd.Series(objective_of(objective, "every protocol"), index=out.index))
+    else:
+        protocol = out["task"].map(devices.groupby("task")["protocol"].first())
+        _rank_by(out, protocol.map(lambda p: objective_of(objective, p)))
     return out
 
 
-def _check_objective(objective: str) -> None:
-    if objective not in OBJECTIVES:
-        raise ValueError(f"objective: {objective!r} (expected one of {', '.join(OBJECTIVES)})")
+def objective_of(objective: Objective, protocol: str) -> str:
+    """The objective that ranks `protocol`'s plans: `objective` itself, or its entry."""
+    chosen = objective if isinstance(objective, str) else objective.get(protocol)
+    if chosen not in OBJECTIVES:
+        raise ValueError(f"objective of {protocol}: {chosen!r} (expected one of {', '.join(OBJECTIVES)})")
+    return chosen
+
+
+def _rank_by(out: pd.DataFrame, objectives: pd.Series) -> None:
+    """Make `measured_ms` the synchronized cost on the rows whose objective says so."""
+    out["measured_ms"] = out["measured_ms"].where(objectives != "synchronized_stages", out["synchronized_ms"])
 
 
 def plan_frame(devices: pd.DataFrame, tasks: list[Task], seconds: pd.DataFrame,
-               objective: str = "max_device") -> pd.DataFrame:
+               objective: Objective = "max_device") -> pd.DataFrame:
     """One row per (task, method) with a plan: measured bottleneck (max device compute),
     the same with communication, the synchronized-stages cost (`synchronized_ms`), the predicted
     bottleneck (`devices` needs a `predicted_ms` column), the fullest device's share of the memory
-    cap, the sharding time and the comm source. With `objective` "synchronized_stages" the
-    headline `measured_ms` is the synchronized cost (the compute bottleneck stays in `max_device_ms`)."""
-    _check_objective(objective)
+    cap, the sharding time and the comm source. `objective` (one for all, or per protocol) names
+    what each row's headline `measured_ms` is, in column `objective`: with "synchronized_stages" the
+    synchronized cost (the compute bottleneck stays in `max_device_ms`)."""
     by_task = {t.name: t for t in tasks}
     out = devices.groupby(["task", "protocol", "method"], sort=False).agg(
         measured_ms=("compute_ms", "max"), with_comm_ms=("with_comm_ms", "max"),
@@ -207,8 +218,8 @@ def plan_frame(devices: pd.DataFrame, tasks: list[Task], seconds: pd.DataFrame,
         **({"calibrated": ("calibrated", "max")} if "calibrated" in devices else {})).reset_index()
     out = out.merge(synchronized(devices).reset_index(), on=["task", "method"])
     out["max_device_ms"] = out["measured_ms"]
-    if objective == "synchronized_stages":
-        out["measured_ms"] = out["synchronized_ms"]
+    out["objective"] = out["protocol"].map(lambda p: objective_of(objective, p))
+    _rank_by(out, out["objective"])
     out["memory_share"] = out["memory_bytes"] / out["task"].map(lambda n: by_task[n].memory_bytes)
     out["unseen_ratio"] = out["task"].map(lambda n: by_task[n].unseen_ratio)
     return out.merge(seconds[["task", "method", "seconds"]], on=["task", "method"], how="left")

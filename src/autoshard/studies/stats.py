@@ -105,14 +105,15 @@ def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_err
                      repeat_noise: pd.DataFrame, speed_table: pd.DataFrame, numpy_same: dict[str, float],
                      tasks: list, devices: pd.DataFrame, quality: dict, pairs: dict, answer: list[str],
                      milp_table: pd.DataFrame, seconds: float, replicates: dict | None = None, *,
-                     plans: dict[str, list], sizes: np.ndarray, plan_status: pd.DataFrame, objective: str,
+                     plans: dict[str, list], sizes: np.ndarray, plan_status: pd.DataFrame, objective: dict[str, str],
                      paired_synchronized: dict) -> dict:
     """reports/metrics/evaluate.json: `noise` first (the measurement quality), then the `paired`
     comparisons per protocol (`<method>__vs__<reference>`), the plain `answer`,
     `replicates.<protocol>.<method>` (mean_ratio, std, n), the per-method `results`, the targets,
     the cost model's device error, the MILP's gaps and the sharding speed; then `failed`
     (`memory.failed_counts` of `plans` with `plan_status`, `evaluate.plan_all`'s frame), the
-    headline `objective`, `paired_synchronized` (the same comparisons on synchronized_ms) and
+    headline `objective` per protocol (`core.schema.HeadlineObjective`),
+    `paired_synchronized` (the same comparisons on synchronized_ms) and
     `comm_source` per protocol (where the all-to-all came from: readers rely on all four keys)."""
     return {
         "noise": quality, "paired": pairs, "answer": answer, "replicates": replicates or {},
