@@ -220,3 +220,108 @@ def test_a_foreign_space_missing_shards_is_an_error_and_nothing_is_measured(sour
     assert "--space: only with --store" in capsys.readouterr().err
     assert score_space(source, plan, store, doc["space"], "--batch-size", "32") == 2
     assert "measured at batch size 64, not 32" in capsys.readouterr().err
+
+
+# `autoshard measure --write-jobs`: the profile stage's shard list as worker job files, one per pass.
+
+
+@pytest.fixture(scope="module")
+def profile_plan(smoke_params) -> dict:
+    """The smoke study's profile shards by pass tag, as the stage plans them (the notebook's
+    `plan_jobs` call, its repeat rounds and its remeasure pass), and its pool and config."""
+    from autoshard.data.tasks import make_tasks
+    from autoshard.measure.collect import ProfileConfig, pass_tag, plan_jobs, remeasure_jobs
+    from autoshard.placement.heuristics import every_plan
+
+    p = smoke_params
+    pool = build_pool(p["dataset"], p["pool"], p["seed"], progress=False)
+    tasks, train, test = make_tasks(pool.features, p["tasks"], p["seed"])
+    cfg = ProfileConfig.from_params(p["profile"] | {"backend": "analytic", "device": "cpu"})
+    jobs = plan_jobs(pool, tasks, train, cfg, p["seed"], test,
+                     placements=lambda task: every_plan(pool.features, task, p["seed"]))
+    by_pass = {pass_tag(r): [list(j.tables) for j in jobs if j.round == r] for r in range(cfg.repeat_rounds + 1)}
+    by_pass["remeasure"] = [list(j.tables) for j in remeasure_jobs(jobs, train)]
+    return {"pool": pool, "cfg": cfg, "shards": by_pass}
+
+
+@pytest.fixture
+def params_file(smoke_params, tmp_path):
+    """The smoke parameters as a file, a function that writes changed ones."""
+    import yaml
+
+    def write(changes: dict | None = None):
+        from autoshard.core.params import merge
+
+        path = tmp_path / "params.yaml"
+        path.write_text(yaml.safe_dump(merge(smoke_params, changes or {})))
+        return path
+    return write
+
+
+def write_jobs(folder, params, *extra) -> int:
+    folder.mkdir(exist_ok=True)
+    return main(["measure", "--write-jobs", str(folder / "jobs.json"), "--params", str(params), *extra])
+
+
+def test_write_jobs_lists_the_profiles_shards_one_file_per_pass_and_the_same_bytes_again(
+        profile_plan, params_file, tmp_path, capsys):
+    params = params_file()
+    assert write_jobs(tmp_path / "a", params, "--device", "cuda") == 0
+    out = capsys.readouterr().out.splitlines()
+    files = {"": "jobs.json", "repeat-1": "jobs.repeat-1.json", "repeat-2": "jobs.repeat-2.json",
+             "remeasure": "jobs.remeasure.json"}
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == sorted(files.values()) and len(out) == len(files)
+    for (tag, name), line in zip(files.items(), out, strict=True):
+        doc = json.loads((tmp_path / "a" / name).read_text())
+        assert doc["shards"] == profile_plan["shards"][tag], tag
+        assert doc["backend"]["device"] == "cuda" and set(doc["pool"]) == {"dataset", "pool", "seed"}
+        assert f"{len(doc['shards'])} shards" in line and line.endswith(f"--pass {tag}" if tag else "data/measurements")
+    assert write_jobs(tmp_path / "b", params, "--device", "cuda") == 0
+    for name in files.values():
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
+    assert write_jobs(tmp_path / "c", params, "--passes", "main,remeasure") == 0
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["jobs.json", "jobs.remeasure.json"]
+
+
+@pytest.mark.parametrize("changes, extra, message", [
+    ({"profile": {"collect": {"random_shards": -1}}}, [], r"profile\.collect\.random_shards: -1"),
+    ({"profile": {"device": "tpu"}}, [], r"profile\.device: 'tpu' \(expected one of auto, cpu, cuda\)"),
+    ({"pool": {"num_tables": 0}}, [], r"pool\.num_tables: 0"),
+    ({}, ["--passes", "main,repeat-9"], r"--passes: 'repeat-9' \(the profile's passes here: main, repeat-1"),
+])
+def test_write_jobs_with_bad_params_is_one_line_and_writes_nothing(params_file, tmp_path, capsys, changes, extra,
+                                                                   message):
+    params = params_file(changes)
+    before = params.read_bytes()
+    assert write_jobs(tmp_path / "out", params, *extra) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"autoshard measure: error: {params}: "), err
+    assert re.search(message, err), err
+    assert list((tmp_path / "out").iterdir()) == [] and params.read_bytes() == before
+
+
+def test_written_jobs_measured_elsewhere_and_imported_hold_every_shard_of_each_pass(
+        profile_plan, params_file, tmp_path, request):
+    from dataclasses import replace
+
+    from autoshard.measure.backends import make_backend
+    from autoshard.measure.collect import Job, collect
+    from autoshard.measure.store import shard_key, store_for
+
+    folder, store, pool, cfg = tmp_path / "jobs", tmp_path / "store", profile_plan["pool"], profile_plan["cfg"]
+    assert write_jobs(folder, params_file(), "--backend", "analytic", "--device", "cpu") == 0
+    spaces = set()
+    for tag, shards in profile_plan["shards"].items():
+        name = f".{tag}" if tag else ""
+        rows = folder / f"rows{name}.json"
+        assert main(["measure", "--jobs", str(folder / f"jobs{name}.json"), "--out", str(rows)]) == 0
+        spaces.add(json.loads(rows.read_text())["space"])
+        assert store_import(rows, store, *(["--pass", tag] if tag else [])) == 0
+        held = store_for(store, cfg.backend, pool, space_override=min(spaces)).tagged(tag).read()
+        assert set(held) == {shard_key(s) for s in shards}, tag
+    assert len(spaces) == 1, "every pass measured under the same settings"
+    request.getfixturevalue("no_measuring")  # the stage reads the imported space and measures nothing
+    main_pass = [Job("single", tuple(s)) for s in profile_plan["shards"][""]]
+    table = collect(pool, main_pass, make_backend(pool, cfg.backend), replace(cfg, measurements_space=spaces.pop()),
+                    store, progress=False)
+    assert len(table) == len(main_pass) and table["forward_ms"].notna().all()

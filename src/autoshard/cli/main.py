@@ -5,6 +5,7 @@
   autoshard score   --tables T --plan plan.json [--backend fbgemm|torch|analytic] [--store DIR [--space KEY]]
   autoshard compare --tables T --devices D --memory-per-device 16GiB [--measure]
   autoshard measure --jobs jobs.json --out rows.json   (the portable measurement worker)
+  autoshard measure --write-jobs jobs.json [--params params.yaml] [--device cuda]   (its jobs: the profile's shards)
   autoshard store import rows.json --store DIR   (file a worker's rows under their own space)
 
 Bad input is one line on stderr naming the file, row and field, exit status 2, and no output
@@ -103,9 +104,20 @@ def parser() -> argparse.ArgumentParser:
     compare.add_argument("--best-of", type=int, default=DEFAULT_BEST_OF, help="N for the rl_best_of_n row")
     compare.add_argument("--measure", action="store_true", help="also measure every plan")
     _measure_args(compare)
-    worker = sub.add_parser("measure", help="measure the shards of a job file (see autoshard.measure.worker)")
-    worker.add_argument("--jobs", required=True, type=Path, help="job file (JSON): shards, backend, pool")
-    worker.add_argument("--out", required=True, type=Path, help="rows to write (JSON)")
+    worker = sub.add_parser("measure", help="measure the shards of a job file (see autoshard.measure.worker), "
+                                            "or write the job files of the profile stage's shards")
+    worker.add_argument("--jobs", type=Path, help="job file (JSON): shards, backend, pool")
+    worker.add_argument("--out", type=Path, help="with --jobs: rows to write (JSON)")
+    worker.add_argument("--write-jobs", type=Path, metavar="JOBS",
+                        help="instead: write the job files of the profile stage's shards under --params, one per "
+                             "pass (JOBS for the main pass, JOBS-stem.TAG.json for pass TAG)")
+    worker.add_argument("--params", type=Path, help="with --write-jobs: the study's parameters (default params.yaml)")
+    worker.add_argument("--device", choices=("auto", "cpu", "cuda"), help="with --write-jobs: the worker's device "
+                                                                          "(default profile.device)")
+    worker.add_argument("--backend", choices=BACKENDS, help="with --write-jobs: the worker's backend "
+                                                            "(default profile.backend)")
+    worker.add_argument("--passes", help="with --write-jobs: only these passes, comma-separated (main, repeat-1, "
+                                         "..., remeasure; default all)")
     store = sub.add_parser("store", help="the measurement store")
     store_sub = store.add_subparsers(dest="store_command", required=True)
     imported = store_sub.add_parser("import", help="file the rows of `autoshard measure` (measured on any machine) "
@@ -376,6 +388,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_measure(args: argparse.Namespace) -> int:
     from autoshard.measure.worker import measure_rows, read_job
 
+    if args.write_jobs is not None:
+        return write_jobs(args)
+    for option, given in (("--params", args.params), ("--device", args.device),
+                          ("--backend", args.backend), ("--passes", args.passes)):
+        if given:
+            raise ConfigError(f"{option}: only with --write-jobs")
+    if args.jobs is None or args.out is None:
+        raise ConfigError("measure: --jobs and --out are required (or --write-jobs to write job files)")
     check_outputs({"--out": args.out}, [args.jobs])
     job = read_job(args.jobs)
     try:
@@ -387,6 +407,34 @@ def cmd_measure(args: argparse.Namespace) -> int:
     ok = sum(r["status"] == "ok" for r in rows)
     print(f"measured {ok} of {len(rows)} shards with {rows[0]['backend']} on {rows[0]['device']} "
           f"(space {doc['space']}): wrote {args.out}")
+    return 0
+
+
+def write_jobs(args: argparse.Namespace) -> int:
+    """`measure --write-jobs`: the profile's job files, one per pass, and how to measure and
+    import each (`cli.worker_jobs`)."""
+    from autoshard.cli.worker_jobs import write_plan
+    from autoshard.core.params import load_params
+    from autoshard.core.paths import Paths
+
+    if args.jobs is not None or args.out is not None:
+        raise ConfigError("--write-jobs: not with --jobs or --out (write the job files, then measure each)")
+    params_file = args.params or Path("params.yaml")
+    check_outputs({"--write-jobs": args.write_jobs}, [params_file])
+    params = load_params(params_file)
+    only = [name.strip() for name in args.passes.split(",")] if args.passes is not None else None
+    try:
+        files = write_plan(params, args.write_jobs, args.device, args.backend, only)
+    except ConfigError as exc:
+        raise ConfigError(f"{params_file}: {exc}") from None
+    check_outputs({f"--write-jobs ({f.tag or 'main'} pass)": f.path for f in files}, [params_file])
+    write_files({f.path: f.text for f in files})
+    store = Paths().measurements
+    for f in files:
+        rows = f.path.with_name(f"rows{'.' + f.tag if f.tag else ''}.json")
+        imported = f"autoshard store import {rows} --store {store}" + (f" --pass {f.tag}" if f.tag else "")
+        print(f"wrote {f.path}: {f.shards} shards, {len(f.text.encode()) / 1024:.0f} KiB; there: autoshard measure "
+              f"--jobs {f.path.name} --out {rows.name}; here: {imported}")
     return 0
 
 

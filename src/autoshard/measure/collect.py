@@ -36,6 +36,7 @@ from autoshard.measure.store import shard_key, shard_tables, store_for, values
 from autoshard.measure.timing import TimingConfig
 
 REMEASURED = "remeasured.parquet"  # the train-pool shards measured again (profile.collect.remeasure)
+REMEASURE = "remeasure"  # the store's pass tag of that second pass
 KINDS = ("single", "random", "heuristic", "test_random", "test_heuristic", "repeat")
 COST_COLUMNS = ["forward_ms", "backward_ms", "forward_iqr_ms", "backward_iqr_ms"]
 
@@ -269,6 +270,17 @@ def collect(pool: Pool, jobs: list[Job], backend: CostBackend, cfg: ProfileConfi
         engine.map(measure_batch_job, batch_jobs, desc)
     return profile_table(jobs, {r: s.read() for r, s in stores.items()}, cfg, sizes,
                          environment(backend, cfg.backend.threads))
+
+
+def passes(jobs: list[Job], train_tables: np.ndarray, remeasure: bool) -> dict[str, list[Job]]:
+    """The profile's jobs by the store pass tag they are filed under (`collect`'s): "" the first
+    round, `repeat-R` each later round, `remeasure` the second pass of the train-pool shards
+    (with `remeasure`). Each pass is its own space, so rows measured elsewhere are imported
+    per pass (`autoshard store import --pass TAG`)."""
+    out = {pass_tag(r): [j for j in jobs if j.round == r] for r in sorted({j.round for j in jobs})}
+    if remeasure:
+        out[REMEASURE] = remeasure_jobs(jobs, train_tables)
+    return out
 
 
 def remeasure_jobs(jobs: list[Job], train_tables: np.ndarray) -> list[Job]:

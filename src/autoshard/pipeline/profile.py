@@ -15,8 +15,8 @@ from autoshard.core.paths import Paths
 from autoshard.data.pool import Pool, load_pool
 from autoshard.data.tasks import Task, load_tasks
 from autoshard.measure.backends import make_backend
-from autoshard.measure.collect import ProfileConfig, collect, plan_jobs, save_profile
-from autoshard.placement.heuristics import every_plan
+from autoshard.measure.collect import ProfileConfig, collect, save_profile
+from autoshard.placement.profile_shards import profile_jobs
 
 
 def run(params: dict, pool: Pool, tasks: list[Task], train_tables: np.ndarray,
@@ -27,8 +27,7 @@ def run(params: dict, pool: Pool, tasks: list[Task], train_tables: np.ndarray,
     that load the pool from `pool_folder`)."""
     cfg = ProfileConfig.from_params(params["profile"])
     seed = params["seed"]
-    jobs = plan_jobs(pool, tasks, train_tables, cfg, seed, test_tables,
-                     placements=lambda task: every_plan(pool.features, task, seed))
+    jobs = profile_jobs(pool, tasks, train_tables, test_tables, cfg, seed)
     engine = measuring_engine(ComputeConfig.from_params(params["compute"])) if "compute" in params else None
     if engine is not None and pool_folder is None:
         raise ConfigError("compute.measure_workers: measuring on an engine needs the pool's folder (--pool)")
