@@ -2,10 +2,13 @@
 shard list, one file per pass, so another machine measures exactly the shards the study needs.
 
 The pool travels as its parameters and seed (the worker rebuilds it, deterministically), not as
-files, so a jobs file stays small; the backend settings are the `profile` section's, with the
-device and backend overridable (a GPU worker's rows land in that machine's own space, which the
-stages then read with `profile.measurements_space`). The worker times each shard in one pass of
-as many runs as the stage's interleaved rounds give it (`ProfileConfig.check_timing`).
+files, so a jobs file stays small; for a synthetic pool the file also carries a `traces` section
+(each used table's spec and trace digest, the trace settings and seed, the pool's digest), from
+which `measure.portable` (numpy and torch only) regenerates just those tables. The backend
+settings are the `profile` section's, with the device and backend overridable (a GPU worker's
+rows land in that machine's own space, which the stages then read with
+`profile.measurements_space`). The worker times each shard in one pass of as many runs as the
+stage's interleaved rounds give it (`ProfileConfig.check_timing`).
 """
 
 import json
@@ -13,10 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoshard.core.errors import ConfigError, invalid
-from autoshard.data.pool import build_pool
+from autoshard.data.pool import Pool, build_pool
+from autoshard.data.synth import PoolConfig, draw_specs
 from autoshard.data.tasks import make_tasks
 from autoshard.measure.backends import DEVICES
 from autoshard.measure.collect import ProfileConfig, passes
+from autoshard.measure.portable import parse_job as parse_portable_job
+from autoshard.measure.portable import trace_digest
 from autoshard.measure.worker import JOBS_FORMAT, parse_job
 from autoshard.placement.profile_shards import profile_jobs
 
@@ -61,9 +67,30 @@ def job_docs(params: dict, device: str | None = None, backend: str | None = None
     docs = {tag: {"format": JOBS_FORMAT, "pool": source, "backend": worker,
                   "shards": [list(j.tables) for j in pass_jobs]}
             for tag, pass_jobs in passes(jobs, train, cfg.remeasure).items() if pass_jobs}
-    for doc in docs.values():  # what the worker will accept, short of a GPU here
+    synthetic = params["dataset"].get("source") == "synthetic"
+    for doc in docs.values():  # what the workers will accept, short of a GPU here
+        if synthetic:
+            doc["traces"] = trace_section(pool, params["pool"], seed, {t for s in doc["shards"] for t in s})
         parse_job(doc | {"backend": worker | {"device": "cpu"}})
+        if synthetic and worker["backend"] != "analytic":
+            parse_portable_job(doc | {"backend": worker | {"device": "cpu"}})
     return docs
+
+
+def trace_section(pool: Pool, pool_params: dict, seed: int, tables: set[int]) -> dict:
+    """The portable worker's `traces` section for `tables` of the synthetic `pool` (built from
+    `pool_params` and `seed`): what regenerates each one's trace, its digest, and the digest of
+    every table of the pool, which the space key needs and only pandas computes."""
+    cfg = PoolConfig.from_params(pool_params)
+    specs = draw_specs(cfg, seed)
+    t = pool.traces
+    b = t.batch_size
+    return {"seed": seed, "batch_size": b, "dispersion": cfg.bag_dispersion,
+            "pool": pool.digest(list(range(pool.num_tables))),
+            "tables": [{"table": i, "rows": int(specs.rows[i]), "dim": int(specs.dims[i]),
+                        "pooling_factor": float(specs.pooling_factors[i]), "alpha": float(specs.alphas[i]),
+                        "trace": trace_digest(t.lengths[i], t.indices[t.offsets[i * b]:t.offsets[(i + 1) * b]])}
+                       for i in sorted(tables)]}
 
 
 def write_plan(params: dict, path: Path, device: str | None = None, backend: str | None = None,

@@ -7,6 +7,8 @@ is the same, so every key is the SHA-256 of the things themselves, never of thei
 modules named), and `machine` the hardware and library versions a measurement ran on.
 """
 
+from __future__ import annotations
+
 import ast
 import hashlib
 import json
@@ -14,9 +16,12 @@ import platform
 from collections.abc import Iterable
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:  # numpy only at run time: the portable worker imports this module
+    import pandas as pd
 
 PACKAGE = "autoshard"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]

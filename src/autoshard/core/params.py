@@ -5,8 +5,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from autoshard.core.errors import ConfigError, invalid
 
 _MISSING = object()
@@ -14,6 +12,8 @@ _MISSING = object()
 
 def load_params(path: str | Path = "params.yaml") -> dict[str, Any]:
     """Load a YAML parameter file as a dict (an empty file is an error, not an empty study)."""
+    import yaml  # here, not at the top: the portable worker parses its job with `Fields` and has no PyYAML
+
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: parameter file not found")

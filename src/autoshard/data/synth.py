@@ -9,7 +9,6 @@ uniform). Each table draws from its own seeded stream.
 from dataclasses import dataclass
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from autoshard.core.errors import invalid
 from autoshard.core.params import Fields
@@ -156,6 +155,8 @@ def table_trace(cfg: PoolConfig, specs: TableSpecs, table: int, seed: int
 
 def synthesize(cfg: PoolConfig, seed: int, progress: bool = True) -> tuple[TableSpecs, Traces]:
     """Draw the pool and generate its traces, table-major as in the DLRM dataset."""
+    from tqdm.auto import tqdm  # here: the portable worker regenerates traces (`table_trace`) without tqdm
+
     specs = draw_specs(cfg, seed)
     lengths = np.empty((cfg.num_tables, cfg.batch_size), dtype=np.int64)
     parts = []

@@ -8,13 +8,18 @@ B*min(1, L)*W*D*e) * block penalty (1.75 for D < 64, 1.15 for D < 128) / device 
 output bytes / comms bandwidth. The number of rows does not enter. Deterministic and instant.
 """
 
+from __future__ import annotations
+
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from autoshard.data.pool import Pool
 from autoshard.measure.base import ShardCost, check_batch, check_shard, shard_dims
+
+if TYPE_CHECKING:  # only a type here: the portable worker (no pandas) imports this module
+    from autoshard.data.pool import Pool
 
 
 @dataclass(frozen=True)

@@ -1,18 +1,23 @@
 """Build a cost backend from the `profile` parameters."""
 
+from __future__ import annotations
+
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from autoshard.core.digest import machine, source_digest, value_digest
 from autoshard.core.errors import invalid
-from autoshard.core.params import Fields
-from autoshard.data.pool import Pool
 from autoshard.measure.analytic import AnalyticBackend
 from autoshard.measure.base import CostBackend
 from autoshard.measure.fbgemm import OPTIMIZERS, FbgemmBackend
 from autoshard.measure.timing import TimingConfig
 from autoshard.measure.torch_bag import TorchBackend
+
+if TYPE_CHECKING:  # only a type here: the portable worker (no pandas) imports this module
+    from autoshard.core.params import Fields
+    from autoshard.data.pool import Pool
 
 BACKENDS = ("fbgemm", "torch", "analytic")
 DEVICES = ("auto", "cpu", "cuda")
@@ -31,7 +36,7 @@ class BackendConfig:
     memory_limit_bytes: int
 
     @classmethod
-    def from_fields(cls, f: Fields) -> "BackendConfig":
+    def from_fields(cls, f: Fields) -> BackendConfig:
         return cls(
             backend=f.text("backend", BACKENDS),
             device=resolve_device(f.text("device", DEVICES), f.name("device")),

@@ -52,6 +52,14 @@ def check_shard(tables: Sequence[int], num_tables: int) -> list[int]:
     return ids
 
 
+def table_shapes(features, tables: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The rows and dims of the listed tables, from the pool's features (a frame, or a mapping of
+    `rows` and `dim` arrays, as the portable worker's pool has: it runs without pandas)."""
+    ids = [int(t) for t in tables]
+    return ([int(r) for r in np.asarray(features["rows"])[ids]],
+            [int(d) for d in np.asarray(features["dim"])[ids]])
+
+
 def shard_dims(table_dims: Sequence[int], dims: Sequence[int] | None) -> list[int]:
     """The widths measured: the tables' own dims, or `dims` (one per listed table, each at
     least 1 and at most its table's dim: a column shard)."""

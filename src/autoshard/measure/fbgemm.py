@@ -5,15 +5,20 @@ fed with the pool's real traces. CPU: weights in host memory, fp32. CUDA: weight
 device, fp16 (as in AutoShard), timed with CUDA events after an L2 flush.
 """
 
+from __future__ import annotations
+
 import functools
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from autoshard.core.errors import ConfigError
-from autoshard.data.pool import Pool
-from autoshard.measure.base import ShardCost, ShardTooLarge, shard_bytes, shard_dims, shard_inputs
+from autoshard.measure.base import ShardCost, ShardTooLarge, shard_bytes, shard_dims, shard_inputs, table_shapes
 from autoshard.measure.timing import DEFAULT_TIMING, TimingConfig, time_steps
+
+if TYPE_CHECKING:  # only a type here: the portable worker (no pandas) imports this module
+    from autoshard.data.pool import Pool
 
 OPTIMIZERS = ("EXACT_ROWWISE_ADAGRAD", "EXACT_SGD", "EXACT_ADAGRAD")
 
@@ -56,8 +61,8 @@ class FbgemmBackend:
     def measure(self, tables: Sequence[int], batch_size: int, dims: Sequence[int] | None = None) -> ShardCost:
         """A shard's forward and backward; `dims` measures column shards (see `base.CostBackend`)."""
         indices, offsets = shard_inputs(self.pool.traces, tables, batch_size)
-        f = self.pool.features.iloc[list(tables)]
-        rows, dims = f["rows"].astype(int).tolist(), shard_dims(f["dim"].astype(int).tolist(), dims)
+        rows, full = table_shapes(self.pool.features, tables)
+        dims = shard_dims(full, dims)
         if shard_bytes(rows, dims, self.weight_bytes) > self.memory_limit_bytes:
             raise ShardTooLarge(f"shard of {len(rows)} tables needs more than "
                                 f"{self.memory_limit_bytes / 2**30:.1f} GiB")

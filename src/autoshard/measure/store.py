@@ -19,18 +19,23 @@ there. When two files hold the same shard, the first file by name wins, so reads
 on which worker finished first. An unreadable file is set aside and its shards measured again.
 """
 
+from __future__ import annotations
+
 import json
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from autoshard.core.atomic import atomic_file
 from autoshard.core.digest import key, machine, source_digest, value_digest
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import shown
-from autoshard.data.pool import Pool
 from autoshard.measure.backends import BackendConfig, measurement_key
+
+if TYPE_CHECKING:  # only a type here: the portable worker (no pandas) imports this module
+    from autoshard.data.pool import Pool
 
 FIELDS = ("forward_ms", "backward_ms", "forward_iqr_ms", "backward_iqr_ms", "cv", "drift", "attempts")
 BATCH_GLOB = "batch-*.json"
@@ -59,8 +64,14 @@ def settings(cfg: BackendConfig, pool: Pool) -> dict:
     """What `space` is made of, as JSON (every table's digest, the backend settings, the
     measuring code's digest, the machine): a worker's rows carry it, so a space can be checked
     against its key and against the tables of the stage that reads it."""
-    return {"tables": pool.digest(list(range(pool.num_tables))), "backend": asdict(cfg),
-            "code": source_digest("autoshard.measure.backends"), "machine": machine(cfg.device)}
+    return described_settings(cfg, pool.digest(list(range(pool.num_tables))))
+
+
+def described_settings(cfg: BackendConfig, tables: str) -> dict:
+    """`settings` for the pool whose tables' digest is `tables` (the portable worker gets it
+    from its job: computing it needs the pool's features)."""
+    return {"tables": tables, "backend": asdict(cfg), "code": source_digest("autoshard.measure.backends"),
+            "machine": machine(cfg.device)}
 
 
 def settings_key(described: Mapping) -> str:
@@ -77,11 +88,11 @@ class MeasurementStore:
         self.foreign = foreign
 
     @classmethod
-    def for_settings(cls, root: str | Path, cfg: BackendConfig, pool: Pool) -> "MeasurementStore":
+    def for_settings(cls, root: str | Path, cfg: BackendConfig, pool: Pool) -> MeasurementStore:
         """The store of `cfg` on `pool` under `root` (see `space`)."""
         return cls(root, space(cfg, pool))
 
-    def tagged(self, tag: str) -> "MeasurementStore":
+    def tagged(self, tag: str) -> MeasurementStore:
         """The space of a deliberate independent pass (a repeat, a second measurement of the
         same plans) under the same settings; "" is this one."""
         return MeasurementStore(self.folder.parent, key(self.folder.name, tag), self.foreign) if tag else self

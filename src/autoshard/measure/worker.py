@@ -30,19 +30,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from autoshard.core.digest import machine
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import read_json, shown
 from autoshard.core.params import Fields
 from autoshard.data.pool import Pool, build_pool, load_pool
-from autoshard.measure.backends import BACKENDS, BackendConfig, make_backend
-from autoshard.measure.base import CostBackend, ShardTooLarge, check_batch, check_shard
+from autoshard.measure.backends import BACKENDS, BackendConfig
+from autoshard.measure.base import CostBackend, check_batch, check_shard
+from autoshard.measure.portable import JOBS_FORMAT, ROWS_FORMAT, parse_shards, shard_rows, worker_backend
 from autoshard.measure.store import from_worker_rows, settings, settings_key
 
-JOBS_FORMAT = "autoshard-measure-jobs/1"
-ROWS_FORMAT = "autoshard-measure-rows/2"
 OLD_ROWS_FORMAT = "autoshard-measure-rows/1"  # rows without their space: not importable
-MAX_SHARDS = 1_000_000
 TIMES = ("forward_ms", "backward_ms", "forward_iqr_ms", "backward_iqr_ms")
 ROW_FIELDS = {"tables", "backend", "device", "status", "versions", *TIMES}
 SETTINGS_FIELDS = {"tables", "backend", "code", "machine"}
@@ -72,16 +69,11 @@ def parse_job(doc: object) -> MeasureJob:
                 "seed": source.integer("seed", lo=0)}
     source.done()
     backend = BackendConfig.from_fields(f.sub("backend"))
-    shards = f.entries("shards")
-    if len(shards) > MAX_SHARDS:
-        raise ConfigError(f"job.shards: {len(shards)} shards (at most {MAX_SHARDS} per job)")
-    ids = []
-    for i, shard in enumerate(shards):
-        if not isinstance(shard, list) or not shard or not all(type(t) is int for t in shard):
-            raise ConfigError(f"job.shards[{i}]: {shown(shard)} (expected a non-empty list of table ids)")
-        ids.append(tuple(shard))
+    shards = parse_shards(f)
+    if "traces" in f.values:
+        f.sub("traces")  # the portable worker's source of the traces (`measure.portable`): not needed here
     f.done()
-    return MeasureJob(shards=tuple(ids), backend=backend, pool=pool)
+    return MeasureJob(shards=shards, backend=backend, pool=pool)
 
 
 def read_job(path: Path) -> MeasureJob:
@@ -98,16 +90,6 @@ def job_pool(job: MeasureJob) -> Pool:
     if "folder" in job.pool:
         return load_pool(job.pool["folder"])
     return build_pool(job.pool["dataset"], job.pool["pool"], job.pool["seed"], progress=False)
-
-
-def worker_backend(pool: Pool, cfg: BackendConfig) -> CostBackend:
-    """The configured backend; on CUDA without FBGEMM's CUDA kernels, the `torch` backend."""
-    try:
-        return make_backend(pool, cfg)
-    except ImportError:
-        if cfg.device != "cuda" or cfg.backend != "fbgemm":
-            raise
-        return make_backend(pool, replace(cfg, backend="torch"))
 
 
 def measure_job(job: MeasureJob) -> list[dict]:
@@ -128,8 +110,6 @@ def measure_rows(job: MeasureJob) -> dict:
 
 def _measure(job: MeasureJob, pool: Pool) -> tuple[list[dict], CostBackend]:
     """The job's rows on `pool` and the backend that measured them."""
-    import torch
-
     check_batch(job.backend.batch_size, pool.traces)
     shards = []
     for i, shard in enumerate(job.shards):
@@ -138,20 +118,7 @@ def _measure(job: MeasureJob, pool: Pool) -> tuple[list[dict], CostBackend]:
         except ConfigError as exc:
             raise ConfigError(f"job.shards[{i}]: {str(exc).removeprefix('shard: ')}") from None
     backend = worker_backend(pool, job.backend)
-    versions = machine(job.backend.device)
-    torch.set_num_threads(job.backend.threads)
-    rows = []
-    for shard in shards:
-        row = {"tables": shard, "backend": backend.name, "device": job.backend.device, "status": "ok"}
-        try:
-            cost = backend.measure(shard, job.backend.batch_size)
-            row |= {"forward_ms": cost.forward_ms, "backward_ms": cost.backward_ms,
-                    "forward_iqr_ms": cost.forward_iqr_ms, "backward_iqr_ms": cost.backward_iqr_ms}
-        except ShardTooLarge:
-            row |= {"status": "too_large", "forward_ms": None, "backward_ms": None,
-                    "forward_iqr_ms": None, "backward_iqr_ms": None}
-        rows.append(row | {"versions": versions})
-    return rows, backend
+    return shard_rows(backend, job.backend, shards, shards), backend
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,109 @@
+"""The portable worker (`measure.portable`): runs where only numpy and torch are installed,
+regenerates the pool's traces bit for bit from the job, and its rows import under the space
+key the full worker gives; a bad job is one line, status 2, nothing written."""
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from autoshard.cli.main import main
+from autoshard.measure import portable
+from autoshard.measure.store import space
+from autoshard.measure.worker import parse_job
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCKED = ("pandas", "yaml", "tqdm")
+
+
+@pytest.fixture(scope="module")
+def job(smoke_params, tmp_path_factory) -> dict:
+    """The smoke profile's main-pass jobs file as `--write-jobs` writes it for the torch backend
+    on CPU, cut to three shards and the quickest timing."""
+    folder = tmp_path_factory.mktemp("portable")
+    params = folder / "params.yaml"
+    params.write_text(yaml.safe_dump(smoke_params))
+    assert main(["measure", "--write-jobs", str(folder / "jobs.json"), "--params", str(params), "--passes", "main",
+                 "--backend", "torch", "--device", "cpu"]) == 0
+    doc = json.loads((folder / "jobs.json").read_text())
+    doc["shards"] = doc["shards"][:3]
+    doc["backend"] |= {"batch_size": 32, "warmup": 0, "runs": 1}
+    return doc
+
+
+@pytest.fixture(scope="module")
+def blocked(tmp_path_factory) -> Path:
+    """A folder that, first on the path, makes importing pandas, yaml and tqdm fail."""
+    folder = tmp_path_factory.mktemp("blocked")
+    for name in BLOCKED:
+        (folder / name).mkdir()
+        (folder / name / "__init__.py").write_text(f"raise ImportError('{name} is not installed here')\n")
+    return folder
+
+
+def run_portable(blocked: Path, jobs: Path, out: Path) -> subprocess.CompletedProcess:
+    env = os.environ | {"PYTHONPATH": f"{blocked}{os.pathsep}{ROOT / 'src'}"}
+    return subprocess.run([sys.executable, "-m", "autoshard.measure.portable", "--jobs", str(jobs), "--out", str(out)],
+                          capture_output=True, text=True, env=env, cwd=jobs.parent, timeout=120)
+
+
+def test_the_worker_runs_without_pandas_yaml_or_tqdm_and_its_rows_import_under_the_full_workers_key(
+        job, blocked, smoke_params, pool, tmp_path):
+    jobs, out, store = tmp_path / "jobs.json", tmp_path / "rows.json", tmp_path / "store"
+    jobs.write_text(json.dumps(job))
+    done = run_portable(blocked, jobs, out)
+    assert done.returncode == 0, done.stderr
+    assert "measured 3 of 3 shards with torch on cpu" in done.stdout
+    doc = json.loads(out.read_text())
+    assert [r["tables"] for r in doc["rows"]] == job["shards"]
+    assert all(r["forward_ms"] > 0 and r["backward_ms"] > 0 for r in doc["rows"])
+    full = parse_job(job).backend  # what the full worker would run: same settings, this machine, this pool
+    assert doc["space"] == space(replace(full, backend="torch"), pool)
+    assert main(["store", "import", str(out), "--store", str(store)]) == 0
+    assert (store / doc["space"] / "space.json").is_file() and len(list((store / doc["space"]).glob("batch-*"))) == 1
+
+
+def test_regenerated_traces_are_the_pools(job, pool):
+    regenerated = portable.regenerate(portable.parse_job(job).traces)
+    used = sorted({t for s in job["shards"] for t in s})
+    assert set(used) <= set(regenerated.tables)
+    t, b = pool.traces, pool.traces.batch_size
+    for i, table in enumerate(regenerated.tables):
+        r = regenerated.traces
+        assert np.array_equal(r.table(i), t.table(table)), table
+        own = r.offsets[i * b:(i + 1) * b + 1] - r.offsets[i * b]
+        assert np.array_equal(own, t.offsets[table * b:(table + 1) * b + 1] - t.offsets[table * b]), table
+    assert list(regenerated.features["rows"]) == pool.features["rows"].iloc[list(regenerated.tables)].tolist()
+
+
+def broken_trace(doc: dict) -> dict:
+    tables = [dict(s) for s in doc["traces"]["tables"]]
+    tables[0]["trace"] = "0" * 64
+    return doc | {"traces": doc["traces"] | {"tables": tables}}
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: {k: v for k, v in d.items() if k != "traces"}, r"job\.traces: missing"),
+    (lambda d: d | {"backend": d["backend"] | {"backend": "analytic"}},
+     r"job\.backend\.backend: 'analytic' \(the portable worker measures with fbgemm or torch\)"),
+    (lambda d: d | {"shards": [[0, 10**6]]}, r"job\.shards\[0\]: table 1000000 \(not in job\.traces\.tables\)"),
+    (lambda d: d | {"traces": d["traces"] | {"seed": -1}}, r"job\.traces\.seed: -1"),
+    (broken_trace, r"job\.traces\.tables\[0\]\.trace: table \d+'s trace regenerated here differs"),
+    (lambda d: [1, 2], r"job: \[1, 2\]"),
+])
+def test_a_bad_job_is_one_line_status_2_and_nothing_written(job, tmp_path, capsys, change, message):
+    import re
+
+    jobs, out = tmp_path / "jobs.json", tmp_path / "rows.json"
+    jobs.write_text(json.dumps(change(job)))
+    assert portable.main(["--jobs", str(jobs), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"autoshard.measure.portable: error: {jobs}: "), err
+    assert re.search(message, err), err
+    assert not out.exists()
