@@ -19,7 +19,7 @@ from autoshard.measure.store import space
 from autoshard.measure.worker import parse_job
 
 ROOT = Path(__file__).resolve().parents[1]
-BLOCKED = ("pandas", "yaml", "tqdm")
+BLOCKED = ("pandas", "yaml", "tqdm", "scipy", "sklearn", "torchrec", "matplotlib", "pyarrow")
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,8 @@ def job(smoke_params, tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def blocked(tmp_path_factory) -> Path:
-    """A folder that, first on the path, makes importing pandas, yaml and tqdm fail."""
+    """A folder that, first on the path, makes importing pandas, yaml, tqdm (and the other
+    libraries of the package that are not numpy or torch) fail."""
     folder = tmp_path_factory.mktemp("blocked")
     for name in BLOCKED:
         (folder / name).mkdir()

@@ -433,7 +433,8 @@ def write_jobs(args: argparse.Namespace) -> int:
     for f in files:
         rows = f.path.with_name(f"rows{'.' + f.tag if f.tag else ''}.json")
         imported = f"autoshard store import {rows} --store {store}" + (f" --pass {f.tag}" if f.tag else "")
-        print(f"wrote {f.path}: {f.shards} shards, {len(f.text.encode()) / 1024:.0f} KiB; there: autoshard measure "
+        worker = "PYTHONPATH=src python -m autoshard.measure.portable" if f.portable else "autoshard measure"
+        print(f"wrote {f.path}: {f.shards} shards, {len(f.text.encode()) / 1024:.0f} KiB; there: {worker} "
               f"--jobs {f.path.name} --out {rows.name}; here: {imported}")
     return 0
 

@@ -38,6 +38,7 @@ class PassJobs:
     path: Path
     shards: int
     text: str
+    portable: bool = False  # the portable worker (`measure.portable`) takes it
 
 
 def pass_path(path: Path, tag: str) -> Path:
@@ -104,4 +105,5 @@ def write_plan(params: dict, path: Path, device: str | None = None, backend: str
             raise ConfigError(f"--passes: {name!r} (the profile's passes here: {', '.join(names)})")
     chosen = [names[n] for n in names if not only or n in only]
     return [PassJobs(tag, pass_path(path, tag), len(docs[tag]["shards"]),
-                     json.dumps(docs[tag], separators=(",", ":")) + "\n") for tag in chosen]
+                     json.dumps(docs[tag], separators=(",", ":")) + "\n",
+                     "traces" in docs[tag] and docs[tag]["backend"]["backend"] != "analytic") for tag in chosen]

@@ -1,10 +1,13 @@
-"""A portable measurement worker: a job file in, measured rows out, on whatever machine runs it.
+"""The full measurement worker: a job file in, measured rows out, on whatever machine runs it
+(`measure.portable` runs the same jobs where only numpy and torch are installed).
 
 A job names the shards (lists of table ids), the backend and timing settings, and the pool its
 traces come from: a pool folder on the worker's disk, or the `dataset` and `pool` parameters
 and seed that rebuild it (`data.pool.build_pool`, deterministic), so only the job file has to
-travel. The worker needs torch and numpy; on a CUDA device it uses FBGEMM's CUDA TBE when
-`fbgemm_gpu` is installed there and the `torch` backend otherwise (each row says which ran).
+travel (rebuilding it needs the package's dependencies: pandas, PyYAML, tqdm). On a CUDA
+device it uses FBGEMM's CUDA TBE when `fbgemm_gpu` is installed there and the `torch` backend
+otherwise (each row says which ran). A job may also carry a `traces` section, which only
+`measure.portable` reads.
 
     {"format": "autoshard-measure-jobs/1",
      "pool": {"folder": "data/pool"}  or  {"dataset": {...}, "pool": {...}, "seed": 0},
