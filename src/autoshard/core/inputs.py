@@ -10,10 +10,14 @@ import math
 import os
 import re
 import stat
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
+from typing import TypeVar
 
 from autoshard.core.errors import ConfigError
+
+T = TypeVar("T")
 
 # Table-wise sharding keeps a table whole on one device: the bounds are beyond any device, and
 # keep every size exact in int64 (and a table's synthetic trace within a few hundred MiB).
@@ -163,6 +167,16 @@ def read_json(path: Path, what: str) -> object:
         raise ConfigError(f"{path}: not a {what} (not JSON: line {exc.lineno}: {exc.msg})") from None
     except (ValueError, RecursionError) as exc:
         raise ConfigError(f"{path}: not a {what} ({str(exc)[:80] or exc.__class__.__name__})") from None
+
+
+def read_parsed(path: Path, what: str, parse: Callable[[object], T]) -> T:
+    """`parse` of the JSON document at `path` (`read_json`); a bad one is one error naming the
+    file, then the field `parse` names."""
+    doc = read_json(path, what)
+    try:
+        return parse(doc)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def _fields(doc: object, expected: set[str], where: str) -> dict:

@@ -36,7 +36,7 @@ import numpy as np
 from autoshard.core.atomic import atomic_file
 from autoshard.core.digest import array_digest, machine
 from autoshard.core.errors import ConfigError
-from autoshard.core.inputs import read_json, shown
+from autoshard.core.inputs import read_parsed, shown
 from autoshard.core.params import Fields
 from autoshard.core.seeding import rng
 from autoshard.data.synth import bag_trace
@@ -174,11 +174,7 @@ def parse_job(doc: object) -> PortableJob:
 
 def read_job(path: Path) -> PortableJob:
     """The job file at `path`; a bad one is one error naming the file and the field."""
-    doc = read_json(path, "measurement job file")
-    try:
-        return parse_job(doc)
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+    return read_parsed(path, "measurement job file", parse_job)
 
 
 def regenerate(source: TraceSource) -> TracePool:

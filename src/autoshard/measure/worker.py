@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from autoshard.core.errors import ConfigError
-from autoshard.core.inputs import read_json, shown
+from autoshard.core.inputs import read_parsed, shown
 from autoshard.core.params import Fields
 from autoshard.data.pool import Pool, build_pool, load_pool
 from autoshard.measure.backends import BACKENDS, BackendConfig
@@ -81,11 +81,7 @@ def parse_job(doc: object) -> MeasureJob:
 
 def read_job(path: Path) -> MeasureJob:
     """The job file at `path`; a bad one is one error naming the file and the field."""
-    doc = read_json(path, "measurement job file")
-    try:
-        return parse_job(doc)
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+    return read_parsed(path, "measurement job file", parse_job)
 
 
 def job_pool(job: MeasureJob) -> Pool:
@@ -163,11 +159,7 @@ def parse_rows(doc: object) -> WorkerRows:
 
 def read_rows(path: Path) -> WorkerRows:
     """The rows file at `path`; a bad one is one error naming the file and the field."""
-    doc = read_json(path, "measurement rows file")
-    try:
-        return parse_rows(doc)
-    except ConfigError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+    return read_parsed(path, "measurement rows file", parse_rows)
 
 
 def _exact_fields(doc: dict, expected: set[str], where: str) -> None:
