@@ -136,7 +136,8 @@ def test_every_method_respects_memory_on_random_tasks(world):
                        single_costs=singles, milp=MilpConfig(node_limit=20, time_limit_s=5),
                        hybrid=(hybrid, with_singles),
                        sync=(singles * 0.4, singles * 0.6, CommModel({}, {"forward": [0.1, 0.0, 0.0, 0.1],
-                                                                       "backward": [0.1, 0.0, 0.0, 0.1]})))
+                                                                       "backward": [0.1, 0.0, 0.0, 0.1]})),
+                       sync_policy=(policy, model))
     assert set(methods) == set(METHODS)
     planned = {m: 0 for m in methods}
 
@@ -155,12 +156,13 @@ def test_every_method_respects_memory_on_random_tasks(world):
     check()
     for name in ("random", "cost_greedy", "cost_greedy_local_search", "hybrid_greedy", "lpt_measured", "milp",
                  "rl_greedy", "rl_best_of_n", "rl_local_search", "exact", "sync_greedy", "sync_local_search",
-                 "sync_milp"):
+                 "sync_milp", "rl_sync_greedy"):
         assert planned[name] > 0, f"{name} never planned: the property was never exercised"
 
 
 def test_the_sync_methods_are_planned_only_where_their_objective_ranks_the_plans():
-    assert OBJECTIVE == dict.fromkeys(("sync_greedy", "sync_local_search", "sync_milp"), "synchronized_stages")
+    assert OBJECTIVE == dict.fromkeys(("sync_greedy", "sync_local_search", "sync_milp", "rl_sync_greedy"),
+                                      "synchronized_stages")
     objective = {"autoshard": "max_device", "dreamshard": "synchronized_stages", "tight": "max_device",
                  "small": "max_device"}
     tasks = [Task(f"{p}/0", p, "test", (0, 1), 2, 10, 1.0) for p in objective]

@@ -46,6 +46,12 @@ class Paths:
         """The hybrid cost model (measured single costs x learnt fusion) of the cost_model stage."""
         return self.data / "cost_model" / "hybrid.pt"
 
+    @property
+    def stages_cost_model(self) -> Path:
+        """The cost model with forward and backward heads (`heads: stages`) of the cost_model stage:
+        the main model when that is the stage-head one, else the comparison fit."""
+        return self.data / "cost_model" / "stages.pt"
+
     def cost_model_replicate(self, replicate: int) -> Path:
         """A replicate's cost model (replicate 0 is `cost_model`): the same data, another seed."""
         return self.cost_model if replicate == 0 else self.data / "cost_model" / f"replicate_{replicate}.pt"
@@ -58,6 +64,16 @@ class Paths:
     def rl(self) -> Path:
         """The train_rl stage's outputs: policy.pt, cost_model.pt (the simulator), planner.npz."""
         return self.data / "rl"
+
+    @property
+    def sync_policy(self) -> Path:
+        """The policy trained on the synchronized-stages reward (train_rl's `rl.sync_policy`)."""
+        return self.rl / "policy_sync.pt"
+
+    @property
+    def sync_simulator(self) -> Path:
+        """The stage-head cost model the synchronized policy was trained on."""
+        return self.rl / "stages_model.pt"
 
     def results(self, stage: str) -> Path:
         """A study stage's data outputs (plans, devices, tables): data/<stage>."""

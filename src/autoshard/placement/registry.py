@@ -47,6 +47,9 @@ _METHODS = (
            summary="the best of N sampled placements by predicted bottleneck"),
     Method("rl_local_search", "rl", ("cost_model", "policy"),
            summary="the greedy policy's placement refined by local search on the cost model"),
+    Method("rl_sync_greedy", "rl", ("stages_model", "sync_policy", "profile"),
+           summary="the policy trained on the predicted synchronized-stages cost (stage-head cost model, comm "
+                   "model), greedy", objective="synchronized_stages"),
     Method("exact", "optimum", ("cost_model",), summary="exhaustive search under the cost model (small tasks)"),
 )
 REGISTRY: dict[str, Method] = {m.id: m for m in _METHODS}

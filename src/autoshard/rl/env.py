@@ -8,6 +8,13 @@ any device with room is allowed and the step is counted in `fallbacks`; if no de
 a table the task is infeasible and `step`'s caller gets `Infeasible`, never a silent overflow.
 Device costs come from the cost model: the head applied to the sum of the encodings of the
 device's tables (the cost model is the simulator).
+
+The `synchronized` reward scores DreamShard's synchronized stages instead (`placement.sync`):
+each device's forward and backward compute are a stage-head cost model's two heads
+(`heads: stages`) on its summed encodings, its all-to-all times the comm model's lines
+(`placement.sync_search.comm_lines`) in its summed embedding width; the cost is the sum over the
+four stages of the slowest device. The device costs the policy sees stay the totals (the two
+heads summed), as with the other rewards.
 """
 
 from collections.abc import Sequence
@@ -16,11 +23,29 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from autoshard.core.errors import ConfigError
 from autoshard.costmodel.model import CostModel, check_features
 from autoshard.data.features import FEATURE_COLUMNS
 from autoshard.data.packing import PackingGuard
 from autoshard.data.tasks import Task
+from autoshard.measure.commmodel import CommModel
 from autoshard.placement.heuristics import Infeasible
+from autoshard.placement.sync_search import comm_lines
+
+REWARDS = ("bottleneck", "balance", "synchronized")
+
+
+@dataclass(frozen=True)
+class StageComm:
+    """What the `synchronized` reward needs beyond the cost model: the comm model and the batch
+    size its all-to-all traffic is predicted at (the profile's)."""
+
+    model: CommModel
+    batch_size: int
+
+    def lines(self, devices: int, total_width: float) -> np.ndarray:
+        """(2, 2) forward and backward (intercept, slope) of a device's all-to-all ms in its width."""
+        return comm_lines(self.model, devices, self.batch_size, total_width)
 
 
 @dataclass
@@ -71,11 +96,33 @@ def make_batch(model: CostModel, features: np.ndarray, tasks: Sequence[Task]) ->
                  single_cost=single[inverse], devices=tasks[0].devices)
 
 
-class ShardingEnv:
-    """Batched environment over one `Batch`; `reset`, then `step` T times."""
+def synchronized_stages(model: CostModel, comm: StageComm | None, batch: Batch,
+                        placement: torch.Tensor) -> torch.Tensor:
+    """(B, D, 4) predicted forward compute, forward all-to-all, backward all-to-all and backward
+    compute of every device (see the module note) for placements (B, T) in the batch's table order
+    (-1: not placed yet); a device without tables computes nothing."""
+    if comm is None:
+        raise ConfigError("rl.reward: synchronized needs the comm model (none was given)")
+    if model.cfg.heads != "stages":
+        raise ConfigError(f"rl.reward: synchronized needs a cost model with heads: stages, "
+                          f"got heads: {model.cfg.heads}")
+    placed = torch.nn.functional.one_hot(placement.clamp_min(0), batch.devices)
+    placed = (placed * (placement >= 0)[..., None]).to(batch.encodings.dtype)        # (B, T, D)
+    compute = model.head_ms(torch.einsum("btd,bte->bde", placed, batch.encodings))   # (B, D, 2)
+    compute = compute.double() * (placed.sum(1) > 0)[..., None]
+    dims = batch.features[..., FEATURE_COLUMNS.index("dim")].double()               # (B, T)
+    width = torch.einsum("btd,bt->bd", placed.double(), dims)
+    lines = torch.from_numpy(np.stack([comm.lines(batch.devices, w) for w in dims.sum(1).tolist()]))  # (B, 2, 2)
+    link = (lines[:, None, :, 0] + lines[:, None, :, 1] * width[..., None]).clamp_min(0.0)  # (B, D, 2)
+    return torch.stack([compute[..., 0], link[..., 0], link[..., 1], compute[..., 1]], -1)
 
-    def __init__(self, model: CostModel, batch: Batch):
-        self.model, self.batch = model, batch
+
+class ShardingEnv:
+    """Batched environment over one `Batch`; `reset`, then `step` T times. `comm` is needed by
+    the `synchronized` reward only."""
+
+    def __init__(self, model: CostModel, batch: Batch, comm: StageComm | None = None):
+        self.model, self.batch, self.comm = model, batch, comm
         self.reset()
 
     def reset(self) -> None:
@@ -131,14 +178,25 @@ class ShardingEnv:
         """Predicted cost of the slowest device (B,)."""
         return self.device_cost.max(1).values
 
+    def stages(self) -> torch.Tensor:
+        """(B, D, 4) predicted stages of every device (`synchronized_stages`)."""
+        return synchronized_stages(self.model, self.comm, self.batch, self.placement)
+
+    def synchronized(self) -> torch.Tensor:
+        """Predicted synchronized-stages cost (B,): each stage's slowest device, summed (ms)."""
+        return self.stages().max(1).values.sum(-1)
+
     def reward(self, kind: str) -> torch.Tensor:
-        """Terminal reward: `bottleneck` (minus bottleneck / reference scale, DreamShard) or
-        `balance` (min/max of device costs, AutoShard)."""
+        """Terminal reward: `bottleneck` (minus bottleneck / reference scale, DreamShard),
+        `balance` (min/max of device costs, AutoShard) or `synchronized` (minus the synchronized-
+        stages cost / the same reference scale)."""
         if kind == "bottleneck":
             return -self.bottleneck() / self.batch.reference()
         if kind == "balance":
             return self.device_cost.min(1).values / self.bottleneck().clamp_min(1e-9)
-        raise ValueError(f"rl.reward: {kind!r} (expected bottleneck or balance)")
+        if kind == "synchronized":
+            return (-self.synchronized() / self.batch.reference().double()).float()
+        raise ValueError(f"rl.reward: {kind!r} (expected one of {', '.join(REWARDS)})")
 
     def pool_placement(self) -> list[dict[int, int]]:
         """Per task: pool table id -> device."""

@@ -7,7 +7,7 @@ import torch
 from autoshard.costmodel.model import CostModel
 from autoshard.data.tasks import Task
 from autoshard.placement.search import local_search
-from autoshard.rl.env import Batch, ShardingEnv, make_batch
+from autoshard.rl.env import Batch, ShardingEnv, StageComm, make_batch, synchronized_stages
 from autoshard.rl.policy import Policy
 from autoshard.rl.ppo import group_by_shape, rollout
 
@@ -57,3 +57,17 @@ def cost_greedy(model: CostModel, features: np.ndarray, tasks: list[Task]) -> li
         for i, task in enumerate(group):
             plans[task.name] = _in_task_order(batch, env.placement, i)
     return [plans[t.name] for t in tasks]
+
+
+@torch.inference_mode()
+def predicted_synchronized(model: CostModel, comm: StageComm, features: np.ndarray, tasks: list[Task],
+                           plans: list[np.ndarray]) -> np.ndarray:
+    """Predicted synchronized-stages cost (ms) of each task's placement (a device per `task.tables`
+    entry) under a stage-head cost model and `comm`: what the `synchronized` reward scores."""
+    out = []
+    for task, plan in zip(tasks, plans, strict=True):
+        batch = make_batch(model, features, [task])
+        device_of = dict(zip(task.tables, np.asarray(plan).tolist(), strict=True))
+        placement = torch.tensor([[device_of[t] for t in batch.tables[0].tolist()]])
+        out.append(float(synchronized_stages(model, comm, batch, placement).max(1).values.sum()))
+    return np.array(out)

@@ -7,7 +7,7 @@ model (terminal reward), compute GAE advantages, and update the policy for a few
 on minibatches of whole episodes. Checkpoints hold everything needed to resume bit-exactly.
 """
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +23,7 @@ from autoshard.core.params import Fields
 from autoshard.core.seeding import one_thread
 from autoshard.costmodel.model import CostModel
 from autoshard.data.tasks import Task
-from autoshard.rl.env import Batch, ShardingEnv, make_batch
+from autoshard.rl.env import REWARDS, Batch, ShardingEnv, StageComm, make_batch
 from autoshard.rl.policy import Policy, PolicyConfig
 
 FORMAT = "autoshard-policy/1"
@@ -32,7 +32,7 @@ FORMAT = "autoshard-policy/1"
 @dataclass(frozen=True)
 class RLConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
-    reward: str = "bottleneck"       # bottleneck (DreamShard) | balance (AutoShard)
+    reward: str = "bottleneck"       # bottleneck (DreamShard) | balance (AutoShard) | synchronized (stages)
     algorithm: str = "ppo"           # ppo | a2c (one epoch, no clipping)
     iterations: int = 300
     tasks_per_batch: int = 32
@@ -53,7 +53,7 @@ class RLConfig:
         p = f.sub("policy")
         policy = PolicyConfig.from_fields(p)
         p.done()
-        return cls(policy=policy, reward=f.text("reward", ("bottleneck", "balance")),
+        return cls(policy=policy, reward=f.text("reward", REWARDS),
                    algorithm=f.text("algorithm", ("ppo", "a2c")), iterations=f.integer("iterations"),
                    tasks_per_batch=f.integer("tasks_per_batch"),
                    learning_rate=f.number("learning_rate", lo=0, lo_open=True),
@@ -84,12 +84,13 @@ class Trajectory:
 
 @torch.no_grad()
 def rollout(policy: Policy, model: CostModel, batch: Batch, mode: str = "sample",
-            reward: str = "bottleneck", generator: torch.Generator | None = None, record: bool = True
-            ) -> Trajectory:
+            reward: str = "bottleneck", generator: torch.Generator | None = None, record: bool = True,
+            comm: StageComm | None = None) -> Trajectory:
     """Place every table of every task in the batch; `mode` is `sample` or `greedy`. Without
     `record` only the placements and their scores are kept: the per-step (B, T, D) tensors the
-    update needs take gigabytes at 10,000 tables on 1,024 devices."""
-    env = ShardingEnv(model, batch)
+    update needs take gigabytes at 10,000 tables on 1,024 devices. `comm`: for the
+    `synchronized` reward."""
+    env = ShardingEnv(model, batch, comm)
     enc = policy.table_encodings(batch.features, batch.encodings)
     states = policy.states(enc)
     b, t, d = batch.size, batch.steps, batch.devices
@@ -221,19 +222,21 @@ def load_policy(path: str | Path, cost_model: CostModel) -> Policy:
 
 def train(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task], cfg: RLConfig,
           seed: int, checkpoint: str | Path, validate=None, progress: bool = True,
-          init: Policy | None = None) -> tuple[Policy, pd.DataFrame]:
+          init: Policy | None = None, comm: StageComm | None = None) -> tuple[Policy, pd.DataFrame]:
     """Train (or resume from `checkpoint`) for `cfg.iterations`; returns the policy and history.
 
     `validate(policy) -> dict` is called every `cfg.validate_every` iterations; its values
     join the history rows. `init` is a policy to continue from (a refresh round) instead of
-    fresh weights. Runs on one thread, so a seed gives the same policy every time.
+    fresh weights. `comm` (the comm model) is what the `synchronized` reward needs besides a
+    stage-head cost model. Runs on one thread, so a seed gives the same policy every time.
     """
     with one_thread():
-        return _train(cost_model, features, train_tasks, cfg, seed, checkpoint, validate, progress, init)
+        return _train(cost_model, features, train_tasks, cfg, seed, checkpoint, validate, progress, init, comm)
 
 
 def _train(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task], cfg: RLConfig, seed: int,
-           checkpoint: str | Path, validate, progress: bool, init: Policy | None) -> tuple[Policy, pd.DataFrame]:
+           checkpoint: str | Path, validate, progress: bool, init: Policy | None,
+           comm: StageComm | None) -> tuple[Policy, pd.DataFrame]:
     torch.manual_seed(seed)
     policy = Policy(cfg.policy, cost_model)
     if init is not None:
@@ -259,7 +262,7 @@ def _train(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task],
         pick = torch.randint(full.size, (cfg.tasks_per_batch,), generator=generator)
         batch = _subset(full, pick)
         policy.eval()
-        traj = rollout(policy, cost_model, batch, "sample", cfg.reward, generator)
+        traj = rollout(policy, cost_model, batch, "sample", cfg.reward, generator, comm=comm)
         policy.train()
         row = {"iteration": it, "shape": f"{batch.steps}x{batch.devices}",
                "reward": float(traj.reward.mean()),
@@ -282,6 +285,25 @@ def _subset(batch: Batch, index: torch.Tensor) -> Batch:
 
 
 @dataclass(frozen=True)
+class SyncPolicyConfig:
+    """The `rl.sync_policy` section: one more policy, trained with the `synchronized` reward on one
+    protocol's training tasks (every other hyper-parameter as `rl`'s)."""
+
+    enabled: bool = True
+    protocol: str = "dreamshard"
+    iterations: int = 150
+
+    @classmethod
+    def from_fields(cls, f: Fields) -> "SyncPolicyConfig":
+        return cls(enabled=f.boolean("enabled"), protocol=f.text("protocol", ("autoshard", "dreamshard")),
+                   iterations=f.integer("iterations"))
+
+    def training(self, base: RLConfig) -> RLConfig:
+        """`base` with the synchronized reward and this section's iterations."""
+        return replace(base, reward="synchronized", iterations=self.iterations)
+
+
+@dataclass(frozen=True)
 class RLStageConfig:
     """The `rl` section: training hyper-parameters plus the stage's evaluation settings and the
     sizes of its sharding-speed benchmark (which do not change training)."""
@@ -294,16 +316,20 @@ class RLStageConfig:
     speed_tasks: int = 3        # validation tasks of the largest shape timed one by one
     speed_tables: int = 856     # one large task of this many tables (at most the pool's) ...
     speed_devices: int = 128    # ... on this many devices
+    sync_policy: SyncPolicyConfig = field(default_factory=SyncPolicyConfig)
 
     @classmethod
     def from_params(cls, values: dict) -> "RLStageConfig":
         f = Fields("rl", values)
+        s = f.sub("sync_policy")
+        sync_policy = SyncPolicyConfig.from_fields(s)
+        s.done()
         cfg = cls(train=RLConfig.from_fields(f), validation_tasks=f.integer("validation_tasks"),
                   best_of=f.integer("best_of"),
                   refresh_rounds=f.integer("refresh_rounds", lo=0),
                   refresh_iterations=f.integer("refresh_iterations"),
                   speed_tasks=f.integer("speed_tasks"), speed_tables=f.integer("speed_tables"),
-                  speed_devices=f.integer("speed_devices"))
+                  speed_devices=f.integer("speed_devices"), sync_policy=sync_policy)
         f.done()
         return cfg
 
@@ -321,15 +347,17 @@ def split_validation(tasks: list[Task], per_shape: int) -> tuple[list[Task], lis
 
 
 def run_key(cfg: RLStageConfig | RLConfig, cost_model: CostModel, tasks: list[Task], features: np.ndarray,
-            seed: int, init: Policy | None = None) -> str:
+            seed: int, init: Policy | None = None, comm: StageComm | None = None) -> str:
     """Identifies a training run by content, so a checkpoint is only ever resumed by the same run:
-    its parameters (not the speed benchmark's sizes) and seed, the cost model (configuration and
+    its parameters (not the speed benchmark's sizes nor `sync_policy`) and seed, the cost model (configuration and
     weights), the training tasks (every field), the feature matrix, the starting policy's weights
     (`init`) and the training code (every package source file in the static import closure of
-    this module)."""
-    params = {k: v for k, v in asdict(cfg).items() if not k.startswith("speed_")}  # a benchmark's sizes
+    this module), and `comm` (the synchronized reward's comm model and batch size) when given."""
+    params = {k: v for k, v in asdict(cfg).items()  # not a benchmark's sizes, nor the other policy's
+              if not k.startswith("speed_") and k != "sync_policy"}
     return key(params, seed, _state_digest(cost_model), asdict(cost_model.cfg), [asdict(t) for t in tasks],
-               array_digest(features), _state_digest(init) if init is not None else None, source_digest(__name__))
+               array_digest(features), _state_digest(init) if init is not None else None, source_digest(__name__),
+               *(() if comm is None else (comm.model.to_json(), comm.batch_size)))
 
 
 def _state_digest(module: torch.nn.Module) -> str:

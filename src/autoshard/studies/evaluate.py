@@ -217,14 +217,16 @@ def planners(pool_features: pd.DataFrame, features: np.ndarray, model: CostModel
              milp: MilpConfig | None = None, solves: dict | None = None,
              hybrid: tuple[CostModel, np.ndarray] | None = None,
              sync: tuple[np.ndarray, np.ndarray, CommModel] | None = None,
-             sync_solves: dict | None = None) -> dict[str, Planner]:
+             sync_solves: dict | None = None,
+             sync_policy: tuple[Policy, CostModel] | None = None) -> dict[str, Planner]:
     """Every method of the registry as a planner (the exact search is for small tasks only);
     `single_costs` (ms per pool table, measured alone) feed the LPT and MILP baselines, which
     are left out without them; `hybrid` (the hybrid cost model and its features with the single
     costs) gives `hybrid_greedy`, left out without it; `sync` (measured single forward and backward
     ms per pool table, `placement.sync.stage_singles`, and the comm model) gives `sync_greedy`,
     `sync_local_search` and (with `milp`) `sync_milp`, whose solves go to `sync_solves`; all three
-    are left out without it."""
+    are left out without it; `sync_policy` (the policy trained on the synchronized reward and its
+    stage-head cost model) gives `rl_sync_greedy`, left out without it."""
     def heuristic(name: str) -> Planner:
         return lambda t: heuristic_plan(name, pool_features, t, seed)
 
@@ -244,6 +246,8 @@ def planners(pool_features: pd.DataFrame, features: np.ndarray, model: CostModel
             "rl_greedy": lambda t: policy_plans(policy, model, features, [t])[0],
             "rl_best_of_n": lambda t: policy_plans(policy, model, features, [t], best_of, seed=sample_seed(t))[0],
             "rl_local_search": lambda t: policy_plans(policy, model, features, [t], refine=True)[0],
+            **({"rl_sync_greedy": lambda t: policy_plans(sync_policy[0], sync_policy[1], features, [t])[0]}
+               if sync_policy else {}),
             "exact": lambda t: exact_plan(model, features, t)}
 
 
