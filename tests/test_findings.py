@@ -17,6 +17,7 @@ from autoshard.studies.findings import (
     per_task_ratios,
     plain_answer,
     replicate_summary,
+    synchronized_answer,
     verdict,
 )
 from autoshard.studies.memory import failed_counts
@@ -170,3 +171,24 @@ def test_a_method_planned_for_one_protocol_only_is_compared_there_and_absent_els
                            "synchronized_stages; autoshard is ranked by max_device)"})
     counts = failed_counts(tasks, plans, np.ones(3), status)
     assert counts["autoshard"]["sync_greedy"] == 0 and counts["dreamshard"]["sync_greedy"] == 0, "not run: not failed"
+
+
+def test_the_synchronized_answer_sets_rl_sync_greedy_against_the_sync_baselines_where_it_ran():
+    """rl_sync_greedy and sync_greedy run on dreamshard only: the answer on the synchronized stages
+    compares them there, and says nothing about autoshard."""
+    frame, plans, names = ratios_frame(rl_factor=0.8)
+    dream = frame.assign(protocol="dreamshard", task="d" + frame["task"])
+    cost = dream[dream["method"] == "cost_greedy"]
+    extra = [cost.assign(method="sync_greedy", measured_ms=lambda f: f["measured_ms"] * 0.95),
+             cost.assign(method="rl_sync_greedy", measured_ms=lambda f: f["measured_ms"] * 0.8)]
+    both = pd.concat([frame, dream, *extra], ignore_index=True)
+    both["synchronized_ms"] = both["measured_ms"]
+    all_names = names + ["d" + n for n in names]
+    plans = {m: p + p for m, p in plans.items()}
+    plans |= {m: [None] * len(names) + [np.array([0, 1, k]) for _ in names] for k, m in
+              enumerate(("sync_greedy", "rl_sync_greedy"))}
+    pairs = paired_synchronized(both, plans, all_names, {"autoshard": 0.002, "dreamshard": 0.002}, 200, 0)
+    assert "rl_sync_greedy__vs__sync_greedy" in pairs["dreamshard"]
+    lines = synchronized_answer(pairs, {"met": False})
+    assert lines and all(line.startswith("dreamshard (synchronized stages), ") for line in lines)
+    assert "rl_sync_greedy: beats sync_greedy" in lines[0], lines

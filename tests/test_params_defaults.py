@@ -10,7 +10,7 @@ from autoshard.core.params import load_params
 from autoshard.costmodel.model import CostModelConfig
 from autoshard.measure.timing import TimingConfig
 from autoshard.rl.policy import PolicyConfig
-from autoshard.rl.ppo import RLConfig, RLStageConfig
+from autoshard.rl.ppo import RLConfig, RLStageConfig, SyncPolicyConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = load_params(ROOT / "params.yaml")
@@ -18,7 +18,7 @@ PARAMS = load_params(ROOT / "params.yaml")
 
 @pytest.mark.parametrize("config, section", [
     (RLConfig, ("rl",)), (RLStageConfig, ("rl",)), (PolicyConfig, ("rl", "policy")), (CostModelConfig, ("cost_model",)),
-    (TimingConfig, ("profile",)),
+    (TimingConfig, ("profile",)), (SyncPolicyConfig, ("rl", "sync_policy")),
 ], ids=lambda x: getattr(x, "__name__", ".".join(x) if isinstance(x, tuple) else x))
 def test_dataclass_defaults_equal_params_yaml(config, section):
     values = PARAMS

@@ -232,6 +232,19 @@ def test_the_regime_table_says_where_rl_beats_ties_or_loses():
     assert "ties with" in lines["synchronized stages with communication"], "an effect below the detectable one ties"
 
 
+def test_the_synchronized_policy_is_set_against_the_sync_baselines_where_it_ran():
+    from autoshard.pipeline.report import sync_policy_table
+
+    pair = {"tasks": 20, "median_ratio": 0.9, "ci_low": 0.85, "ci_high": 0.95, "p_value": 0.01,
+            "identical_share": 0.0, "mde": 0.01}
+    assert "not evaluated" in sync_policy_table({"paired_synchronized": {"autoshard": {}}})
+    text = sync_policy_table({"paired_synchronized": {"autoshard": {"rl_greedy__vs__cost_greedy": pair},
+                                                      "dreamshard": {"rl_sync_greedy__vs__sync_milp": pair}}})
+    rows = text.splitlines()[2:]
+    assert len(rows) == 1 and "dreamshard" in rows[0] and "beats" in rows[0]
+    assert "sync_milp" in text.splitlines()[0]
+
+
 def test_stage_times_are_set_against_the_budget(tmp_path):
     reports, _, dvc_file = fake_reports(tmp_path)
     stages = notebook_stages(dvc_file)

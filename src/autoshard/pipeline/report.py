@@ -29,7 +29,7 @@ from autoshard.core.schema import (
     read_checked,
 )
 from autoshard.placement.registry import METHODS
-from autoshard.studies.findings import verdict
+from autoshard.studies.findings import SYNC_REFERENCES, verdict
 
 
 def notebook_stages(dvc_file: str | Path) -> list[tuple[str, str]]:
@@ -259,11 +259,12 @@ REGIMES = (("compute only", "paired", ("autoshard", "dreamshard")),
 
 def regime_table(evaluate: dict, method: str = "rl_greedy",
                  references: tuple[str, ...] = ("cost_greedy", "lpt_measured", "milp", "torchrec",
-                                                "best_heuristic")) -> str:
+                                                "best_heuristic"),
+                 regimes: tuple[tuple[str, str, tuple[str, ...]], ...] = REGIMES) -> str:
     """Markdown: where does the RL sharder win? Per regime and protocol, `method`'s paired median
     ratio [95% CI] against each reference with the plain answer's verdict (`findings.verdict`)."""
     rows = []
-    for regime, key, protocols in REGIMES:
+    for regime, key, protocols in regimes:
         for protocol in protocols:
             entries = evaluate.get(key, {}).get(protocol)
             if not entries:
@@ -277,6 +278,17 @@ def regime_table(evaluate: dict, method: str = "rl_greedy",
                 row[reference] = f"{s['median_ratio']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}] {verdict(s)}"
             rows.append(row)
     return pd.DataFrame(rows).to_markdown(index=False) if rows else "(no paired comparisons)"
+
+
+def sync_policy_table(evaluate: dict) -> str:
+    """Markdown: the policy trained on the synchronized-stages cost (rl_sync_greedy) against the
+    baselines that optimise that cost, on it, where it was planned (the protocols it ranks)."""
+    protocols = tuple(protocol for protocol, entries in evaluate.get("paired_synchronized", {}).items()
+                      if any(pair.startswith("rl_sync_greedy__") and s["tasks"] for pair, s in entries.items()))
+    if not protocols:
+        return "(rl_sync_greedy was not evaluated: no policy trained on the synchronized stages)"
+    return regime_table(evaluate, "rl_sync_greedy", (*SYNC_REFERENCES, "cost_greedy", "best_heuristic"),
+                        (("synchronized stages with communication", "paired_synchronized", protocols),))
 
 
 def failed_table(evaluate: dict) -> str:
@@ -328,6 +340,9 @@ def readme(reports: Path, stages: list[tuple[str, str]], budget_minutes: float |
                   "compute), synchronized stages (the sum over DreamShard's four stages of the slowest device in "
                   "each, measured compute plus the communication model), and tight memory caps.", "",
                   regime_table(evaluate), "",
+                  "rl_sync_greedy, the policy trained with the synchronized-stages reward (stage-head cost model "
+                  "and comm model as the simulator), on that cost against the baselines that optimise it:", "",
+                  sync_policy_table(evaluate), "",
                   "### Paired comparisons", "", paired_table(evaluate), "",
                   "### Failed placements", "",
                   "The tight-memory protocol caps each device just above what bin packing reaches; a method that "
