@@ -152,6 +152,8 @@ def test_train_rl_notebook(profiled, smoke_params, monkeypatch):
     assert "policy, greedy" in metrics["validation_ratio_to_best_heuristic"]
     assert [r["round"] for r in metrics["refresh"]] == [1], "smoke runs one refresh round"
     assert (tmp_path / "data" / "rl" / "cost_model.pt").exists()
+    stages = load_model(tmp_path / "data" / "rl" / "stages_model.pt")  # the synchronized policy's simulator
+    assert stages.cfg.heads == "stages" and load_policy(tmp_path / "data" / "rl" / "policy_sync.pt", stages)
     assert any(k.startswith("TorchRec / policy") for k in metrics["speed_seconds"])
     _, outputs = executed_outputs(tmp_path / "nb" / "04_train_rl.ipynb")
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 2
@@ -192,6 +194,9 @@ def test_evaluate_notebook(profiled, smoke_params, monkeypatch):
     assert synced <= set(metrics["results"]["dreamshard"]), "planned where they are scored"
     assert not synced & set(metrics["results"]["autoshard"]), "and nowhere else"
     assert "sync_greedy__vs__best_heuristic" in metrics["paired_synchronized"]["dreamshard"]
+    assert "rl_sync_greedy" in metrics["results"]["dreamshard"], "the policy trained on the synchronized stages"
+    assert "rl_sync_greedy" not in metrics["results"]["autoshard"]
+    assert "rl_sync_greedy__vs__sync_greedy" in metrics["paired_synchronized"]["dreamshard"]
     assert (plans["synchronized_ms"] >= plans["measured_ms"]).all()
     assert set(plans["comm_source"]) <= {"measured-model", "extrapolated-model"}
 
