@@ -230,6 +230,12 @@ def test_the_regime_table_says_where_rl_beats_ties_or_loses():
     lines = {line.split("|")[1].strip(): line for line in text.splitlines()[2:]}
     assert "beats" in lines["compute only"] and "loses to" in lines["tight memory"]
     assert "ties with" in lines["synchronized stages with communication"], "an effect below the detectable one ties"
+    ranked = regime_table(evaluate | {"objective": {"dreamshard": "synchronized_stages", "tight": "max_device"}},
+                          references=("cost_greedy",))
+    lines = {line.split("|")[1].strip(): line for line in ranked.splitlines()[2:]}
+    assert "0.950" not in ranked and "n/a: ranked by synchronized_stages" in lines["compute only"], \
+        "a protocol ranked by the synchronized stages shows no compute-only numbers"
+    assert "loses to" in lines["tight memory"]
 
 
 def test_the_synchronized_policy_is_set_against_the_sync_baselines_where_it_ran():
@@ -260,3 +266,13 @@ def test_a_bad_budget_is_refused_naming_the_field(tmp_path):
     (tmp_path / "p.yaml").write_text("budget_minutes: 0\n")
     with pytest.raises(ConfigError, match=r"^budget_minutes: 0"):
         build(reports, data, dvc_file, tmp_path / "p.yaml")
+
+
+def test_the_answer_names_the_objective_each_protocol_compares():
+    from autoshard.pipeline.report import answer
+
+    text = answer({"answer": ["dreamshard, rl_greedy: ties with cost_greedy"],
+                   "objective": {"autoshard": "max_device", "dreamshard": "synchronized_stages"}})
+    assert text.splitlines()[0] == ("Each protocol's lines compare its headline objective (autoshard: max_device; "
+                                    "dreamshard: synchronized_stages).")
+    assert text.endswith("- dreamshard, rl_greedy: ties with cost_greedy")

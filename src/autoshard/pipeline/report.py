@@ -140,8 +140,14 @@ def _plan_quality(evaluate: dict) -> list[str]:
 
 
 def answer(evaluate: dict) -> str:
-    """Markdown: the evaluate stage's plain answer, one line per protocol and learned method."""
-    return "\n".join(f"- {line}" for line in evaluate.get("answer", [])) or "(no paired comparisons)"
+    """Markdown: the evaluate stage's plain answer, one line per protocol and learned method,
+    after the objective each protocol's lines compare (`evaluate.objective`)."""
+    lines = "\n".join(f"- {line}" for line in evaluate.get("answer", [])) or "(no paired comparisons)"
+    objectives = evaluate.get("objective")
+    if not isinstance(objectives, dict):
+        return lines
+    ranked = "; ".join(f"{protocol}: {objective}" for protocol, objective in objectives.items())
+    return f"Each protocol's lines compare its headline objective ({ranked}).\n\n{lines}"
 
 
 def paired_table(evaluate: dict, methods: tuple[str, ...] = ("rl_greedy", "rl_local_search", "cost_greedy",
@@ -262,7 +268,11 @@ def regime_table(evaluate: dict, method: str = "rl_greedy",
                                                 "best_heuristic"),
                  regimes: tuple[tuple[str, str, tuple[str, ...]], ...] = REGIMES) -> str:
     """Markdown: where does the RL sharder win? Per regime and protocol, `method`'s paired median
-    ratio [95% CI] against each reference with the plain answer's verdict (`findings.verdict`)."""
+    ratio [95% CI] against each reference with the plain answer's verdict (`findings.verdict`).
+    `paired` holds each protocol's headline objective (`evaluate.objective`): a protocol ranked by
+    the synchronized stages has no compute-only comparison, and its row says so rather than show
+    the synchronized numbers under a compute-only label."""
+    objectives = evaluate.get("objective") if isinstance(evaluate.get("objective"), dict) else {}
     rows = []
     for regime, key, protocols in regimes:
         for protocol in protocols:
@@ -270,6 +280,9 @@ def regime_table(evaluate: dict, method: str = "rl_greedy",
             if not entries:
                 continue
             row = {"regime": regime, "protocol": protocol}
+            if key == "paired" and objectives.get(protocol, "max_device") != "max_device":
+                rows.append(row | dict.fromkeys(references, f"n/a: ranked by {objectives[protocol]} (row below)"))
+                continue
             for reference in references:
                 s = entries.get(f"{method}__vs__{reference}")
                 if not s or s["median_ratio"] is None:
