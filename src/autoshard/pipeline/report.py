@@ -139,14 +139,20 @@ def _plan_quality(evaluate: dict) -> list[str]:
             f"below is not a finding, and the run should be repeated on a quieter machine.** {facts}"]
 
 
+def objectives(evaluate: dict) -> dict[str, str]:
+    """Protocol -> the objective its headline and `paired` entries rank by (`evaluate.objective`,
+    checked as `headline` checks it); {} for metrics that carry none."""
+    return check(evaluate, HeadlineObjective, "evaluate.json")["objective"] if "objective" in evaluate else {}
+
+
 def answer(evaluate: dict) -> str:
     """Markdown: the evaluate stage's plain answer, one line per protocol and learned method,
     after the objective each protocol's lines compare (`evaluate.objective`)."""
     lines = "\n".join(f"- {line}" for line in evaluate.get("answer", [])) or "(no paired comparisons)"
-    objectives = evaluate.get("objective")
-    if not isinstance(objectives, dict):
+    ranked_by = objectives(evaluate)
+    if not ranked_by:
         return lines
-    ranked = "; ".join(f"{protocol}: {objective}" for protocol, objective in objectives.items())
+    ranked = "; ".join(f"{protocol}: {objective}" for protocol, objective in ranked_by.items())
     return f"Each protocol's lines compare its headline objective ({ranked}).\n\n{lines}"
 
 
@@ -272,7 +278,7 @@ def regime_table(evaluate: dict, method: str = "rl_greedy",
     `paired` holds each protocol's headline objective (`evaluate.objective`): a protocol ranked by
     the synchronized stages has no compute-only comparison, and its row says so rather than show
     the synchronized numbers under a compute-only label."""
-    objectives = evaluate.get("objective") if isinstance(evaluate.get("objective"), dict) else {}
+    ranked_by = objectives(evaluate)
     rows = []
     for regime, key, protocols in regimes:
         for protocol in protocols:
@@ -280,8 +286,8 @@ def regime_table(evaluate: dict, method: str = "rl_greedy",
             if not entries:
                 continue
             row = {"regime": regime, "protocol": protocol}
-            if key == "paired" and objectives.get(protocol, "max_device") != "max_device":
-                rows.append(row | dict.fromkeys(references, f"n/a: ranked by {objectives[protocol]} (row below)"))
+            if key == "paired" and ranked_by.get(protocol, "max_device") != "max_device":
+                rows.append(row | dict.fromkeys(references, f"n/a: ranked by {ranked_by[protocol]} (row below)"))
                 continue
             for reference in references:
                 s = entries.get(f"{method}__vs__{reference}")
