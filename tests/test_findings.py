@@ -6,13 +6,14 @@ import numpy as np
 import pandas as pd
 
 from autoshard.core.metrics import _plain
-from autoshard.core.schema import HeadlineObjective, check
+from autoshard.core.schema import ComputeOnlyPairs, HeadlineObjective, check
 from autoshard.data.tasks import Task
 from autoshard.studies.evaluate import NoiseTargets
 from autoshard.studies.findings import (
     measurement_quality,
     paired_comparisons,
     paired_frame,
+    paired_max_device,
     paired_synchronized,
     per_task_ratios,
     plain_answer,
@@ -92,10 +93,12 @@ def test_evaluate_metrics_are_strict_json_with_the_contract_keys():
                                measured, quality, pairs, plain_answer(pairs, quality), milp, 1.0,
                                plans=plans, sizes=np.ones(3), plan_status=status,
                                objective={"autoshard": "max_device", "dreamshard": "synchronized_stages"},
-                               paired_synchronized={"autoshard": {}})
+                               paired_synchronized={"autoshard": {}}, paired_max_device=pairs)
     text = json.dumps(_plain(metrics), allow_nan=False)
     loaded = json.loads(text)
-    assert {"failed", "objective", "paired_synchronized", "comm_source"} <= set(loaded), "readers rely on these keys"
+    assert {"failed", "objective", "paired_synchronized", "paired_max_device", "comm_source"} <= set(loaded), \
+        "readers rely on these keys"
+    assert check(loaded, ComputeOnlyPairs, "evaluate.json")["paired_max_device"] == loaded["paired"]
     assert loaded["failed"]["autoshard"]["milp"] == 1 and loaded["failed"]["autoshard"]["rl_greedy"] == 0
     assert loaded["objective"] == {"autoshard": "max_device", "dreamshard": "synchronized_stages"}
     assert check(loaded, HeadlineObjective, "evaluate.json") and loaded["paired_synchronized"] == {"autoshard": {}}
@@ -141,6 +144,23 @@ def test_a_machine_that_slowed_down_between_passes_is_divided_out():
                           "calibrated": [2.0, 2.4]})  # everything 10% slower, the calibration shard too
     repeat = noise(first, again)
     assert np.allclose(repeat["relative_change"], 0.1) and np.allclose(repeat["calibrated_change"], 0.0)
+
+
+def test_paired_max_device_compares_every_protocol_on_its_compute_bottleneck():
+    """autoshard's headline is max_device: the block is `paired` there. dreamshard's headline is the
+    synchronized cost, on which rl_greedy loses here; on compute alone it beats cost_greedy."""
+    frame, plans, names = ratios_frame(rl_factor=0.8)
+    dream = frame.assign(protocol="dreamshard", task="d" + frame["task"], max_device_ms=frame["measured_ms"])
+    dream["measured_ms"] = dream["max_device_ms"] * np.where(dream["method"] == "rl_greedy", 1.3, 1.0)
+    both = pd.concat([frame.assign(max_device_ms=frame["measured_ms"]), dream], ignore_index=True)
+    all_names, plans = names + ["d" + n for n in names], {m: p + p for m, p in plans.items()}
+    noise = {"autoshard": 0.002, "dreamshard": 0.002}
+    headline = paired_comparisons(both, plans, all_names, noise, 200, 0)
+    compute = paired_max_device(both, plans, all_names, noise, 200, 0)
+    assert compute["autoshard"] == headline["autoshard"], "the same comparisons where the headline is max_device"
+    s = compute["dreamshard"]["rl_greedy__vs__cost_greedy"]
+    assert verdict(s) == "beats" and abs(s["median_ratio"] - 0.8 / 0.9) < 0.01
+    assert verdict(headline["dreamshard"]["rl_greedy__vs__cost_greedy"]) == "loses to"
 
 
 def test_a_method_planned_for_one_protocol_only_is_compared_there_and_absent_elsewhere():

@@ -197,6 +197,8 @@ def test_evaluate_notebook(profiled, smoke_params, monkeypatch):
     assert "rl_sync_greedy" in metrics["results"]["dreamshard"], "the policy trained on the synchronized stages"
     assert "rl_sync_greedy" not in metrics["results"]["autoshard"]
     assert "rl_sync_greedy__vs__sync_greedy" in metrics["paired_synchronized"]["dreamshard"]
+    assert metrics["paired_max_device"]["autoshard"] == metrics["paired"]["autoshard"], "its headline is max_device"
+    assert "rl_greedy__vs__cost_greedy" in metrics["paired_max_device"]["dreamshard"], "compute only, every protocol"
     assert (plans["synchronized_ms"] >= plans["measured_ms"]).all()
     assert set(plans["comm_source"]) <= {"measured-model", "extrapolated-model"}
 

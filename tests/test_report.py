@@ -233,9 +233,33 @@ def test_the_regime_table_says_where_rl_beats_ties_or_loses():
     ranked = regime_table(evaluate | {"objective": {"dreamshard": "synchronized_stages", "tight": "max_device"}},
                           references=("cost_greedy",))
     lines = {line.split("|")[1].strip(): line for line in ranked.splitlines()[2:]}
-    assert "0.950" not in ranked and "n/a: ranked by synchronized_stages" in lines["compute only"], \
-        "a protocol ranked by the synchronized stages shows no compute-only numbers"
+    assert "0.950" not in ranked and "n/a: ranked by synchronized_stages; this run recorded no paired_max_device" \
+        in lines["compute only"], "an older run: its synchronized headline is not shown as compute only"
     assert "loses to" in lines["tight memory"]
+
+
+def test_the_compute_only_row_reads_paired_max_device_for_every_protocol():
+    from autoshard.pipeline.report import regime_table
+
+    def pair(median, low, high):
+        return {"tasks": 20, "median_ratio": median, "ci_low": low, "ci_high": high, "p_value": 0.01,
+                "identical_share": 0.0, "mde": 0.01}
+
+    evaluate = {"objective": {"autoshard": "max_device", "dreamshard": "synchronized_stages"},
+                "paired": {"autoshard": {"rl_greedy__vs__cost_greedy": pair(0.95, 0.93, 0.97)},
+                           "dreamshard": {"rl_greedy__vs__cost_greedy": pair(1.05, 1.02, 1.08)}},
+                "paired_synchronized": {"dreamshard": {"rl_greedy__vs__cost_greedy": pair(1.05, 1.02, 1.08)}},
+                "paired_max_device": {"autoshard": {"rl_greedy__vs__cost_greedy": pair(0.95, 0.93, 0.97)},
+                                      "dreamshard": {"rl_greedy__vs__cost_greedy": pair(0.912, 0.9, 0.93)}}}
+    rows = regime_table(evaluate, references=("cost_greedy",)).splitlines()[2:]
+    compute = {line.split("|")[2].strip(): line for line in rows if line.split("|")[1].strip() == "compute only"}
+    assert "0.912 [0.900, 0.930] beats" in compute["dreamshard"] and "n/a" not in compute["dreamshard"]
+    assert "0.950 [0.930, 0.970] beats" in compute["autoshard"]
+    synced = next(line for line in rows if line.split("|")[1].strip().startswith("synchronized"))
+    assert "1.050 [1.020, 1.080] loses to" in synced, "the synchronized row still reads paired_synchronized"
+    broken = evaluate | {"paired_max_device": {"dreamshard": {"rl_greedy__vs__cost_greedy": {"tasks": 20}}}}
+    with pytest.raises(ConfigError, match=r"evaluate\.json: key 'paired_max_device\.dreamshard\..*' is missing"):
+        regime_table(broken, references=("cost_greedy",))
 
 
 def test_the_synchronized_policy_is_set_against_the_sync_baselines_where_it_ran():

@@ -56,6 +56,26 @@ class HeadlineObjective(TypedDict):
     objective: dict[str, str]
 
 
+class PairedComparison(TypedDict):
+    """One `<method>__vs__<reference>` entry of a paired block (`studies.paired.compare`)."""
+
+    tasks: int
+    median_ratio: Number
+    ci_low: Number
+    ci_high: Number
+    p_value: Number
+    identical_share: Number
+    mde: Number
+
+
+class ComputeOnlyPairs(TypedDict):
+    """The entry `paired_max_device` of reports/metrics/evaluate.json: protocol ->
+    `<method>__vs__<reference>` -> the paired comparison on the slowest device's compute
+    (max_device_ms), for every protocol. Built by `studies.findings.paired_max_device`."""
+
+    paired_max_device: dict[str, dict[str, PairedComparison]]
+
+
 class CommMetrics(TypedDict):
     """The comm model fitted on measured all-to-alls (`measure.commmodel.profile_comm`): the
     placements measured per device count, the held-out MAPE (a share) against its target."""

@@ -22,6 +22,7 @@ from autoshard.core.params import Fields, load_params
 from autoshard.core.schema import (
     AblationMetrics,
     ColumnsMetrics,
+    ComputeOnlyPairs,
     HeadlineObjective,
     StageTime,
     TransferMetrics,
@@ -264,9 +265,20 @@ def plot_files(data_dir: Path, plots: Path) -> None:
         plots / "ratios.csv", index=False)
 
 
-REGIMES = (("compute only", "paired", ("autoshard", "dreamshard")),
+REGIMES = (("compute only", "paired_max_device", ("autoshard", "dreamshard")),
            ("synchronized stages with communication", "paired_synchronized", ("autoshard", "dreamshard")),
            ("tight memory", "paired", ("tight",)))
+
+
+def compute_only(evaluate: dict) -> dict[str, dict | None]:
+    """Protocol -> its paired comparisons on the slowest device's compute: `paired_max_device`
+    (checked, `ComputeOnlyPairs`). A run that predates it gives `paired` where that ranks by
+    max_device (the same numbers) and None where it does not (no compute-only comparison)."""
+    if "paired_max_device" in evaluate:
+        return check(evaluate, ComputeOnlyPairs, "evaluate.json")["paired_max_device"]
+    ranked_by = objectives(evaluate)
+    return {protocol: entries if ranked_by.get(protocol, "max_device") == "max_device" else None
+            for protocol, entries in evaluate.get("paired", {}).items()}
 
 
 def regime_table(evaluate: dict, method: str = "rl_greedy",
@@ -275,19 +287,21 @@ def regime_table(evaluate: dict, method: str = "rl_greedy",
                  regimes: tuple[tuple[str, str, tuple[str, ...]], ...] = REGIMES) -> str:
     """Markdown: where does the RL sharder win? Per regime and protocol, `method`'s paired median
     ratio [95% CI] against each reference with the plain answer's verdict (`findings.verdict`).
-    `paired` holds each protocol's headline objective (`evaluate.objective`): a protocol ranked by
-    the synchronized stages has no compute-only comparison, and its row says so rather than show
-    the synchronized numbers under a compute-only label."""
+    The compute-only regime reads `paired_max_device` (see `compute_only`), whatever objective
+    ranks the protocol's headline; an older run without it says so in a protocol's row rather
+    than show another cost's numbers under a compute-only label."""
     ranked_by = objectives(evaluate)
     rows = []
     for regime, key, protocols in regimes:
+        block = compute_only(evaluate) if key == "paired_max_device" else evaluate.get(key, {})
         for protocol in protocols:
-            entries = evaluate.get(key, {}).get(protocol)
-            if not entries:
-                continue
+            entries = block.get(protocol)
             row = {"regime": regime, "protocol": protocol}
-            if key == "paired" and ranked_by.get(protocol, "max_device") != "max_device":
-                rows.append(row | dict.fromkeys(references, f"n/a: ranked by {ranked_by[protocol]} (row below)"))
+            if protocol in block and entries is None:
+                rows.append(row | dict.fromkeys(references, f"n/a: ranked by {ranked_by[protocol]}; this run "
+                                                            "recorded no paired_max_device"))
+                continue
+            if not entries:
                 continue
             for reference in references:
                 s = entries.get(f"{method}__vs__{reference}")

@@ -60,6 +60,14 @@ def paired_comparisons(ratios: pd.DataFrame, plans: dict[str, list[np.ndarray | 
                             seed=seed)
 
 
+def _paired_on(cost: str, ratios: pd.DataFrame, plans: dict[str, list[np.ndarray | None]], task_names: list[str],
+               noise_sd: dict[str, float | None], resamples: int, seed: int,
+               references: tuple[str, ...] = REFERENCES) -> dict:
+    """`paired_comparisons` on the column `cost` of `ratios` instead of the headline `measured_ms`."""
+    return paired_comparisons(ratios.assign(measured_ms=ratios[cost]), plans, task_names, noise_sd, resamples, seed,
+                              references)
+
+
 def paired_synchronized(ratios: pd.DataFrame, plans: dict[str, list[np.ndarray | None]], task_names: list[str],
                         noise_sd: dict[str, float | None], resamples: int, seed: int) -> dict:
     """`paired_comparisons` on each plan's synchronized-stages cost (`synchronized_ms`: the sum
@@ -68,8 +76,16 @@ def paired_synchronized(ratios: pd.DataFrame, plans: dict[str, list[np.ndarray |
     optimise this cost, where they were planned). `noise_sd` is still the compute bottleneck's repeat noise: the
     comm model adds none of its own (it is a fitted function), so the minimum detectable effect
     is that of the compute part."""
-    return paired_comparisons(ratios.assign(measured_ms=ratios["synchronized_ms"]), plans, task_names, noise_sd,
-                              resamples, seed, REFERENCES + SYNC_REFERENCES)
+    return _paired_on("synchronized_ms", ratios, plans, task_names, noise_sd, resamples, seed,
+                      REFERENCES + SYNC_REFERENCES)
+
+
+def paired_max_device(ratios: pd.DataFrame, plans: dict[str, list[np.ndarray | None]], task_names: list[str],
+                      noise_sd: dict[str, float | None], resamples: int, seed: int) -> dict:
+    """`paired_comparisons` on each plan's compute bottleneck (`max_device_ms`: the slowest
+    device's measured compute) for every protocol, whatever its headline objective: the same as
+    `paired` where that is max_device. `noise_sd` is as given (per protocol, its headline's)."""
+    return _paired_on("max_device_ms", ratios, plans, task_names, noise_sd, resamples, seed)
 
 
 def paired_frame(pairs: dict, methods: tuple[str, ...], references: tuple[str, ...] = REFERENCES) -> pd.DataFrame:

@@ -106,15 +106,16 @@ def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_err
                      tasks: list, devices: pd.DataFrame, quality: dict, pairs: dict, answer: list[str],
                      milp_table: pd.DataFrame, seconds: float, replicates: dict | None = None, *,
                      plans: dict[str, list], sizes: np.ndarray, plan_status: pd.DataFrame, objective: dict[str, str],
-                     paired_synchronized: dict) -> dict:
+                     paired_synchronized: dict, paired_max_device: dict) -> dict:
     """reports/metrics/evaluate.json: `noise` first (the measurement quality), then the `paired`
     comparisons per protocol (`<method>__vs__<reference>`), the plain `answer`,
     `replicates.<protocol>.<method>` (mean_ratio, std, n), the per-method `results`, the targets,
     the cost model's device error, the MILP's gaps and the sharding speed; then `failed`
     (`memory.failed_counts` of `plans` with `plan_status`, `evaluate.plan_all`'s frame), the
     headline `objective` per protocol (`core.schema.HeadlineObjective`),
-    `paired_synchronized` (the same comparisons on synchronized_ms) and
-    `comm_source` per protocol (where the all-to-all came from: readers rely on all four keys)."""
+    `paired_synchronized` and `paired_max_device` (the same comparisons on synchronized_ms and on
+    max_device_ms, for every protocol) and `comm_source` per protocol (where the all-to-all came
+    from: readers rely on these keys)."""
     return {
         "noise": quality, "paired": pairs, "answer": answer, "replicates": replicates or {},
         "results": {proto: g.drop(columns="protocol").set_index("method").to_dict("index")
@@ -134,5 +135,6 @@ def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_err
         "failed": memory.failed_counts(tasks, plans, sizes, plan_status),  # per protocol and method
         "objective": objective,
         "paired_synchronized": paired_synchronized,  # <protocol>.<method>__vs__<reference> on synchronized_ms
+        "paired_max_device": paired_max_device,  # the same on max_device_ms (the compute bottleneck)
         "comm_source": devices.groupby("protocol")["comm_source"].first().to_dict(),
     }
