@@ -9,7 +9,7 @@ import pytest
 
 from autoshard.core import schema
 from autoshard.core.metrics import _plain
-from autoshard.costmodel.floor import FLOOR_ROW, floor_table, measurement_floor, paired
+from autoshard.costmodel.floor import FLOOR_ROW, floor_table, measurement_floor, paired, pass_scale
 
 # Three test shards; the second pass measured two of them (one listed unsorted) and one that is
 # not a test shard.
@@ -24,9 +24,13 @@ def constant(ms: float):
 def test_the_floor_on_a_hand_made_frame():
     both = paired(TEST, AGAIN)
     assert both["tables"].tolist() == [(0, 1), (1, 2)] and both["remeasured_ms"].tolist() == [11.0, 18.0]
-    floor = measurement_floor(TEST, AGAIN, {"twelve": constant(12.0)})
+    floor = measurement_floor(TEST, AGAIN, {"twelve": constant(12.0)}, train=TEST)
     assert floor["shards"] == 2
     assert floor["pass_to_pass_mape"] == pytest.approx((1 / 10 + 2 / 20) / 2)
+    scale = (11 * 10 + 18 * 20) / (11**2 + 18**2)  # least squares of main on the second pass
+    assert pass_scale(TEST, AGAIN) == pytest.approx(scale)
+    rescaled = (abs(scale * 11 - 10) / 10 + abs(scale * 18 - 20) / 20) / 2
+    assert floor["pass_to_pass_mape_rescaled"] == pytest.approx(rescaled)
     assert floor["mape_vs_main"]["twelve"] == pytest.approx((2 / 10 + 8 / 20) / 2)
     assert floor["mape_vs_mean"]["twelve"] == pytest.approx((1.5 / 10.5 + 7 / 19) / 2)
 
@@ -43,6 +47,7 @@ def test_a_model_equal_to_the_remeasured_values_scores_the_floor_exactly():
 def test_no_shard_measured_twice_gives_nan_and_strict_json():
     floor = measurement_floor(TEST, AGAIN.iloc[2:], {"twelve": constant(12.0)})
     assert floor["shards"] == 0 and np.isnan(floor["pass_to_pass_mape"]) and np.isnan(floor["mape_vs_main"]["twelve"])
+    assert np.isnan(measurement_floor(TEST, AGAIN, {})["pass_to_pass_mape_rescaled"]), "no train shards: no factor"
     plain = _plain(floor)
     json.dumps(plain, allow_nan=False)
     assert schema.check(plain, schema.MeasurementFloor, "t.json")["mape_vs_mean"] == {"twelve": None}

@@ -140,6 +140,7 @@ class MeasurementFloor(TypedDict):
 
     shards: int
     pass_to_pass_mape: Number
+    pass_to_pass_mape_rescaled: Number  # the second pass times one factor fitted on train shards measured twice
     mape_vs_main: dict[str, Number]
     mape_vs_mean: dict[str, Number]
 

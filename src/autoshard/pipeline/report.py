@@ -121,8 +121,8 @@ def quality(evaluate: dict, profile: dict | None = None) -> list[str]:
 
 def measurement_floor(cost_model: CostModelMetrics) -> str:
     """Markdown: the cost models' MAPE on the seen-table test shards measured twice next to the
-    pass-to-pass MAPE there (a re-measurement as the prediction: what no model scored against
-    one noisy pass can be shown to beat)."""
+    pass-to-pass MAPE there (a re-measurement as the prediction), and what a noise-free model
+    would score if the two passes are equally and independently noisy (that over sqrt 2)."""
     floor = cost_model.get("measurement_floor")
     if not floor or not floor["shards"]:
         return "The profile measured no seen-table test shard twice (`profile.collect.remeasure`): no floor."
@@ -130,11 +130,15 @@ def measurement_floor(cost_model: CostModelMetrics) -> str:
     def pct(value: float | None) -> str:
         return "n/a" if value is None else f"{value:.1%}"
 
+    rescaled = floor.get("pass_to_pass_mape_rescaled")
+    base = rescaled if rescaled is not None else floor["pass_to_pass_mape"]
     models = "; ".join(f"{name} {pct(value)} ({pct(floor['mape_vs_mean'].get(name))} against the mean of the "
                        "two passes)" for name, value in floor["mape_vs_main"].items())
     return (f"On the {floor['shards']} seen-table test shards measured in both profile passes, MAPE against the "
-            f"main pass: a re-measurement (the second pass as the prediction) {pct(floor['pass_to_pass_mape'])}, "
-            f"the floor no model scored against one pass can be shown to beat; {models}.")
+            f"main pass: a re-measurement (the second pass as the prediction) {pct(floor['pass_to_pass_mape'])} "
+            f"({pct(rescaled)} once the passes' overall change of speed is divided out); a noise-free model would "
+            f"score about {pct(None if base is None else base / 2**0.5)} if the two passes are equally and "
+            f"independently noisy, and none can be shown better; {models}.")
 
 
 def _plan_quality(evaluate: dict) -> list[str]:
