@@ -153,6 +153,18 @@ class HybridMetrics(TypedDict):
     best_epoch: int
 
 
+class MeasurementFloor(TypedDict):
+    """Seen-table test shards measured in both profile passes: the pass-to-pass MAPE (the
+    second pass as the prediction of the main one) and each model's MAPE on exactly those
+    shards against the main pass and against the mean of the two passes (shares)."""
+
+    shards: int
+    pass_to_pass_mape: Number
+    pass_to_pass_mape_rescaled: Number  # the second pass times one factor fitted on train shards measured twice
+    mape_vs_main: dict[str, Number]
+    mape_vs_mean: dict[str, Number]
+
+
 class CostModelMetrics(StageTime):
     """reports/metrics/cost_model.json. Built by `costmodel.evaluate.cost_model_metrics`."""
 
@@ -166,6 +178,7 @@ class CostModelMetrics(StageTime):
     best_epoch: int
     predict_10k_shards_seconds: float
     hybrid: NotRequired[HybridMetrics]
+    measurement_floor: NotRequired[MeasurementFloor]
 
 
 class TrainRLMetrics(StageTime):

@@ -23,6 +23,7 @@ from autoshard.core.schema import (
     AblationMetrics,
     ColumnsMetrics,
     ComputeOnlyPairs,
+    CostModelMetrics,
     HeadlineObjective,
     StageTime,
     TransferMetrics,
@@ -117,6 +118,28 @@ def quality(evaluate: dict, profile: dict | None = None) -> list[str]:
         noisy = cv is None or (target is not None and cv > target)
         lines += ["", f"**Profile noise above its target:** {text}" if noisy else f"Profile noise: {text}"]
     return lines
+
+
+def measurement_floor(cost_model: CostModelMetrics) -> str:
+    """Markdown: the cost models' MAPE on the seen-table test shards measured twice next to the
+    pass-to-pass MAPE there (a re-measurement as the prediction), and what a noise-free model
+    would score if the two passes are equally and independently noisy (that over sqrt 2)."""
+    floor = cost_model.get("measurement_floor")
+    if not floor or not floor["shards"]:
+        return "The profile measured no seen-table test shard twice (`profile.collect.remeasure`): no floor."
+
+    def pct(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.1%}"
+
+    rescaled = floor.get("pass_to_pass_mape_rescaled")
+    base = rescaled if rescaled is not None else floor["pass_to_pass_mape"]
+    models = "; ".join(f"{name} {pct(value)} ({pct(floor['mape_vs_mean'].get(name))} against the mean of the "
+                       "two passes)" for name, value in floor["mape_vs_main"].items())
+    return (f"On the {floor['shards']} seen-table test shards measured in both profile passes, MAPE against the "
+            f"main pass: a re-measurement (the second pass as the prediction) {pct(floor['pass_to_pass_mape'])} "
+            f"({pct(rescaled)} once the passes' overall change of speed is divided out); a noise-free model would "
+            f"score about {pct(None if base is None else base / 2**0.5)} if the two passes are equally and "
+            f"independently noisy, and none can be shown better; {models}.")
 
 
 def _plan_quality(evaluate: dict) -> list[str]:
@@ -382,6 +405,9 @@ def readme(reports: Path, stages: list[tuple[str, str]], budget_minutes: float |
                   "finds no placement under the cap (or exceeds it) fails that task.", "", failed_table(evaluate), "",
                   "## Headline: every method on held-out tasks", "", headline(evaluate), "",
                   "### Targets", "", targets(evaluate), ""]
+    if (metrics / "cost_model.json").exists():
+        lines += ["## Cost model against a re-measurement", "",
+                  measurement_floor(read_checked(metrics / "cost_model.json", CostModelMetrics)), ""]
     if (metrics / "transfer.json").exists():
         transfer = read_checked(metrics / "transfer.json", TransferMetrics)
         lines += ["## Transfer: the trained policy on other task shapes, not fine-tuned", "",
