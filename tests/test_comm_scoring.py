@@ -13,7 +13,7 @@ from autoshard.measure import comm_store
 from autoshard.measure.analytic import AnalyticBackend
 from autoshard.measure.backends import BackendConfig
 from autoshard.measure.comm import STAGES
-from autoshard.measure.comm_store import CommTiming, comm_space, measured_comm, placement_key
+from autoshard.measure.comm_store import CommTiming, comm_space, placement_key, placements_comm
 from autoshard.measure.store import MeasurementStore
 from autoshard.measure.timing import TimingConfig
 from autoshard.pipeline.stage import select, stage_spec
@@ -52,7 +52,7 @@ def launches(monkeypatch) -> Launches:
 def test_a_real_launch_measures_placements_in_interleaved_rounds(tmp_path):
     store = MeasurementStore(tmp_path, "space")
     placements = [[16, 48], [32, 32], [64, 0]]
-    out = measured_comm(placements + [[16, 48]], store, 64, "cpu", TIMING, seed=0)
+    out = placements_comm(placements + [[16, 48]], store, 64, "cpu", TIMING, seed=0)
     assert sorted(out) == sorted(map(placement_key, placements))
     for ranks in out.values():
         assert len(ranks) == 2 and all(f > 0 and b > 0 for f, b in ranks)
@@ -63,12 +63,12 @@ def test_a_real_launch_measures_placements_in_interleaved_rounds(tmp_path):
 def test_a_second_score_launches_nothing_and_the_key_covers_the_settings(tmp_path, launches):
     store = MeasurementStore(tmp_path, "space")
     placements = [[16, 48, 0, 32], [32, 32, 16, 16], [8, 8]]
-    first = measured_comm(placements, store, 64, "cpu", TIMING, seed=0)
+    first = placements_comm(placements, store, 64, "cpu", TIMING, seed=0)
     assert launches.calls == [1 * TIMING.rounds, 2 * TIMING.rounds], "one launch per device count, all rounds"
     assert np.allclose(first["16,48,0,32"], [(0.16, 0.32), (1.48, 1.96), (2.0, 2.0), (3.32, 3.64)])
-    assert measured_comm(placements, store, 64, "cpu", TIMING, seed=1) == first
+    assert placements_comm(placements, store, 64, "cpu", TIMING, seed=1) == first
     assert len(launches.calls) == 2, "a second score of the same plans launched again"
-    measured_comm([*placements, [24, 40]], store, 64, "cpu", TIMING, seed=0)
+    placements_comm([*placements, [24, 40]], store, 64, "cpu", TIMING, seed=0)
     assert launches.calls[-1] == TIMING.rounds, "only the missing placement is measured"
     folder = comm_space(store, 64, 2, TIMING, "cpu").folder
     assert comm_space(store, 128, 2, TIMING, "cpu").folder != folder
@@ -76,11 +76,11 @@ def test_a_second_score_launches_nothing_and_the_key_covers_the_settings(tmp_pat
     assert comm_space(store, 64, 2, replace(TIMING, runs=3), "cpu").folder != folder
     assert comm_space(store, 64, 2, replace(TIMING, rounds=3), "cpu").folder != folder
     assert comm_space(store.tagged("again"), 64, 2, TIMING, "cpu").folder != folder
-    measured_comm(placements, store.tagged("again"), 64, "cpu", TIMING, seed=0)
+    placements_comm(placements, store.tagged("again"), 64, "cpu", TIMING, seed=0)
     assert len(launches.calls) == 5, "a tagged pass is an independent re-measurement"
 
 
-def _plans(pool):
+def _plans():
     dreamshard = Task("d/0", "dreamshard", "test", (0, 1, 2, 3), 2, 10**12, 1.0)
     autoshard = Task("a/0", "autoshard", "test", (0, 1, 2, 3), 2, 10**12, 0.0)
     plans = {"one": [np.array([0, 0, 1, 1])] * 2, "other": [np.array([0, 1, 0, 1])] * 2}
@@ -88,7 +88,7 @@ def _plans(pool):
 
 
 def test_score_uses_measured_comm_for_the_protocols_asked_and_sums_stage_maxima(tmp_path, pool, launches):
-    tasks, plans = _plans(pool)
+    tasks, plans = _plans()
     backend = AnalyticBackend(pool)
     cfg = BackendConfig(backend="analytic", device="cpu", optimizer="EXACT_SGD", batch_size=64, threads=1,
                         timing=TimingConfig(rounds=1), memory_limit_bytes=2**30)

@@ -52,7 +52,7 @@ def comm_space(store: MeasurementStore, batch_size: int, world: int, timing: Com
         source_digest(*MEASURING_CODE)))
 
 
-def measured_comm(placements: Iterable[Sequence[int]], store: MeasurementStore, batch_size: int, device: str,
+def placements_comm(placements: Iterable[Sequence[int]], store: MeasurementStore, batch_size: int, device: str,
                   timing: CommTiming, seed: int, label: str = "score") -> dict[str, list[tuple[float, float]]]:
     """(forward, backward) ms per device of every placement (each device's summed width), by
     `placement_key`: read where filed under `store`'s space, else measured, one launch per device

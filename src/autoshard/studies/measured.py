@@ -38,7 +38,7 @@ from autoshard.measure.backends import BackendConfig
 from autoshard.measure.base import CostBackend
 from autoshard.measure.batches import BatchJob, measure_batch_job
 from autoshard.measure.comm import STAGES, analytic_comm
-from autoshard.measure.comm_store import CommTiming, measured_comm, placement_key
+from autoshard.measure.comm_store import CommTiming, placement_key, placements_comm
 from autoshard.measure.commmodel import CommModel
 from autoshard.measure.interleaved import FIELDS
 from autoshard.measure.store import MeasurementStore, shard_key, store_for, values
@@ -103,6 +103,7 @@ class MeasuredComm:
     protocols: tuple[str, ...]
 
     def wants(self, task: Task) -> bool:
+        """Whether `task`'s plans get their all-to-all measured."""
         return task.protocol in self.protocols and task.devices in self.device_counts
 
 
@@ -117,11 +118,14 @@ def measured_plans_comm(pool_features: pd.DataFrame, tasks: list[Task], plans: d
                         comm: MeasuredComm | None) -> dict[str, list[tuple[float, float]]]:
     """The measured all-to-all of every plan `comm` wants, by `placement_key` of its widths (read
     back or measured, `measure.comm_store`); none without `comm` or in a read-only store."""
-    if comm is None or store.foreign:
+    if comm is None:
+        return {}
+    if store.foreign:
+        print(f"all-to-all ({label}): {store.folder.name} is an imported space, read only: comm from the model")
         return {}
     widths = [plan_widths(pool_features, device_shards(task, p[i]))
               for i, task in enumerate(tasks) if comm.wants(task) for p in plans.values() if p[i] is not None]
-    return measured_comm(widths, store, batch_size, device, comm.timing, seed, label) if widths else {}
+    return placements_comm(widths, store, batch_size, device, comm.timing, seed, label) if widths else {}
 
 
 def plan_comm(pool_features: pd.DataFrame, shards: list[list[int]], batch_size: int, device: str,
