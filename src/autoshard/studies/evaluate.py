@@ -21,6 +21,7 @@ from autoshard.costmodel.model import CostModel
 from autoshard.data.features import FEATURE_COLUMNS
 from autoshard.data.tasks import Task, first_fit_decreasing
 from autoshard.measure.backends import BACKENDS, DEVICES, BackendConfig, resolve_device
+from autoshard.measure.comm_store import CommTiming
 from autoshard.measure.commmodel import CommModel
 from autoshard.measure.fbgemm import OPTIMIZERS
 from autoshard.measure.timing import TimingConfig
@@ -36,7 +37,7 @@ from autoshard.placement.torchrec import torchrec_plan
 from autoshard.rl import numpy_planner
 from autoshard.rl.infer import cost_greedy, policy_plans
 from autoshard.rl.policy import Policy
-from autoshard.studies.measured import OBJECTIVES
+from autoshard.studies.measured import OBJECTIVES, MeasuredComm
 from autoshard.studies.paired import same_split
 
 Planner = Callable[[Task], np.ndarray]
@@ -90,6 +91,7 @@ class EvaluateConfig:
     milp: MilpConfig
     noise_targets: NoiseTargets
     objective: dict[str, str]  # protocol -> max_device | synchronized_stages: what its headline `measured_ms` is
+    comm: MeasuredComm | None  # plans whose all-to-all is measured (`evaluate.comm`); None: the comm model's
 
     @classmethod
     def from_params(cls, evaluate: dict, profile: dict, rl: dict) -> "EvaluateConfig":
@@ -107,6 +109,8 @@ class EvaluateConfig:
         targets = Targets(rl=t.number("rl", lo=0, lo_open=True), refined=t.number("refined", lo=0, lo_open=True),
                           optimum_gap=t.number("optimum_gap", lo=0))
         t.done()
+        device_counts = _comm_device_counts(p)
+        objective = objectives(f)
         backend = measuring_backend(p, f.sub("timing"))
         m = f.sub("milp")
         milp = MilpConfig(node_limit=m.integer("node_limit"), time_limit_s=m.number("time_limit_s", lo=0, lo_open=True))
@@ -124,9 +128,33 @@ class EvaluateConfig:
                   speed_repeats=f.integer("speed_repeats"),
                   speed_budget_s=f.number("speed_budget_s", lo=0, lo_open=True),
                   targets=targets, milp=milp, noise_targets=noise,
-                  objective=objectives(f))
+                  objective=objective, comm=comm_settings(f.sub("comm"), objective, device_counts))
         f.done()
         return cfg
+
+
+def _comm_device_counts(profile: Fields) -> tuple[int, ...]:
+    """`profile.comm.device_counts`, the device counts the profile measured all-to-alls at;
+    none for a stage whose params do not give them (it scores with the comm model)."""
+    if "comm" not in profile.values:
+        return ()
+    c = profile.sub("comm")
+    counts = tuple(c.integers("device_counts", lo=2))
+    c.done()
+    return counts
+
+
+def comm_settings(c: Fields, objective: Mapping[str, str], device_counts: tuple[int, ...]) -> MeasuredComm | None:
+    """`evaluate.comm`: with `measure`, the plans of the protocols ranked by synchronized_stages
+    on a device count of `profile.comm.device_counts` get their all-to-all measured; None when
+    no plan would be."""
+    measure = c.boolean("measure")
+    timing = CommTiming(rounds=c.integer("rounds"), warmup=c.integer("warmup", lo=0), runs=c.integer("runs"))
+    c.done()
+    protocols = tuple(p for p in PROTOCOLS if objective[p] == "synchronized_stages")
+    if not (measure and protocols and device_counts):
+        return None
+    return MeasuredComm(timing=timing, device_counts=device_counts, protocols=protocols)
 
 
 def objectives(f: Fields) -> dict[str, str]:

@@ -6,16 +6,22 @@ rounds, each in a seeded shuffled order, with a calibration shard timed between 
 warms up or drifts, and a batch measured while the machine changed is measured again. Each
 task's batch is filed in the measurement store (`measure.store`) when done: an interrupted run
 resumes with the tasks it finished, and a shard measured once under the same settings, by this
-stage, another or the profile, is reused for any plan that holds it. Communication comes from
-the comm model the profile stage fitted on measured all-to-alls (`measure.commmodel`), for a
-device count it was measured at ("measured-model") or extrapolated across device counts
-("extrapolated-model"); without a model, TorchRec's analytic estimate ("analytic"). Column
-`comm_source` says which. Each plan is scored two ways: the slowest device's compute
-(`measured_ms`) and DreamShard's synchronized stages, measured compute plus modelled comm
-(`synchronized_ms`, see `measure.comm.synchronized_ms`).
+stage, another or the profile, is reused for any plan that holds it.
+
+Communication, per plan: with `MeasuredComm` (`evaluate.comm`), the plans of the protocols it
+names at a device count it names get their whole placement's all-to-all measured, as in
+training ("measured"; `measure.comm_store`: one torchrun launch per device count, filed beside
+the shards, so a second score launches nothing). Every other plan, or every plan when the store
+is an imported read-only space, gets the comm model the profile stage fitted on measured
+all-to-alls (`measure.commmodel`), at a device count it was measured at ("measured-model") or
+extrapolated across device counts ("extrapolated-model"); without a model, TorchRec's analytic
+estimate ("analytic"). Column `comm_source` says which. Each plan is scored two ways: the
+slowest device's compute (`measured_ms`) and DreamShard's synchronized stages, the sum over the
+four stages of the slowest device in each (`synchronized_ms`, see `measure.comm.synchronized_ms`).
 """
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +38,7 @@ from autoshard.measure.backends import BackendConfig
 from autoshard.measure.base import CostBackend
 from autoshard.measure.batches import BatchJob, measure_batch_job
 from autoshard.measure.comm import STAGES, analytic_comm
+from autoshard.measure.comm_store import CommTiming, placement_key, placements_comm
 from autoshard.measure.commmodel import CommModel
 from autoshard.measure.interleaved import FIELDS
 from autoshard.measure.store import MeasurementStore, shard_key, store_for, values
@@ -86,11 +93,51 @@ def measure_batches(jobs: list[BatchJob], backend: CostBackend, engine: Engine |
         engine.map(measure_batch_job, jobs, desc)
 
 
+@dataclass(frozen=True)
+class MeasuredComm:
+    """Which plans `score` measures the all-to-all of (`evaluate.comm`): those of tasks of
+    `protocols` on a device count of `device_counts`, timed with `timing`."""
+
+    timing: CommTiming
+    device_counts: tuple[int, ...]
+    protocols: tuple[str, ...]
+
+    def wants(self, task: Task) -> bool:
+        """Whether `task`'s plans get their all-to-all measured."""
+        return task.protocol in self.protocols and task.devices in self.device_counts
+
+
+def plan_widths(pool_features: pd.DataFrame, shards: list[list[int]]) -> list[int]:
+    """Each device's summed embedding width: all a placement's all-to-all depends on, with the batch."""
+    dims = pool_features["dim"].to_numpy()
+    return [int(dims[s].sum()) for s in shards]
+
+
+def measured_plans_comm(pool_features: pd.DataFrame, tasks: list[Task], plans: dict[str, list[np.ndarray | None]],
+                        store: MeasurementStore, batch_size: int, device: str, seed: int, label: str,
+                        comm: MeasuredComm | None) -> dict[str, list[tuple[float, float]]]:
+    """The measured all-to-all of every plan `comm` wants, by `placement_key` of its widths (read
+    back or measured, `measure.comm_store`); none without `comm` or in a read-only store."""
+    if comm is None:
+        return {}
+    if store.foreign:
+        print(f"all-to-all ({label}): {store.folder.name} is an imported space, read only: comm from the model")
+        return {}
+    widths = [plan_widths(pool_features, device_shards(task, p[i]))
+              for i, task in enumerate(tasks) if comm.wants(task) for p in plans.values() if p[i] is not None]
+    return placements_comm(widths, store, batch_size, device, comm.timing, seed, label) if widths else {}
+
+
 def plan_comm(pool_features: pd.DataFrame, shards: list[list[int]], batch_size: int, device: str,
-              comm_model: CommModel | None = None) -> tuple[list[tuple[float, float]], str]:
-    """(forward, backward) all-to-all ms per device of a plan and where they come from: the comm
+              comm_model: CommModel | None = None,
+              measured: Mapping[str, list[tuple[float, float]]] | None = None) -> tuple[list[tuple[float, float]], str]:
+    """(forward, backward) all-to-all ms per device of a plan and where they come from: `measured`
+    (by `placement_key` of the plan's widths) when it holds the plan ("measured"), else the comm
     model ("measured-model" at a fitted device count, "extrapolated-model" at another) or, without
     one, TorchRec's analytic estimate ("analytic")."""
+    name = placement_key(plan_widths(pool_features, shards))
+    if measured and name in measured:
+        return list(measured[name]), "measured"
     dims = [pool_features["dim"].to_numpy()[s].tolist() for s in shards]
     if comm_model is not None:
         return comm_model.predict([int(sum(d)) for d in dims], batch_size), comm_model.source(len(shards))
@@ -100,11 +147,12 @@ def plan_comm(pool_features: pd.DataFrame, shards: list[list[int]], batch_size: 
 
 def device_frame(pool_features: pd.DataFrame, task: Task, method: str, plan: np.ndarray,
                  costs: dict[str, list[float]], batch_size: int, device: str,
-                 comm_model: CommModel | None = None) -> pd.DataFrame:
+                 comm_model: CommModel | None = None,
+                 measured: Mapping[str, list[tuple[float, float]]] | None = None) -> pd.DataFrame:
     """One row per device of a plan: measured compute (forward, backward and their IQRs),
     communication (see `plan_comm`; `comm_source` says which), tables and memory."""
     shards = device_shards(task, plan)
-    comm, source = plan_comm(pool_features, shards, batch_size, device, comm_model)
+    comm, source = plan_comm(pool_features, shards, batch_size, device, comm_model, measured)
     sizes = pool_features["size_bytes"].to_numpy()
     rows = []
     for d, shard in enumerate(shards):
@@ -128,26 +176,32 @@ def measurement_store(root: str | Path, cfg: BackendConfig, pool: Pool, space: s
 def score(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Task],
           plans: dict[str, list[np.ndarray | None]], cfg: BackendConfig, store: MeasurementStore, seed: int,
           tag: str = "", progress: bool = True, engine: Engine | None = None,
-          pool_source: dict | None = None, comm_model: CommModel | None = None) -> pd.DataFrame:
+          pool_source: dict | None = None, comm_model: CommModel | None = None,
+          measured_comm: MeasuredComm | None = None) -> pd.DataFrame:
     """Per-device measurements of every method's plan of every task (methods without a plan
     for a task are left out), on `cfg.threads` threads with `cfg.batch_size` bags per table.
     Shards already in `store` are read; `tag` names an independent second pass (its own space).
     With an `engine`, the tasks' batches are its jobs (they rebuild the backend from `cfg` and
     `pool_source`); each device row carries the drift and re-measurement of its shard's batch.
-    Communication from `comm_model` when given, else analytic (`plan_comm`)."""
+    Communication measured for the plans `measured_comm` wants (not in a read-only store), else
+    from `comm_model` when given, else analytic (`plan_comm`)."""
     store = store.tagged(tag)
     per_task = [[p[i] for p in plans.values()] for i in range(len(tasks))]
     jobs = batch_jobs(tasks, per_task, store, cfg, seed, tag, pool_source)
     store.refuse_measuring([s for job in jobs for s in job.shards], "the plans")
     torch.set_num_threads(cfg.threads)  # as the profile stage measured
     measure_batches(jobs, backend, engine, f"measuring plans{' (' + tag + ')' if tag else ''}" if progress else None)
+    comm = measured_plans_comm(pool_features, tasks, plans, store, cfg.batch_size, backend.device, seed,
+                               tag or "score", measured_comm)
     known = store.read()
     frames = []
     for i, task in enumerate(tasks):
         task_plans = {m: p[i] for m, p in plans.items() if p[i] is not None}
         records = {k: known[k] for k in map(shard_key, task_shards(task, list(task_plans.values())))}
         costs = {k: values(r) for k, r in records.items()}
-        frames += [device_frame(pool_features, task, m, p, costs, cfg.batch_size, backend.device, comm_model).assign(
+        wanted = comm if measured_comm is not None and measured_comm.wants(task) else None
+        frames += [device_frame(pool_features, task, m, p, costs, cfg.batch_size, backend.device, comm_model,
+                                wanted).assign(
             drift=max((r["drift"] for r in records.values()), default=0.0),
             remeasured=any(r["attempts"] > 1 for r in records.values())) for m, p in task_plans.items()]
     out = pd.concat(frames, ignore_index=True)
@@ -169,7 +223,7 @@ def predict_devices(devices: pd.DataFrame, model: CostModel, features: np.ndarra
 
 def synchronized(devices: pd.DataFrame, keys: Sequence[str] = ("task", "method")) -> pd.Series:
     """Per plan, the synchronized-stages cost: the sum over the four stages of the slowest
-    device's time in it (measured compute, modelled or analytic comm)."""
+    device's time in it (measured compute; measured, modelled or analytic comm)."""
     return devices.groupby(list(keys), sort=False)[STAGES].max().sum(axis=1).rename("synchronized_ms")
 
 

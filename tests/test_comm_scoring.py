@@ -1,0 +1,127 @@
+"""Scoring with measured all-to-alls: a real 2-rank launch, the cache and its key, the
+synchronized objective on measured comm, which protocols get it, and the settings' checks."""
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from autoshard.core.errors import ConfigError
+from autoshard.data.tasks import Task
+from autoshard.measure import comm_store
+from autoshard.measure.analytic import AnalyticBackend
+from autoshard.measure.backends import BackendConfig
+from autoshard.measure.comm import STAGES
+from autoshard.measure.comm_store import CommTiming, comm_space, placement_key, placements_comm
+from autoshard.measure.store import MeasurementStore
+from autoshard.measure.timing import TimingConfig
+from autoshard.pipeline.stage import select, stage_spec
+from autoshard.studies.evaluate import EvaluateConfig
+from autoshard.studies.measured import MeasuredComm, bottlenecks, plan_widths, score
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMING = CommTiming(rounds=2, warmup=1, runs=2)
+
+
+def config(params: dict, **comm) -> EvaluateConfig:
+    """The evaluate config from the params dvc.yaml gives the stage, `evaluate.comm` overridden."""
+    chosen = select(params, stage_spec("evaluate", ROOT / "dvc.yaml")[1], "params")
+    evaluate = chosen["evaluate"] | {"comm": chosen["evaluate"]["comm"] | comm}
+    return EvaluateConfig.from_params(evaluate, chosen["profile"] | {"device": "cpu"}, chosen["rl"])
+
+
+class Launches:
+    """Stands in for the torchrun launch: counts launches; rank d's time is 0.01 x width + d."""
+
+    def __init__(self):
+        self.calls: list[int] = []
+
+    def __call__(self, placements, batch_size, device, timing, timeout_s=600):
+        self.calls.append(len(placements))
+        return [[(0.01 * w + d, 0.02 * w + d) for d, w in enumerate(p)] for p in placements]
+
+
+@pytest.fixture
+def launches(monkeypatch) -> Launches:
+    fake = Launches()
+    monkeypatch.setattr(comm_store, "measure_comm_many", fake)
+    return fake
+
+
+def test_a_real_launch_measures_placements_in_interleaved_rounds(tmp_path):
+    store = MeasurementStore(tmp_path, "space")
+    placements = [[16, 48], [32, 32], [64, 0]]
+    out = placements_comm(placements + [[16, 48]], store, 64, "cpu", TIMING, seed=0)
+    assert sorted(out) == sorted(map(placement_key, placements))
+    for ranks in out.values():
+        assert len(ranks) == 2 and all(f > 0 and b > 0 for f, b in ranks)
+    records = comm_space(store, 64, 2, TIMING, "cpu").read()
+    assert all(len(r["rounds"]) == TIMING.rounds for r in records.values())
+
+
+def test_a_second_score_launches_nothing_and_the_key_covers_the_settings(tmp_path, launches):
+    store = MeasurementStore(tmp_path, "space")
+    placements = [[16, 48, 0, 32], [32, 32, 16, 16], [8, 8]]
+    first = placements_comm(placements, store, 64, "cpu", TIMING, seed=0)
+    assert launches.calls == [1 * TIMING.rounds, 2 * TIMING.rounds], "one launch per device count, all rounds"
+    assert np.allclose(first["16,48,0,32"], [(0.16, 0.32), (1.48, 1.96), (2.0, 2.0), (3.32, 3.64)])
+    assert placements_comm(placements, store, 64, "cpu", TIMING, seed=1) == first
+    assert len(launches.calls) == 2, "a second score of the same plans launched again"
+    placements_comm([*placements, [24, 40]], store, 64, "cpu", TIMING, seed=0)
+    assert launches.calls[-1] == TIMING.rounds, "only the missing placement is measured"
+    folder = comm_space(store, 64, 2, TIMING, "cpu").folder
+    assert comm_space(store, 128, 2, TIMING, "cpu").folder != folder
+    assert comm_space(store, 64, 4, TIMING, "cpu").folder != folder
+    assert comm_space(store, 64, 2, replace(TIMING, runs=3), "cpu").folder != folder
+    assert comm_space(store, 64, 2, replace(TIMING, rounds=3), "cpu").folder != folder
+    assert comm_space(store.tagged("again"), 64, 2, TIMING, "cpu").folder != folder
+    placements_comm(placements, store.tagged("again"), 64, "cpu", TIMING, seed=0)
+    assert len(launches.calls) == 5, "a tagged pass is an independent re-measurement"
+
+
+def _plans():
+    dreamshard = Task("d/0", "dreamshard", "test", (0, 1, 2, 3), 2, 10**12, 1.0)
+    autoshard = Task("a/0", "autoshard", "test", (0, 1, 2, 3), 2, 10**12, 0.0)
+    plans = {"one": [np.array([0, 0, 1, 1])] * 2, "other": [np.array([0, 1, 0, 1])] * 2}
+    return [dreamshard, autoshard], plans
+
+
+def test_score_uses_measured_comm_for_the_protocols_asked_and_sums_stage_maxima(tmp_path, pool, launches):
+    tasks, plans = _plans()
+    backend = AnalyticBackend(pool)
+    cfg = BackendConfig(backend="analytic", device="cpu", optimizer="EXACT_SGD", batch_size=64, threads=1,
+                        timing=TimingConfig(rounds=1), memory_limit_bytes=2**30)
+    store = MeasurementStore(tmp_path, "space")
+    asked = MeasuredComm(timing=TIMING, device_counts=(2,), protocols=("dreamshard",))
+    devices = score(backend, pool.features, tasks, plans, cfg, store, 0, progress=False, measured_comm=asked)
+    sources = devices.groupby("protocol")["comm_source"].unique()
+    assert list(sources["dreamshard"]) == ["measured"] and list(sources["autoshard"]) == ["analytic"]
+    launched = len(launches.calls)
+    again = score(backend, pool.features, tasks, plans, cfg, store, 0, progress=False, measured_comm=asked)
+    assert len(launches.calls) == launched and again.equals(devices)
+    one = devices[(devices["task"] == "d/0") & (devices["method"] == "one")]
+    widths = plan_widths(pool.features, [[0, 1], [2, 3]])
+    assert one["forward_comm_ms"].tolist() == [0.01 * w + d for d, w in enumerate(widths)]
+    by_hand = sum(one[s].max() for s in STAGES)
+    plan = bottlenecks(devices, {"dreamshard": "synchronized_stages", "autoshard": "max_device"}).set_index(
+        ["task", "method"])
+    assert plan.loc[("d/0", "one"), "synchronized_ms"] == pytest.approx(by_hand)
+    assert plan.loc[("d/0", "one"), "measured_ms"] == pytest.approx(by_hand)
+    off = score(backend, pool.features, tasks, plans, cfg, store, 0, progress=False)
+    assert set(off["comm_source"]) == {"analytic"}, "default off: every other caller unchanged"
+    foreign = MeasurementStore(tmp_path, "space", foreign=True)
+    read_only = score(backend, pool.features, tasks, plans, cfg, foreign, 0, progress=False, measured_comm=asked)
+    assert set(read_only["comm_source"]) == {"analytic"} and len(launches.calls) == launched
+
+
+def test_settings_follow_the_objective_and_bad_values_name_the_field(smoke_params):
+    cfg = config(smoke_params)
+    assert cfg.comm is not None and cfg.comm.protocols == ("dreamshard",)
+    assert cfg.comm.device_counts == tuple(smoke_params["profile"]["comm"]["device_counts"])
+    assert config(smoke_params, measure=False).comm is None
+    for field, value in [("rounds", 0), ("runs", 0), ("warmup", -1), ("measure", "yes")]:
+        with pytest.raises(ConfigError, match=rf"evaluate\.comm\.{field}: {value!r}"):
+            config(smoke_params, **{field: value})
+    with pytest.raises(ConfigError, match="evaluate.comm.rouns"):
+        config(smoke_params, rouns=3)
