@@ -11,7 +11,8 @@ from autoshard.measure.commmodel import CommModel
 from autoshard.placement.heuristics import Infeasible
 from autoshard.placement.lpt import lpt
 from autoshard.placement.surrogate import MilpConfig
-from autoshard.placement.sync import planners, predicted_stages, stage_singles, sync_greedy, synchronized_cost
+from autoshard.placement.sync import predicted_stages, stage_singles, sync_greedy, synchronized_cost
+from autoshard.placement.sync_planners import planners
 from autoshard.studies.measured import bottlenecks, plan_comm, plan_frame, synchronized
 
 NO_COMM = CommModel({2: {"forward": [0.0, 0.0, 0.0], "backward": [0.0, 0.0, 0.0]}},
