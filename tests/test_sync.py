@@ -11,7 +11,8 @@ from autoshard.measure.commmodel import CommModel
 from autoshard.placement.heuristics import Infeasible
 from autoshard.placement.lpt import lpt
 from autoshard.placement.surrogate import MilpConfig
-from autoshard.placement.sync import planners, predicted_stages, stage_singles, sync_greedy, synchronized_cost
+from autoshard.placement.sync import predicted_stages, stage_singles, sync_greedy, synchronized_cost
+from autoshard.placement.sync_planners import planners
 from autoshard.studies.measured import bottlenecks, plan_comm, plan_frame, synchronized
 
 NO_COMM = CommModel({2: {"forward": [0.0, 0.0, 0.0], "backward": [0.0, 0.0, 0.0]}},
@@ -177,3 +178,27 @@ def test_bottlenecks_follow_the_objective():
     assert bottlenecks(devices, "synchronized_stages")["measured_ms"].tolist() == [9.0]
     with pytest.raises(ValueError, match="objective"):
         bottlenecks(devices, "mean")
+
+
+def test_a_tasks_sync_chain_makes_each_plan_once(monkeypatch):
+    """sync_local_search starts from the greedy plan already made, sync_milp from the local search's."""
+    from autoshard.placement import sync_planners
+
+    calls = {"sync_greedy": 0, "sync_local_search": 0}
+
+    def counted(name):
+        plan = getattr(sync_planners, name)
+
+        def counting(*args, **kwargs):
+            calls[name] += 1
+            return plan(*args, **kwargs)
+        return counting
+    for name in calls:
+        monkeypatch.setattr(sync_planners, name, counted(name))
+    features = pd.DataFrame({"dim": [8, 8, 8], "size_bytes": [1, 1, 1]})
+    methods = planners(np.array([2.0, 1.0, 3.0]), np.array([1.0, 2.0, 1.0]), features, NO_COMM, 64,
+                       MilpConfig(1000, 10.0))
+    task = Task("t", "dreamshard", "test", (0, 1, 2), 2, 10, 1.0)
+    plans = {m: place(task) for m, place in methods.items()}
+    assert calls == {"sync_greedy": 1, "sync_local_search": 1}
+    assert np.array_equal(methods["sync_greedy"](task), plans["sync_greedy"]) and calls["sync_greedy"] == 1

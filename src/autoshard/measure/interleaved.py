@@ -44,6 +44,11 @@ def _total(cost: ShardCost) -> float:
     return cost.forward_ms + cost.backward_ms
 
 
+def round_cv(totals: Sequence[float]) -> float:
+    """Coefficient of variation of a shard's totals across rounds (NaN with one round)."""
+    return float(np.std(totals, ddof=1) / np.mean(totals)) if len(totals) > 1 else float("nan")
+
+
 def _calibrate(backend: CostBackend, calibration: Sequence[int], batch_size: int) -> float:
     """The calibration shard's total (NaN when it does not fit the device: no drift check)."""
     try:
@@ -90,7 +95,6 @@ def measure_batch(backend: CostBackend, shards: Sequence[Sequence[int]], calibra
         if too_large[i]:
             costs.append([float("nan")] * (len(FIELDS) + 1))
             continue
-        totals = per_round[i, :, 0] + per_round[i, :, 1]
-        cv = float(np.std(totals, ddof=1) / np.mean(totals)) if timing.rounds > 1 else float("nan")
+        cv = round_cv(per_round[i, :, 0] + per_round[i, :, 1])
         costs.append([float(v) for v in np.median(per_round[i], axis=0)] + [cv])
     return Batch(costs=costs, drift=float(drift), attempts=attempt, calibration_ms=float(np.median(timings)))

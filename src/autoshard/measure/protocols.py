@@ -23,7 +23,7 @@ from autoshard.core.params import Fields
 from autoshard.core.schema import ProtocolScores
 from autoshard.core.seeding import rng
 from autoshard.measure.base import CostBackend, ShardTooLarge
-from autoshard.measure.interleaved import measure_batch
+from autoshard.measure.interleaved import measure_batch, round_cv
 from autoshard.measure.timing import TimingConfig
 
 SEQUENTIAL, INTERLEAVED = "sequential", "interleaved"
@@ -44,11 +44,6 @@ class ProtocolCheck:
         return cfg
 
 
-def _cv(totals: Sequence[float]) -> float:
-    """Coefficient of variation across rounds, as `measure_batch` reports it (NaN with one)."""
-    return float(np.std(totals, ddof=1) / np.mean(totals)) if len(totals) > 1 else float("nan")
-
-
 def measure_sequential(backend: CostBackend, shards: Sequence[Sequence[int]], batch_size: int,
                        rounds: int) -> list[tuple[float, float]]:
     """Per shard, its `rounds` measurements back to back: (median forward + median backward in
@@ -61,7 +56,7 @@ def measure_sequential(backend: CostBackend, shards: Sequence[Sequence[int]], ba
             out.append((float("nan"), float("nan")))
             continue
         total = float(np.median([c.forward_ms for c in costs]) + np.median([c.backward_ms for c in costs]))
-        out.append((total, _cv([c.total_ms for c in costs])))
+        out.append((total, round_cv([c.total_ms for c in costs])))
     return out
 
 

@@ -1,5 +1,5 @@
-"""sync_greedy: greedy placement on DreamShard's synchronized-stages objective, predicted; and the
-planners of the three sync methods (`sync_search`: local search, `sync_milp`: the exact MILP).
+"""sync_greedy: greedy placement on DreamShard's synchronized-stages objective, predicted; and that
+prediction, the one `sync_search` (local search) and `sync_milp` (the exact MILP) score plans by.
 
 A training step waits at a barrier after each of its four stages (forward compute, forward
 all-to-all, backward all-to-all, backward compute), so its cost is the sum of each stage's
@@ -20,15 +20,8 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
-from autoshard.core.errors import ConfigError
 from autoshard.data.packing import PackingGuard
-from autoshard.data.tasks import Task
-from autoshard.measure.commmodel import CommModel
 from autoshard.placement.heuristics import Infeasible
-from autoshard.placement.milp import MilpResult
-from autoshard.placement.surrogate import MilpConfig
-from autoshard.placement.sync_milp import solve_sync
-from autoshard.placement.sync_search import comm_lines, sync_local_search
 
 CommFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
@@ -47,14 +40,26 @@ def stage_singles(profile: pd.DataFrame, num_tables: int) -> tuple[np.ndarray, n
 
 def predicted_stages(forward: np.ndarray, backward: np.ndarray, widths: np.ndarray,
                      comm: CommFn) -> np.ndarray:
-    """A (devices, 4) array: forward compute, forward comm, backward comm, backward compute."""
+    """A (..., devices, 4) array: forward compute, forward comm, backward comm, backward compute
+    per device, from per-device summed single costs and widths (`comm` on the widths). Leading
+    axes are kept: the local search scores a stack of candidate placements at once."""
     f_comm, b_comm = comm(widths)
-    return np.column_stack([forward, f_comm, b_comm, backward])
+    return np.stack([forward, f_comm, b_comm, backward], axis=-1)
 
 
-def synchronized_cost(stages: np.ndarray) -> float:
-    """Sum over the four stages (columns) of the slowest device (row) in each."""
-    return float(stages.max(axis=0).sum())
+def synchronized_cost(stages: np.ndarray) -> np.ndarray:
+    """Sum over the four stages (last axis) of the slowest device (the axis before) in each: a
+    NumPy float for one (devices, 4) array, an array for a stack of them."""
+    return stages.max(axis=-2).sum(axis=-1)
+
+
+def placement_cost(forward: np.ndarray, backward: np.ndarray, dims: np.ndarray, placement: np.ndarray,
+                   devices: int, comm: CommFn) -> float:
+    """The predicted synchronized cost of a full placement (a device per table; arrays over the
+    task's tables)."""
+    def load(values: np.ndarray) -> np.ndarray:
+        return np.bincount(placement, weights=np.asarray(values, float), minlength=devices)
+    return float(synchronized_cost(predicted_stages(load(forward), load(backward), load(dims), comm)))
 
 
 def sync_greedy(forward: np.ndarray, backward: np.ndarray, dims: np.ndarray, sizes: np.ndarray,
@@ -79,7 +84,7 @@ def sync_greedy(forward: np.ndarray, backward: np.ndarray, dims: np.ndarray, siz
             b[d] += backward[i]
             w[d] += dims[i]
             stages = predicted_stages(f, b, w, comm)
-            scores.append((synchronized_cost(stages), float(stages.sum(axis=1).max()), int(memory[d]), int(d)))
+            scores.append((float(synchronized_cost(stages)), float(stages.sum(axis=1).max()), int(memory[d]), int(d)))
         best = min(scores)[3]
         placement[i] = best
         fwd[best] += forward[i]
@@ -88,48 +93,3 @@ def sync_greedy(forward: np.ndarray, backward: np.ndarray, dims: np.ndarray, siz
         memory[best] += sizes[i]
         guard.placed(step, np.array([best]))
     return placement
-
-
-def planners(forward: np.ndarray, backward: np.ndarray, pool_features: pd.DataFrame, comm_model: CommModel,
-             batch_size: int, milp: MilpConfig | None = None, seed: int = 0,
-             solves: dict[str, MilpResult] | None = None) -> dict[str, Callable[[Task], np.ndarray]]:
-    """`sync_greedy`, `sync_local_search` (from its plan) and, with `milp` (its limits), `sync_milp`
-    (bounded by, and never worse than, sync_local_search's plan) over per-pool-table measured single
-    forward and backward costs, with the comm model at `batch_size`; a task with a table not
-    measured alone gets no plan (a `ConfigError` naming the tables). Each MILP solve is kept in
-    `solves` by task name when given."""
-    dims = pool_features["dim"].to_numpy(float)
-    sizes = pool_features["size_bytes"].to_numpy(np.int64)
-
-    def comm(widths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return comm_model.predict_arrays(widths, batch_size)
-
-    def inputs(t: Task) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        ids = list(t.tables)
-        missing = [t.tables[k] for k in np.flatnonzero(np.isnan(forward[ids]) | np.isnan(backward[ids]))]
-        if missing:
-            raise ConfigError(f"task {t.name}: no single-table measurement of tables {missing}")
-        lines = comm_lines(comm_model, t.devices, batch_size, float(dims[ids].sum()))
-        return forward[ids], backward[ids], dims[ids], sizes[ids], lines
-
-    def greedy(t: Task) -> np.ndarray:
-        f, b, w, s, _ = inputs(t)
-        return sync_greedy(f, b, w, s, t.devices, t.memory_bytes, comm)
-
-    def refined(t: Task) -> np.ndarray:
-        f, b, w, s, lines = inputs(t)
-        return sync_local_search(f, b, w, s, t.devices, t.memory_bytes, lines, greedy(t))
-
-    def exact(t: Task) -> np.ndarray:
-        f, b, w, s, lines = inputs(t)
-        try:
-            start = sync_local_search(f, b, w, s, t.devices, t.memory_bytes, lines, greedy(t))
-        except Infeasible:
-            start = None
-        result = solve_sync(f, b, w, s, t.devices, t.memory_bytes, lines, start, time_limit=milp.time_limit_s,
-                            node_limit=milp.node_limit, seed=seed)
-        if solves is not None:
-            solves[t.name] = result
-        return result.placement
-
-    return {"sync_greedy": greedy, "sync_local_search": refined, **({"sync_milp": exact} if milp else {})}

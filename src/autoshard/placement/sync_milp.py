@@ -24,15 +24,14 @@ from scipy.sparse import coo_array, eye_array, hstack, kron
 
 from autoshard.placement.heuristics import Infeasible
 from autoshard.placement.milp import MilpResult
-from autoshard.placement.sync_search import line_stages, stage_cost
+from autoshard.placement.sync import placement_cost
+from autoshard.placement.sync_search import line_comm
 
 
 def predicted_cost(forward: np.ndarray, backward: np.ndarray, dims: np.ndarray, placement: np.ndarray,
                    devices: int, lines: np.ndarray) -> float:
-    """The surrogate synchronized cost of a full placement."""
-    def load(values: np.ndarray) -> np.ndarray:
-        return np.bincount(placement, weights=np.asarray(values, float), minlength=devices)
-    return float(stage_cost(line_stages(load(forward), load(backward), load(dims), lines)))
+    """The surrogate synchronized cost of a full placement (`sync.placement_cost` on the comm `lines`)."""
+    return placement_cost(forward, backward, dims, placement, devices, line_comm(lines))
 
 
 def solve_sync(forward: np.ndarray, backward: np.ndarray, dims: np.ndarray, sizes: np.ndarray, devices: int,
@@ -70,17 +69,16 @@ def solve_sync(forward: np.ndarray, backward: np.ndarray, dims: np.ndarray, size
         res = milp(np.append(np.zeros(n * d), np.ones(4)), integrality=np.append(np.ones(n * d), np.zeros(4)),
                    bounds=bounds, constraints=[*constraints, total], options=limits)
 
-    placement, status = None, "start"
+    placement, status, value = None, "start", np.inf
     if res.x is not None:
         candidate = np.argmax(res.x[:n * d].reshape(n, d), axis=1).astype(np.int64)
         if np.bincount(candidate, weights=sizes, minlength=d).max() <= capacity:  # the cap in whole bytes
             placement, status = candidate, "optimal" if res.status == 0 else "time limit"
-    if placement is None or (start is not None and predicted_cost(forward, backward, dims, start, d, lines)
-                             < predicted_cost(forward, backward, dims, placement, d, lines)):
+            value = predicted_cost(forward, backward, dims, placement, d, lines)
+    if placement is None or upper < value:
         if start is None:
             raise Infeasible(f"sync MILP: {n} tables on {d} devices of {capacity} bytes: no placement found")
-        placement, status = np.asarray(start, np.int64), "start"
-    value = predicted_cost(forward, backward, dims, placement, d, lines)
+        placement, status, value = np.asarray(start, np.int64), "start", upper
     dual = getattr(res, "mip_dual_bound", None)
     lower = min(value, max(0.0, dual * scale)) if dual is not None and np.isfinite(dual) else 0.0
     gap = (value - lower) / value if value > 0 else 0.0

@@ -15,6 +15,7 @@ swaps, then the lowest table and device numbers). Deterministic, and never worse
 import numpy as np
 
 from autoshard.measure.commmodel import BYTES_PER_VALUE, MB, CommModel
+from autoshard.placement.sync import CommFn, predicted_stages, synchronized_cost
 
 CHUNK = 4096  # candidates scored at once (bounds the memory of one round on large tasks)
 
@@ -31,15 +32,13 @@ def comm_lines(model: CommModel, devices: int, batch_size: int, total_width: flo
     return np.array([forward, backward], dtype=float)
 
 
-def line_stages(forward: np.ndarray, backward: np.ndarray, width: np.ndarray, lines: np.ndarray) -> np.ndarray:
-    """(..., devices, 4): forward compute, forward comm, backward comm, backward compute per device."""
-    comm = np.maximum(lines[:, 0] + lines[:, 1] * width[..., None], 0.0)
-    return np.stack([forward, comm[..., 0], comm[..., 1], backward], axis=-1)
-
-
-def stage_cost(stages: np.ndarray) -> np.ndarray:
-    """The synchronized cost of (..., devices, 4) stage arrays: each stage's slowest device, summed."""
-    return stages.max(axis=-2).sum(axis=-1)
+def line_comm(lines: np.ndarray) -> CommFn:
+    """The comm of `lines` (`comm_lines`) as `sync.predicted_stages` takes it: per direction, a
+    device's ms as the line in its summed width, never below 0; widths of any shape."""
+    def comm(width: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return (np.maximum(lines[0, 0] + lines[0, 1] * width, 0.0),
+                np.maximum(lines[1, 0] + lines[1, 1] * width, 0.0))
+    return comm
 
 
 def sync_local_search(forward: np.ndarray, backward: np.ndarray, dims: np.ndarray, sizes: np.ndarray,
@@ -50,17 +49,18 @@ def sync_local_search(forward: np.ndarray, backward: np.ndarray, dims: np.ndarra
     per_table = np.column_stack([np.asarray(forward, float), np.asarray(backward, float),
                                  np.asarray(dims, float), np.asarray(sizes, float)])  # (T, 4)
     place = np.asarray(placement, np.int64).copy()
+    comm = line_comm(lines)
     for _ in range(max_rounds):
         loads = np.zeros((devices, 4))
         np.add.at(loads, place, per_table)  # forward, backward, width, bytes per device
-        stages = line_stages(loads[:, 0], loads[:, 1], loads[:, 2], lines)
-        now = float(stage_cost(stages))
+        stages = predicted_stages(loads[:, 0], loads[:, 1], loads[:, 2], comm)
+        now = float(synchronized_cost(stages))
         critical = np.flatnonzero((stages == stages.max(axis=0)).any(axis=1))
         moves = _candidates(place, critical, devices)
         best, best_cost = None, now * (1 - 1e-9)
         for start in range(0, len(moves), CHUNK):
             chunk = moves[start:start + CHUNK]
-            costs = _scores(chunk, per_table, place, loads, lines, capacity)
+            costs = _scores(chunk, per_table, place, loads, comm, capacity)
             i = int(np.argmin(costs))
             if costs[i] < best_cost:
                 best, best_cost = chunk[i], float(costs[i])
@@ -87,7 +87,7 @@ def _candidates(place: np.ndarray, critical: np.ndarray, devices: int) -> np.nda
 
 
 def _scores(moves: np.ndarray, per_table: np.ndarray, place: np.ndarray, loads: np.ndarray,
-            lines: np.ndarray, capacity: int) -> np.ndarray:
+            comm: CommFn, capacity: int) -> np.ndarray:
     """The predicted synchronized cost after each candidate (inf where a device overflows)."""
     table, device, other = moves.T
     rows = np.arange(len(moves))
@@ -98,5 +98,5 @@ def _scores(moves: np.ndarray, per_table: np.ndarray, place: np.ndarray, loads: 
     np.add.at(delta, (rows, place[table]), -gained)
     after = loads + delta
     over = ((after[..., 3] > capacity) & (delta[..., 3] > 0)).any(axis=1)
-    costs = stage_cost(line_stages(after[..., 0], after[..., 1], after[..., 2], lines))
+    costs = synchronized_cost(predicted_stages(after[..., 0], after[..., 1], after[..., 2], comm))
     return np.where(over, np.inf, costs)

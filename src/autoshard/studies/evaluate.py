@@ -25,8 +25,7 @@ from autoshard.measure.comm_store import CommTiming
 from autoshard.measure.commmodel import CommModel
 from autoshard.measure.fbgemm import OPTIMIZERS
 from autoshard.measure.timing import TimingConfig
-from autoshard.placement import surrogate
-from autoshard.placement import sync as sync_methods
+from autoshard.placement import surrogate, sync_planners
 from autoshard.placement.exact import exact_plan
 from autoshard.placement.heuristics import HEURISTICS, Infeasible, heuristic_plan
 from autoshard.placement.registry import KIND, OBJECTIVE
@@ -269,7 +268,7 @@ def planners(pool_features: pd.DataFrame, features: np.ndarray, model: CostModel
             **({"hybrid_greedy": lambda t: cost_greedy(hybrid[0], hybrid[1], [t])[0]} if hybrid else {}),
             **(surrogate.planners(single_costs, pool_features["size_bytes"].to_numpy(np.int64), milp, seed, solves)
                if single_costs is not None and milp is not None else {}),
-            **(sync_methods.planners(sync[0], sync[1], pool_features, sync[2], batch_size, milp, seed, sync_solves)
+            **(sync_planners.planners(sync[0], sync[1], pool_features, sync[2], batch_size, milp, seed, sync_solves)
                if sync else {}),
             "rl_greedy": lambda t: policy_plans(policy, model, features, [t])[0],
             "rl_best_of_n": lambda t: policy_plans(policy, model, features, [t], best_of, seed=sample_seed(t))[0],

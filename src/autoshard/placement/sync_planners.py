@@ -1,0 +1,91 @@
+"""The three sync methods as planners of a task: `sync_greedy` (`sync`), `sync_local_search` from
+its plan (`sync_search`) and `sync_milp` from that one's (`sync_milp`).
+
+Each step of a task's chain runs once: the planners share a per-task record of the inputs and
+the plans made so far (or why there is none), so the local search starts from the greedy plan
+already made and the MILP from the local search's, whatever order the planners are called in.
+"""
+
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+from autoshard.core.errors import ConfigError
+from autoshard.data.tasks import Task
+from autoshard.measure.commmodel import CommModel
+from autoshard.placement.heuristics import Infeasible
+from autoshard.placement.milp import MilpResult
+from autoshard.placement.surrogate import MilpConfig
+from autoshard.placement.sync import sync_greedy
+from autoshard.placement.sync_milp import solve_sync
+from autoshard.placement.sync_search import comm_lines, sync_local_search
+
+Inputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def planners(forward: np.ndarray, backward: np.ndarray, pool_features: pd.DataFrame, comm_model: CommModel,
+             batch_size: int, milp: MilpConfig | None = None, seed: int = 0,
+             solves: dict[str, MilpResult] | None = None) -> dict[str, Callable[[Task], np.ndarray]]:
+    """`sync_greedy`, `sync_local_search` (from its plan) and, with `milp` (its limits), `sync_milp`
+    (bounded by, and never worse than, sync_local_search's plan) over per-pool-table measured single
+    forward and backward costs, with the comm model at `batch_size`; a task with a table not
+    measured alone gets no plan (a `ConfigError` naming the tables). Each MILP solve is kept in
+    `solves` by task name when given."""
+    dims = pool_features["dim"].to_numpy(float)
+    sizes = pool_features["size_bytes"].to_numpy(np.int64)
+    done: dict[Task, dict[str, object]] = {}  # per task: step -> its result, or the error it raised
+
+    def comm(widths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return comm_model.predict_arrays(widths, batch_size)
+
+    def once(t: Task, step: str, make: Callable[[Task], object]) -> object:
+        """The result of `step` for `t`, made on the first call; its error raised again on later calls."""
+        steps = done.setdefault(t, {})
+        if step not in steps:
+            try:
+                steps[step] = make(t)
+            except (ConfigError, Infeasible) as exc:
+                steps[step] = exc
+        if isinstance(steps[step], Exception):
+            raise steps[step]
+        return steps[step]
+
+    def make_inputs(t: Task) -> Inputs:
+        ids = list(t.tables)
+        missing = [t.tables[k] for k in np.flatnonzero(np.isnan(forward[ids]) | np.isnan(backward[ids]))]
+        if missing:
+            raise ConfigError(f"task {t.name}: no single-table measurement of tables {missing}")
+        lines = comm_lines(comm_model, t.devices, batch_size, float(dims[ids].sum()))
+        return forward[ids], backward[ids], dims[ids], sizes[ids], lines
+
+    def inputs(t: Task) -> Inputs:
+        return once(t, "inputs", make_inputs)
+
+    def make_greedy(t: Task) -> np.ndarray:
+        f, b, w, s, _ = inputs(t)
+        return sync_greedy(f, b, w, s, t.devices, t.memory_bytes, comm)
+
+    def make_refined(t: Task) -> np.ndarray:
+        f, b, w, s, lines = inputs(t)
+        return sync_local_search(f, b, w, s, t.devices, t.memory_bytes, lines, once(t, "greedy", make_greedy))
+
+    def greedy(t: Task) -> np.ndarray:
+        return once(t, "greedy", make_greedy).copy()
+
+    def refined(t: Task) -> np.ndarray:
+        return once(t, "refined", make_refined).copy()
+
+    def exact(t: Task) -> np.ndarray:
+        f, b, w, s, lines = inputs(t)
+        try:
+            start = once(t, "refined", make_refined).copy()  # the MILP's plan may be its start
+        except Infeasible:
+            start = None
+        result = solve_sync(f, b, w, s, t.devices, t.memory_bytes, lines, start, time_limit=milp.time_limit_s,
+                            node_limit=milp.node_limit, seed=seed)
+        if solves is not None:
+            solves[t.name] = result
+        return result.placement
+
+    return {"sync_greedy": greedy, "sync_local_search": refined, **({"sync_milp": exact} if milp else {})}
