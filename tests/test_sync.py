@@ -202,3 +202,28 @@ def test_a_tasks_sync_chain_makes_each_plan_once(monkeypatch):
     plans = {m: place(task) for m, place in methods.items()}
     assert calls == {"sync_greedy": 1, "sync_local_search": 1}
     assert np.array_equal(methods["sync_greedy"](task), plans["sync_greedy"]) and calls["sync_greedy"] == 1
+
+
+def test_a_chained_sync_planner_reports_its_whole_chains_time(monkeypatch):
+    """A plan made from another method's cached plan still costs that plan's time: `seconds` sums the chain."""
+    import time as clock
+
+    from autoshard.placement import sync_planners
+
+    def slow(name, pause):
+        plan = getattr(sync_planners, name)
+
+        def waiting(*args, **kwargs):
+            clock.sleep(pause)
+            return plan(*args, **kwargs)
+        return waiting
+    monkeypatch.setattr(sync_planners, "sync_greedy", slow("sync_greedy", 0.05))
+    monkeypatch.setattr(sync_planners, "sync_local_search", slow("sync_local_search", 0.03))
+    features = pd.DataFrame({"dim": [8, 8, 8], "size_bytes": [1, 1, 1]})
+    methods = planners(np.array([2.0, 1.0, 3.0]), np.array([1.0, 2.0, 1.0]), features, NO_COMM, 64,
+                       MilpConfig(1000, 10.0))
+    task = Task("t", "dreamshard", "test", (0, 1, 2), 2, 10, 1.0)
+    for place in methods.values():
+        place(task)
+    greedy, refined, exact = (methods[m].seconds(task) for m in ("sync_greedy", "sync_local_search", "sync_milp"))
+    assert greedy >= 0.05 and refined >= greedy + 0.03 and exact >= refined

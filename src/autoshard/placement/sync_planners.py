@@ -4,8 +4,11 @@ its plan (`sync_search`) and `sync_milp` from that one's (`sync_milp`).
 Each step of a task's chain runs once: the planners share a per-task record of the inputs and
 the plans made so far (or why there is none), so the local search starts from the greedy plan
 already made and the MILP from the local search's, whatever order the planners are called in.
+Each step is timed once, so a planner's `seconds(task)` is its whole chain's time, reused steps
+included: what making its plan from scratch costs.
 """
 
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -35,21 +38,30 @@ def planners(forward: np.ndarray, backward: np.ndarray, pool_features: pd.DataFr
     dims = pool_features["dim"].to_numpy(float)
     sizes = pool_features["size_bytes"].to_numpy(np.int64)
     done: dict[Task, dict[str, object]] = {}  # per task: step -> its result, or the error it raised
+    elapsed: dict[Task, dict[str, float]] = {}  # per task: step -> seconds it took (its own part)
 
     def comm(widths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return comm_model.predict_arrays(widths, batch_size)
 
     def once(t: Task, step: str, make: Callable[[Task], object]) -> object:
-        """The result of `step` for `t`, made on the first call; its error raised again on later calls."""
+        """The result of `step` for `t`, made (and timed) on the first call; its error raised again
+        on later calls. Callers make the steps a step needs first, so each time is the step's own."""
         steps = done.setdefault(t, {})
         if step not in steps:
+            start = time.perf_counter()
             try:
                 steps[step] = make(t)
             except (ConfigError, Infeasible) as exc:
                 steps[step] = exc
+            elapsed.setdefault(t, {})[step] = time.perf_counter() - start
         if isinstance(steps[step], Exception):
             raise steps[step]
         return steps[step]
+
+    def chained(plan: Callable[[Task], np.ndarray], chain: tuple[str, ...]) -> Callable[[Task], np.ndarray]:
+        """`plan` with `plan.seconds(task)`: the time of every step of its chain, made now or reused."""
+        plan.seconds = lambda t: sum(elapsed.get(t, {}).get(step, 0.0) for step in chain)
+        return plan
 
     def make_inputs(t: Task) -> Inputs:
         ids = list(t.tables)
@@ -62,30 +74,32 @@ def planners(forward: np.ndarray, backward: np.ndarray, pool_features: pd.DataFr
     def inputs(t: Task) -> Inputs:
         return once(t, "inputs", make_inputs)
 
-    def make_greedy(t: Task) -> np.ndarray:
-        f, b, w, s, _ = inputs(t)
-        return sync_greedy(f, b, w, s, t.devices, t.memory_bytes, comm)
-
-    def make_refined(t: Task) -> np.ndarray:
-        f, b, w, s, lines = inputs(t)
-        return sync_local_search(f, b, w, s, t.devices, t.memory_bytes, lines, once(t, "greedy", make_greedy))
-
     def greedy(t: Task) -> np.ndarray:
-        return once(t, "greedy", make_greedy).copy()
+        f, b, w, s, _ = inputs(t)
+        return once(t, "greedy", lambda t: sync_greedy(f, b, w, s, t.devices, t.memory_bytes, comm)).copy()
 
     def refined(t: Task) -> np.ndarray:
-        return once(t, "refined", make_refined).copy()
+        begin = greedy(t)
+        f, b, w, s, lines = inputs(t)
+        return once(t, "refined", lambda t: sync_local_search(f, b, w, s, t.devices, t.memory_bytes, lines,
+                                                              begin)).copy()
 
     def exact(t: Task) -> np.ndarray:
-        f, b, w, s, lines = inputs(t)
         try:
-            start = once(t, "refined", make_refined).copy()  # the MILP's plan may be its start
+            begin = refined(t)  # the MILP's plan may be its start
         except Infeasible:
-            start = None
-        result = solve_sync(f, b, w, s, t.devices, t.memory_bytes, lines, start, time_limit=milp.time_limit_s,
-                            node_limit=milp.node_limit, seed=seed)
-        if solves is not None:
-            solves[t.name] = result
-        return result.placement
+            begin = None
+        f, b, w, s, lines = inputs(t)
 
-    return {"sync_greedy": greedy, "sync_local_search": refined, **({"sync_milp": exact} if milp else {})}
+        def solve(t: Task) -> np.ndarray:
+            result = solve_sync(f, b, w, s, t.devices, t.memory_bytes, lines, begin,
+                                time_limit=milp.time_limit_s, node_limit=milp.node_limit, seed=seed)
+            if solves is not None:
+                solves[t.name] = result
+            return result.placement
+
+        return once(t, "exact", solve)
+
+    return {"sync_greedy": chained(greedy, ("inputs", "greedy")),
+            "sync_local_search": chained(refined, ("inputs", "greedy", "refined")),
+            **({"sync_milp": chained(exact, ("inputs", "greedy", "refined", "exact"))} if milp else {})}

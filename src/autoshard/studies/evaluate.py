@@ -326,8 +326,10 @@ def not_run(method: str, task: Task, objective: Mapping[str, str] | None = None)
 def plan_all(methods: dict[str, Planner], tasks: list[Task], sizes: np.ndarray, progress: bool = True,
              objective: Mapping[str, str] | None = None) -> tuple[dict[str, list[np.ndarray | None]], pd.DataFrame]:
     """Each method's plan of each task (None: no plan), and a frame of (task, method, seconds,
-    status); timed on one thread. A method is not run where `not_run` says so (given `objective`,
-    the protocols' objectives; without it, every method runs off the small tasks). A plan that
+    status); timed on one thread (a planner with `seconds`, as the sync methods, says how long its
+    whole chain took, steps it reused from another method included). A method is not run where
+    `not_run` says so (given `objective`, the protocols' objectives; without it, every method runs
+    off the small tasks). A plan that
     breaks the memory cap is no plan (status says so): under the tight-memory protocol a failure to
     count (`studies.memory.failed_counts`), not a crash of the stage."""
     from tqdm.auto import tqdm
@@ -348,6 +350,8 @@ def plan_all(methods: dict[str, Planner], tasks: list[Task], sizes: np.ndarray, 
                     except ConfigError as exc:
                         status = f"no plan: {exc}"
                     seconds = time.perf_counter() - start
+                    if hasattr(planner, "seconds"):  # a chained planner: its whole chain, reused steps included
+                        seconds = planner.seconds(task)
                 if plan is not None and not memory_ok(task, plan, sizes):
                     plan, status = None, "no plan: its placement broke the memory cap"
                 plans[name].append(plan)
