@@ -125,3 +125,16 @@ def test_settings_follow_the_objective_and_bad_values_name_the_field(smoke_param
             config(smoke_params, **{field: value})
     with pytest.raises(ConfigError, match="evaluate.comm.rouns"):
         config(smoke_params, rouns=3)
+
+
+def test_launches_are_chunked_and_the_round_noise_is_reported(tmp_path, launches, monkeypatch):
+    """At most LAUNCH_PLACEMENTS a launch, each filed when it ends; comm_noise reads every round."""
+    monkeypatch.setattr(comm_store, "LAUNCH_PLACEMENTS", 2)
+    store = MeasurementStore(tmp_path, "space")
+    assert comm_store.comm_noise(store) == {"median_round_cv": pytest.approx(float("nan"), nan_ok=True),
+                                            "placements": 0}
+    placements = [[8 * i, 8] for i in range(1, 6)]
+    placements_comm(placements, store, 64, "cpu", TIMING, seed=0)
+    assert launches.calls == [2 * TIMING.rounds, 2 * TIMING.rounds, 1 * TIMING.rounds]
+    noise = comm_store.comm_noise(store)
+    assert noise["placements"] == 5 and noise["median_round_cv"] == 0.0, "the fake launch repeats itself exactly"

@@ -8,24 +8,30 @@ device, machine and libraries, and the measuring code. The files are the shard s
 (`measure.store.MeasurementStore`): atomic, append-only, first file by name wins, so an
 interrupted run resumes with the launches it finished.
 
-The missing placements of one device count are measured in one torchrun launch, in `rounds`
-interleaved rounds: each round times every placement once, in a seeded shuffled order, so a
-machine that drifts during the launch spreads over all of them; a rank's value is the median
-over rounds of its per-round median over runs.
+The missing placements of one device count are measured in torchrun launches of at most
+LAUNCH_PLACEMENTS, each filed when it ends, in `rounds` interleaved rounds: each round times
+every placement once, in a seeded shuffled order, so a machine that drifts during the launch
+spreads over all of them; a rank's value is the median over rounds of its per-round median over
+runs.
 """
 
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
+import numpy as np
+from tqdm.auto import tqdm
+
 from autoshard.core.digest import key, machine, source_digest
 from autoshard.core.seeding import rng
 from autoshard.measure.comm import measure_comm_many
+from autoshard.measure.interleaved import round_cv
 from autoshard.measure.store import MeasurementStore
 from autoshard.measure.timing import TimingConfig
 
 MEASURING_CODE = ("autoshard.measure.comm", "autoshard.measure.comm_store")
 SECONDS_PER_PLACEMENT_ROUND = 2.0  # the launch's timeout: a guard only (~0.1 s each on 2 CPU cores)
+LAUNCH_PLACEMENTS = 200  # placements per launch, filed when it ends: what an interruption can lose (~35 s)
 
 
 @dataclass(frozen=True)
@@ -69,8 +75,11 @@ def placements_comm(placements: Iterable[Sequence[int]], store: MeasurementStore
         if todo:
             print(f"all-to-all ({label}): {len(todo)} placements x {timing.rounds} rounds on {world} processes, "
                   f"{len(group) - len(todo)} read back", flush=True)
-            space.write(measure_rounds(list(todo.values()), batch_size, device, timing,
-                                       rng(seed, "comm", label, world)), label)
+            names = sorted(todo)
+            for start in tqdm(range(0, len(names), LAUNCH_PLACEMENTS), desc="all-to-all launches"):
+                part = names[start:start + LAUNCH_PLACEMENTS]
+                space.write(measure_rounds([todo[k] for k in part], batch_size, device, timing,
+                                           rng(seed, "comm", label, world, part[0])), label)
             known = space.read()
         out.update({k: ranks(known[k]) for k in group})
     return out
@@ -96,6 +105,20 @@ def measure_rounds(placements: Sequence[Sequence[int]], batch_size: int, device:
             "backward_ms": [statistics.median(r[1] for r in rank) for rank in ranks],
             "rounds": rounds}
     return records
+
+
+def comm_noise(store: MeasurementStore) -> dict[str, float]:
+    """How repeatable the all-to-alls measured under `store`'s space are: the median, over
+    placements, ranks and directions, of the CV of a rank's value across rounds (`round_cv`), and
+    the number of placements (NaN and 0 when none was measured)."""
+    cvs, placements = [], 0
+    folder = store.folder / "comm"
+    for space in sorted(p for p in folder.glob("*") if p.is_dir()) if folder.exists() else []:
+        for record in MeasurementStore(folder, space.name).read().values():
+            placements += 1
+            rounds = np.asarray(record["rounds"], dtype=float)  # rounds x ranks x (forward, backward)
+            cvs += [round_cv(rounds[:, r, d]) for r in range(rounds.shape[1]) for d in range(2)]
+    return {"median_round_cv": float(np.nanmedian(cvs)) if cvs else float("nan"), "placements": placements}
 
 
 def ranks(record: Mapping) -> list[tuple[float, float]]:

@@ -18,7 +18,8 @@ SYNC_REFERENCES = ("sync_greedy", "sync_local_search", "sync_milp")
 
 
 
-def measurement_quality(devices: pd.DataFrame, repeat: pd.DataFrame, targets: NoiseTargets) -> dict:
+def measurement_quality(devices: pd.DataFrame, repeat: pd.DataFrame, targets: NoiseTargets,
+                        comm: dict | None = None) -> dict:
     """How far the measurements under the results can be trusted, against the targets:
     `median_cv` (CV across interleaved rounds, median over distinct shards), `calibration_drift`
     (median over tasks of the calibration shard's largest drift), `remeasured_share` (tasks
@@ -26,7 +27,9 @@ def measurement_quality(devices: pd.DataFrame, repeat: pd.DataFrame, targets: No
     bottleneck measured in a later, separate pass), `plan_repeat_change_calibrated` (the same
     with each pass's calibration-shard time divided out: what is left once the machine's overall
     change of speed between the passes is taken away), `noise_sd` per protocol (the standard
-    deviation of one bottleneck's log measurement, for the detectable effect) and `met`."""
+    deviation of one bottleneck's log measurement, for the detectable effect), `met`, and with
+    `comm` (`measure.comm_store.comm_noise`) the measured all-to-alls' `comm_round_cv` (median CV
+    of a rank's value across rounds) and `comm_placements`."""
     shards = devices[devices["tables"] > 0].drop_duplicates(["task", "shard"])
     tasks = devices.drop_duplicates("task")
     change = repeat["relative_change"].abs()
@@ -37,6 +40,8 @@ def measurement_quality(devices: pd.DataFrame, repeat: pd.DataFrame, targets: No
            "remeasured_share": float(tasks["remeasured"].mean()), "plan_repeat_change": finite(change.median()),
            "plan_repeat_change_calibrated": finite(repeat["calibrated_change"].abs().median())
            if "calibrated_change" in repeat else None,
+           **({"comm_round_cv": finite(comm["median_round_cv"]), "comm_placements": int(comm["placements"])}
+              if comm else {}),
            "noise_sd": noise_sd, "targets": {"median_cv": targets.median_cv,
                                              "plan_repeat_change": targets.plan_repeat_change}}
     out["met"] = bool(out["median_cv"] is not None and out["median_cv"] <= targets.median_cv
@@ -71,11 +76,12 @@ def _paired_on(cost: str, ratios: pd.DataFrame, plans: dict[str, list[np.ndarray
 def paired_synchronized(ratios: pd.DataFrame, plans: dict[str, list[np.ndarray | None]], task_names: list[str],
                         noise_sd: dict[str, float | None], resamples: int, seed: int) -> dict:
     """`paired_comparisons` on each plan's synchronized-stages cost (`synchronized_ms`: the sum
-    over the four stages of the slowest device, measured compute and modelled comm) instead of
-    the slowest device's compute, against REFERENCES and SYNC_REFERENCES (the baselines that
-    optimise this cost, where they were planned). `noise_sd` is still the compute bottleneck's repeat noise: the
-    comm model adds none of its own (it is a fitted function), so the minimum detectable effect
-    is that of the compute part."""
+    over the four stages of the slowest device: measured compute, and measured or modelled comm as
+    `comm_source` says) instead of the slowest device's compute, against REFERENCES and
+    SYNC_REFERENCES (the baselines that optimise this cost, where they were planned). `noise_sd`
+    is as given, per protocol its headline's repeat noise: the synchronized cost's, measured comm
+    included, where that is the headline; elsewhere the compute bottleneck's (a comm model adds
+    no noise of its own: it is a fitted function)."""
     return _paired_on("synchronized_ms", ratios, plans, task_names, noise_sd, resamples, seed,
                       REFERENCES + SYNC_REFERENCES)
 
