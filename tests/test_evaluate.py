@@ -156,13 +156,13 @@ def test_every_method_respects_memory_on_random_tasks(world):
     check()
     for name in ("random", "cost_greedy", "cost_greedy_local_search", "hybrid_greedy", "lpt_measured", "milp",
                  "rl_greedy", "rl_best_of_n", "rl_local_search", "exact", "sync_greedy", "sync_local_search",
-                 "sync_milp", "rl_sync_greedy"):
+                 "sync_milp", "rl_sync_greedy", "rl_sync_local_search"):
         assert planned[name] > 0, f"{name} never planned: the property was never exercised"
 
 
 def test_the_sync_methods_are_planned_only_where_their_objective_ranks_the_plans():
-    assert OBJECTIVE == dict.fromkeys(("sync_greedy", "sync_local_search", "sync_milp", "rl_sync_greedy"),
-                                      "synchronized_stages")
+    assert OBJECTIVE == dict.fromkeys(("sync_greedy", "sync_local_search", "sync_milp", "rl_sync_greedy",
+                                       "rl_sync_local_search"), "synchronized_stages")
     objective = {"autoshard": "max_device", "dreamshard": "synchronized_stages", "tight": "max_device",
                  "small": "max_device"}
     tasks = [Task(f"{p}/0", p, "test", (0, 1), 2, 10, 1.0) for p in objective]

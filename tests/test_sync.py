@@ -227,3 +227,42 @@ def test_a_chained_sync_planner_reports_its_whole_chains_time(monkeypatch):
         place(task)
     greedy, refined, exact = (methods[m].seconds(task) for m in ("sync_greedy", "sync_local_search", "sync_milp"))
     assert greedy >= 0.05 and refined >= greedy + 0.03 and exact >= refined
+
+
+def test_the_speed_benchmark_times_a_cached_sync_planners_whole_chain_every_call(monkeypatch):
+    """speed.scaling gives each call a task of its own: the sync chain's cache cannot make a repeat free."""
+    from autoshard.placement import speed, sync_planners
+
+    calls = []
+    plan = sync_planners.sync_greedy
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return plan(*args, **kwargs)
+    monkeypatch.setattr(sync_planners, "sync_greedy", counted)
+    features = pd.DataFrame({"dim": [8] * 6, "size_bytes": [1] * 6})
+    methods = planners(np.arange(1.0, 7.0), np.ones(6), features, NO_COMM, 64)
+    speed.scaling({"sync_greedy": methods["sync_greedy"]}, features, [6], 2, seed=0, repeats=3, budget_s=5.0,
+                  progress=False)
+    assert len(calls) == 1 + 3, "the warm-up and every timed repeat make the plan"
+
+
+def test_the_sync_policys_plan_refined_by_the_sync_search_is_never_predicted_worse():
+    """rl_sync_local_search starts from rl_sync_greedy's plan (made once) and only improves it."""
+    from autoshard.placement.sync import placement_cost
+
+    rng = np.random.default_rng(3)
+    forward, backward = rng.uniform(0.5, 3.0, 12), rng.uniform(0.5, 3.0, 12)
+    features = pd.DataFrame({"dim": [8] * 12, "size_bytes": [1] * 12})
+    made = []
+
+    def learned(t: Task) -> np.ndarray:  # a poor policy: everything on device 0 but one table
+        made.append(t.name)
+        return np.array([0] * 11 + [1])
+    methods = planners(forward, backward, features, NO_COMM, 64, learned=learned)
+    task = Task("t", "dreamshard", "test", tuple(range(12)), 2, 100, 1.0)
+    start, refined = methods["rl_sync_greedy"](task), methods["rl_sync_local_search"](task)
+    assert made == ["t"], "the policy's plan was made more than once"
+    cost = [placement_cost(forward, backward, np.full(12, 8.0), p, 2, _zero_comm) for p in (start, refined)]
+    seconds = {m: methods[m].seconds(task) for m in ("rl_sync_greedy", "rl_sync_local_search")}
+    assert cost[1] < cost[0] and seconds["rl_sync_local_search"] >= seconds["rl_sync_greedy"]

@@ -31,7 +31,7 @@ from autoshard.core.schema import (
     read_checked,
 )
 from autoshard.placement.registry import METHODS
-from autoshard.studies.findings import SYNC_REFERENCES, verdict
+from autoshard.studies.findings import SYNC_POLICY_METHODS, SYNC_REFERENCES, verdict
 
 
 def notebook_stages(dvc_file: str | Path) -> list[tuple[str, str]]:
@@ -306,30 +306,32 @@ def compute_only(evaluate: dict) -> dict[str, dict | None]:
             for protocol, entries in evaluate.get("paired", {}).items()}
 
 
-def regime_table(evaluate: dict, method: str = "rl_greedy",
+def regime_table(evaluate: dict, method: str | tuple[str, ...] = "rl_greedy",
                  references: tuple[str, ...] = ("cost_greedy", "lpt_measured", "milp", "torchrec",
                                                 "best_heuristic"),
                  regimes: tuple[tuple[str, str, tuple[str, ...]], ...] = REGIMES) -> str:
     """Markdown: where does the RL sharder win? Per regime and protocol, `method`'s paired median
-    ratio [95% CI] against each reference with the plain answer's verdict (`findings.verdict`).
-    The compute-only regime reads `paired_max_device` (see `compute_only`), whatever objective
-    ranks the protocol's headline; an older run without it says so in a protocol's row rather
-    than show another cost's numbers under a compute-only label."""
+    ratio [95% CI] against each reference with the plain answer's verdict (`findings.verdict`);
+    several methods get a row each (a `method` column). The compute-only regime reads
+    `paired_max_device` (see `compute_only`), whatever objective ranks the protocol's headline; an
+    older run without it says so in a protocol's row rather than show another cost's numbers
+    under a compute-only label."""
+    methods = (method,) if isinstance(method, str) else method
     ranked_by = objectives(evaluate)
     rows = []
     for regime, key, protocols in regimes:
         block = compute_only(evaluate) if key == "paired_max_device" else evaluate.get(key, {})
-        for protocol in protocols:
+        for protocol, name in ((p, m) for p in protocols for m in methods):
             entries = block.get(protocol)
-            row = {"regime": regime, "protocol": protocol}
+            row = {"regime": regime, "protocol": protocol, **({"method": name} if len(methods) > 1 else {})}
             if protocol in block and entries is None:
                 rows.append(row | dict.fromkeys(references, f"n/a: ranked by {ranked_by[protocol]}; this run "
                                                             "recorded no paired_max_device"))
                 continue
-            if not entries:
+            if not entries or not any(pair.startswith(f"{name}__") for pair in entries):
                 continue
             for reference in references:
-                s = entries.get(f"{method}__vs__{reference}")
+                s = entries.get(f"{name}__vs__{reference}")
                 if not s or s["median_ratio"] is None:
                     row[reference] = "n/a"
                     continue
@@ -339,13 +341,14 @@ def regime_table(evaluate: dict, method: str = "rl_greedy",
 
 
 def sync_policy_table(evaluate: dict) -> str:
-    """Markdown: the policy trained on the synchronized-stages cost (rl_sync_greedy) against the
-    baselines that optimise that cost, on it, where it was planned (the protocols it ranks)."""
+    """Markdown: the policy trained on the synchronized-stages cost (rl_sync_greedy, and
+    rl_sync_local_search from its plan) against the baselines that optimise that cost, on it,
+    where it was planned (the protocols it ranks)."""
     protocols = tuple(protocol for protocol, entries in evaluate.get("paired_synchronized", {}).items()
                       if any(pair.startswith("rl_sync_greedy__") and s["tasks"] for pair, s in entries.items()))
     if not protocols:
         return "(rl_sync_greedy was not evaluated: no policy trained on the synchronized stages)"
-    return regime_table(evaluate, "rl_sync_greedy", (*SYNC_REFERENCES, "cost_greedy", "best_heuristic"),
+    return regime_table(evaluate, SYNC_POLICY_METHODS, (*SYNC_REFERENCES, "cost_greedy", "best_heuristic"),
                         (("synchronized stages with communication", "paired_synchronized", protocols),))
 
 

@@ -50,6 +50,9 @@ _METHODS = (
     Method("rl_sync_greedy", "rl", ("stages_model", "sync_policy", "profile"),
            summary="the policy trained on the predicted synchronized-stages cost (stage-head cost model, comm "
                    "model), greedy", objective="synchronized_stages"),
+    Method("rl_sync_local_search", "rl", ("stages_model", "sync_policy", "profile"),
+           summary="rl_sync_greedy's placement refined by sync_local_search's moves and swaps on the predicted "
+                   "synchronized-stages cost", objective="synchronized_stages"),
     Method("exact", "optimum", ("cost_model",), summary="exhaustive search under the cost model (small tasks)"),
 )
 REGISTRY: dict[str, Method] = {m.id: m for m in _METHODS}

@@ -1,5 +1,6 @@
-"""The three sync methods as planners of a task: `sync_greedy` (`sync`), `sync_local_search` from
-its plan (`sync_search`) and `sync_milp` from that one's (`sync_milp`).
+"""The sync methods as planners of a task: `sync_greedy` (`sync`), `sync_local_search` from its
+plan (`sync_search`) and `sync_milp` from that one's (`sync_milp`); given the policy trained on
+the synchronized reward, `rl_sync_greedy` and `rl_sync_local_search` (the same search from it).
 
 Each step of a task's chain runs once: the planners share a per-task record of the inputs and
 the plans made so far (or why there is none), so the local search starts from the greedy plan
@@ -29,12 +30,15 @@ Inputs = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 def planners(forward: np.ndarray, backward: np.ndarray, pool_features: pd.DataFrame, comm_model: CommModel,
              batch_size: int, milp: MilpConfig | None = None, seed: int = 0,
-             solves: dict[str, MilpResult] | None = None) -> dict[str, Callable[[Task], np.ndarray]]:
+             solves: dict[str, MilpResult] | None = None,
+             learned: Callable[[Task], np.ndarray] | None = None) -> dict[str, Callable[[Task], np.ndarray]]:
     """`sync_greedy`, `sync_local_search` (from its plan) and, with `milp` (its limits), `sync_milp`
     (bounded by, and never worse than, sync_local_search's plan) over per-pool-table measured single
     forward and backward costs, with the comm model at `batch_size`; a task with a table not
     measured alone gets no plan (a `ConfigError` naming the tables). Each MILP solve is kept in
-    `solves` by task name when given."""
+    `solves` by task name when given. With `learned` (the policy trained on the synchronized
+    reward), also `rl_sync_greedy` (its plan) and `rl_sync_local_search` (the same moves and swaps
+    from it), the RL counterparts of sync_greedy and sync_local_search."""
     dims = pool_features["dim"].to_numpy(float)
     sizes = pool_features["size_bytes"].to_numpy(np.int64)
     done: dict[Task, dict[str, object]] = {}  # per task: step -> its result, or the error it raised
@@ -100,6 +104,17 @@ def planners(forward: np.ndarray, backward: np.ndarray, pool_features: pd.DataFr
 
         return once(t, "exact", solve)
 
+    def policy(t: Task) -> np.ndarray:
+        return once(t, "policy", learned).copy()
+
+    def policy_refined(t: Task) -> np.ndarray:
+        begin = policy(t)
+        f, b, w, s, lines = inputs(t)
+        return once(t, "policy_refined", lambda t: sync_local_search(f, b, w, s, t.devices, t.memory_bytes, lines,
+                                                                     begin)).copy()
+
+    rl = {"rl_sync_greedy": chained(policy, ("policy",)),
+          "rl_sync_local_search": chained(policy_refined, ("policy", "inputs", "policy_refined"))} if learned else {}
     return {"sync_greedy": chained(greedy, ("inputs", "greedy")),
             "sync_local_search": chained(refined, ("inputs", "greedy", "refined")),
-            **({"sync_milp": chained(exact, ("inputs", "greedy", "refined", "exact"))} if milp else {})}
+            **({"sync_milp": chained(exact, ("inputs", "greedy", "refined", "exact"))} if milp else {}), **rl}

@@ -253,9 +253,12 @@ def planners(pool_features: pd.DataFrame, features: np.ndarray, model: CostModel
     ms per pool table, `placement.sync.stage_singles`, and the comm model) gives `sync_greedy`,
     `sync_local_search` and (with `milp`) `sync_milp`, whose solves go to `sync_solves`; all three
     are left out without it; `sync_policy` (the policy trained on the synchronized reward and its
-    stage-head cost model) gives `rl_sync_greedy`, left out without it."""
+    stage-head cost model), with `sync`, gives `rl_sync_greedy` and `rl_sync_local_search` (the sync
+    local search from its plan), left out without them."""
     def heuristic(name: str) -> Planner:
         return lambda t: heuristic_plan(name, pool_features, t, seed)
+
+    sync_learned = (lambda t: policy_plans(sync_policy[0], sync_policy[1], features, [t])[0]) if sync_policy else None
 
     def sample_seed(t: Task) -> int:
         return int(rng(seed, "evaluate", "best_of", t.name).integers(2**31))
@@ -268,13 +271,11 @@ def planners(pool_features: pd.DataFrame, features: np.ndarray, model: CostModel
             **({"hybrid_greedy": lambda t: cost_greedy(hybrid[0], hybrid[1], [t])[0]} if hybrid else {}),
             **(surrogate.planners(single_costs, pool_features["size_bytes"].to_numpy(np.int64), milp, seed, solves)
                if single_costs is not None and milp is not None else {}),
-            **(sync_planners.planners(sync[0], sync[1], pool_features, sync[2], batch_size, milp, seed, sync_solves)
-               if sync else {}),
+            **(sync_planners.planners(sync[0], sync[1], pool_features, sync[2], batch_size, milp, seed, sync_solves,
+                                      learned=sync_learned) if sync else {}),
             "rl_greedy": lambda t: policy_plans(policy, model, features, [t])[0],
             "rl_best_of_n": lambda t: policy_plans(policy, model, features, [t], best_of, seed=sample_seed(t))[0],
             "rl_local_search": lambda t: policy_plans(policy, model, features, [t], refine=True)[0],
-            **({"rl_sync_greedy": lambda t: policy_plans(sync_policy[0], sync_policy[1], features, [t])[0]}
-               if sync_policy else {}),
             "exact": lambda t: exact_plan(model, features, t)}
 
 
