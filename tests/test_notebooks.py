@@ -200,7 +200,11 @@ def test_evaluate_notebook(profiled, smoke_params, monkeypatch):
     assert metrics["paired_max_device"]["autoshard"] == metrics["paired"]["autoshard"], "its headline is max_device"
     assert "rl_greedy__vs__cost_greedy" in metrics["paired_max_device"]["dreamshard"], "compute only, every protocol"
     assert (plans["synchronized_ms"] >= plans["measured_ms"]).all()
-    assert set(plans["comm_source"]) <= {"measured-model", "extrapolated-model"}
+    synchronized = plans["protocol"] == "dreamshard"  # ranked by the synchronized stages: its all-to-alls measured
+    assert set(plans.loc[synchronized, "comm_source"]) == {"measured"}
+    assert set(plans.loc[~synchronized, "comm_source"]) <= {"measured-model", "extrapolated-model"}
+    assert metrics["noise"]["comm_placements"] > 0 and metrics["noise"]["comm_round_cv"] >= 0
+    assert "rl_sync_local_search__vs__sync_local_search" in metrics["paired_synchronized"]["dreamshard"]
 
 
 def test_transfer_notebook(profiled, smoke_params, monkeypatch):
