@@ -34,7 +34,7 @@ class RLConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     reward: str = "bottleneck"       # bottleneck (DreamShard) | balance (AutoShard) | synchronized (stages)
     algorithm: str = "ppo"           # ppo | a2c (one epoch, no clipping)
-    iterations: int = 250
+    iterations: int = 200
     tasks_per_batch: int = 32
     learning_rate: float = 1e-3
     epochs: int = 4
