@@ -18,7 +18,7 @@ from autoshard.measure.store import MeasurementStore
 from autoshard.measure.timing import TimingConfig
 from autoshard.pipeline.stage import select, stage_spec
 from autoshard.studies.evaluate import EvaluateConfig
-from autoshard.studies.measured import MeasuredComm, bottlenecks, plan_widths, score
+from autoshard.studies.measured import MeasuredComm, bottlenecks, device_widths, score
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING = CommTiming(rounds=2, warmup=1, runs=2)
@@ -101,7 +101,7 @@ def test_score_uses_measured_comm_for_the_protocols_asked_and_sums_stage_maxima(
     again = score(backend, pool.features, tasks, plans, cfg, store, 0, progress=False, measured_comm=asked)
     assert len(launches.calls) == launched and again.equals(devices)
     one = devices[(devices["task"] == "d/0") & (devices["method"] == "one")]
-    widths = plan_widths(pool.features, [[0, 1], [2, 3]])
+    widths = device_widths(pool.features, [[0, 1], [2, 3]])
     assert one["forward_comm_ms"].tolist() == [0.01 * w + d for d, w in enumerate(widths)]
     by_hand = sum(one[s].max() for s in STAGES)
     plan = bottlenecks(devices, {"dreamshard": "synchronized_stages", "autoshard": "max_device"}).set_index(
@@ -127,14 +127,19 @@ def test_settings_follow_the_objective_and_bad_values_name_the_field(smoke_param
         config(smoke_params, rouns=3)
 
 
-def test_launches_are_chunked_and_the_round_noise_is_reported(tmp_path, launches, monkeypatch):
-    """At most LAUNCH_PLACEMENTS a launch, each filed when it ends; comm_noise reads every round."""
+def test_launches_are_chunked_in_the_order_given_and_each_devices_round_cv_is_read_back(tmp_path, monkeypatch):
+    """At most LAUNCH_PLACEMENTS a launch, in the order given (a task's placements together), each
+    filed when it ends; rank_cvs reads each device's CV across rounds from what was filed."""
+    launched = []
+
+    def launch(placements, batch_size, device, timing, timeout_s=600):  # rank d: width x (1 + d) / 100, round-free
+        launched.append(sorted({tuple(p) for p in placements}))
+        return [[(0.01 * w * (1 + d), 0.01 * w) for d, w in enumerate(p)] for p in placements]
+    monkeypatch.setattr(comm_store, "measure_comm_many", launch)
     monkeypatch.setattr(comm_store, "LAUNCH_PLACEMENTS", 2)
     store = MeasurementStore(tmp_path, "space")
-    assert comm_store.comm_noise(store) == {"median_round_cv": pytest.approx(float("nan"), nan_ok=True),
-                                            "placements": 0}
-    placements = [[8 * i, 8] for i in range(1, 6)]
+    placements = [[40, 8], [8, 40], [24, 8], [16, 8], [32, 8]]
     placements_comm(placements, store, 64, "cpu", TIMING, seed=0)
-    assert launches.calls == [2 * TIMING.rounds, 2 * TIMING.rounds, 1 * TIMING.rounds]
-    noise = comm_store.comm_noise(store)
-    assert noise["placements"] == 5 and noise["median_round_cv"] == 0.0, "the fake launch repeats itself exactly"
+    assert launched == [sorted(map(tuple, placements[i:i + 2])) for i in (0, 2, 4)], "not chunked in the order given"
+    cvs = comm_store.rank_cvs(placements, store, 64, "cpu", TIMING)
+    assert set(cvs) == set(map(placement_key, placements)) and all(cv == [0.0, 0.0] for cv in cvs.values())

@@ -43,8 +43,10 @@ def test_measurement_quality_against_the_targets():
     assert not measurement_quality(devices(0.05), repeat(0.005), TARGETS)["met"], "a noisy shard CV fails"
     assert not measurement_quality(devices(0.01), repeat(0.02), TARGETS)["met"], "a moving plan fails"
     json.dumps(_plain(quiet), allow_nan=False)
-    with_comm = measurement_quality(devices(0.01), repeat(0.005), TARGETS, {"median_round_cv": 0.2, "placements": 7})
-    assert with_comm["comm_round_cv"] == 0.2 and with_comm["comm_placements"] == 7 and "comm_round_cv" not in quiet
+    measured = devices(0.01).assign(method="m", comm_source="measured", comm_cv=0.2)
+    with_comm = measurement_quality(measured, repeat(0.005), TARGETS)
+    assert with_comm["comm_round_cv"] == 0.2 and with_comm["comm_plans"] == measured.groupby(["task", "method"]).ngroups
+    assert "comm_round_cv" not in quiet, "no measured all-to-all, no comm noise"
 
 
 def ratios_frame(rl_factor: float, tasks: int = 12) -> tuple[pd.DataFrame, dict, list[str]]:

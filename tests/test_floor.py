@@ -38,10 +38,12 @@ def test_the_floor_on_a_hand_made_frame():
 def test_a_model_equal_to_the_remeasured_values_scores_the_floor_exactly():
     again = AGAIN.set_index(AGAIN["tables"].map(lambda t: tuple(sorted(t))))["total_ms"]
     oracle = {"re-measure": lambda shards: again.loc[list(shards["tables"])].to_numpy()}
-    floor = measurement_floor(TEST, AGAIN, oracle)
+    floor = measurement_floor(TEST, AGAIN, oracle, train=TEST)
     assert floor["mape_vs_main"]["re-measure"] == floor["pass_to_pass_mape"]
     table = floor_table(floor)
-    assert table.loc["re-measure", "vs main / floor"] == 1.0 and FLOOR_ROW in table.index
+    ratio = table["vs main / rescaled re-measurement"]
+    assert ratio[f"{FLOOR_ROW}, rescaled"] == 1.0
+    assert ratio["re-measure"] == pytest.approx(floor["pass_to_pass_mape"] / floor["pass_to_pass_mape_rescaled"])
 
 
 def test_no_shard_measured_twice_gives_nan_and_strict_json():

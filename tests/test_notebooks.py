@@ -203,7 +203,7 @@ def test_evaluate_notebook(profiled, smoke_params, monkeypatch):
     synchronized = plans["protocol"] == "dreamshard"  # ranked by the synchronized stages: its all-to-alls measured
     assert set(plans.loc[synchronized, "comm_source"]) == {"measured"}
     assert set(plans.loc[~synchronized, "comm_source"]) <= {"measured-model", "extrapolated-model"}
-    assert metrics["noise"]["comm_placements"] > 0 and metrics["noise"]["comm_round_cv"] >= 0
+    assert metrics["noise"]["comm_plans"] > 0 and metrics["noise"]["comm_round_cv"] >= 0
     assert "rl_sync_local_search__vs__sync_local_search" in metrics["paired_synchronized"]["dreamshard"]
 
 

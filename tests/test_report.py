@@ -74,8 +74,9 @@ def test_a_noisy_run_says_so_in_bold_at_the_top(tmp_path):
     noisy = quality(EVALUATE | {"noise": NOISE})
     assert noisy[0].startswith("**Measurement quality: this run is noisier than its targets")
     assert "5.00%" in noisy[0] and "target 3%" in noisy[0] and "all-to-alls" not in noisy[0]
-    measured = quality(EVALUATE | {"noise": NOISE | {"comm_round_cv": 0.21, "comm_placements": 40}})
-    assert "Measured all-to-alls (40 placements): median CV of a rank's time across rounds 21.00%" in measured[0]
+    measured = quality(EVALUATE | {"noise": NOISE | {"comm_round_cv": 0.21, "comm_plans": 40}})
+    assert ("Measured all-to-alls (40 plans): median CV of a device's all-to-all time across rounds 21.00%"
+            in measured[0])
     quiet = quality(EVALUATE | {"noise": NOISE | {"median_cv": 0.01, "plan_repeat_change": 0.005, "met": True}})
     assert quiet[0].startswith("Measurement quality: within the targets") and "**" not in quiet[0]
     assert quality(EVALUATE)[0].startswith("**The evaluate stage recorded no measurement quality")

@@ -230,7 +230,8 @@ def test_a_chained_sync_planner_reports_its_whole_chains_time(monkeypatch):
 
 
 def test_the_speed_benchmark_times_a_cached_sync_planners_whole_chain_every_call(monkeypatch):
-    """speed.scaling gives each call a task of its own: the sync chain's cache cannot make a repeat free."""
+    """speed.scaling gives every call a task of its own: neither a planner's own cache nor the greedy
+    plan sync_greedy's calls left can make a timed call of sync_local_search cheaper."""
     from autoshard.placement import speed, sync_planners
 
     calls = []
@@ -242,9 +243,9 @@ def test_the_speed_benchmark_times_a_cached_sync_planners_whole_chain_every_call
     monkeypatch.setattr(sync_planners, "sync_greedy", counted)
     features = pd.DataFrame({"dim": [8] * 6, "size_bytes": [1] * 6})
     methods = planners(np.arange(1.0, 7.0), np.ones(6), features, NO_COMM, 64)
-    speed.scaling({"sync_greedy": methods["sync_greedy"]}, features, [6], 2, seed=0, repeats=3, budget_s=5.0,
-                  progress=False)
-    assert len(calls) == 1 + 3, "the warm-up and every timed repeat make the plan"
+    speed.scaling({m: methods[m] for m in ("sync_greedy", "sync_local_search")}, features, [6], 2, seed=0,
+                  repeats=3, budget_s=5.0, progress=False)
+    assert len(calls) == 2 * (1 + 3), "the warm-up and every timed repeat of both methods make the greedy plan"
 
 
 def test_the_sync_policys_plan_refined_by_the_sync_search_is_never_predicted_worse():

@@ -75,7 +75,7 @@ def placements_comm(placements: Iterable[Sequence[int]], store: MeasurementStore
         if todo:
             print(f"all-to-all ({label}): {len(todo)} placements x {timing.rounds} rounds on {world} processes, "
                   f"{len(group) - len(todo)} read back", flush=True)
-            names = sorted(todo)
+            names = list(todo)  # in the order given (task by task): a task's placements share a launch
             for start in tqdm(range(0, len(names), LAUNCH_PLACEMENTS), desc="all-to-all launches"):
                 part = names[start:start + LAUNCH_PLACEMENTS]
                 space.write(measure_rounds([todo[k] for k in part], batch_size, device, timing,
@@ -88,7 +88,7 @@ def placements_comm(placements: Iterable[Sequence[int]], store: MeasurementStore
 def measure_rounds(placements: Sequence[Sequence[int]], batch_size: int, device: str, timing: CommTiming,
                    order) -> dict[str, dict]:
     """Store records of `placements` (one device count) measured in one launch of `timing.rounds`
-    rounds, each in an order shuffled by `order` (a numpy generator): per rank the median over
+    rounds, each in an order shuffled by `order` (a numpy generator): per device the median over
     rounds (`forward_ms`, `backward_ms`) and every round's values (`rounds`)."""
     sequence = [int(i) for _ in range(timing.rounds) for i in order.permutation(len(placements))]
     measured = measure_comm_many([placements[i] for i in sequence], batch_size, device,
@@ -99,26 +99,27 @@ def measure_rounds(placements: Sequence[Sequence[int]], batch_size: int, device:
         per[i].append([[float(f), float(b)] for f, b in values])
     records = {}
     for i, rounds in per.items():
-        ranks = list(zip(*rounds, strict=True))  # per rank: its (forward, backward) in every round
+        per_device = list(zip(*rounds, strict=True))  # per rank: its (forward, backward) in every round
         records[placement_key(placements[i])] = {
-            "forward_ms": [statistics.median(r[0] for r in rank) for rank in ranks],
-            "backward_ms": [statistics.median(r[1] for r in rank) for rank in ranks],
+            "forward_ms": [statistics.median(r[0] for r in rank) for rank in per_device],
+            "backward_ms": [statistics.median(r[1] for r in rank) for rank in per_device],
             "rounds": rounds}
     return records
 
 
-def comm_noise(store: MeasurementStore) -> dict[str, float]:
-    """How repeatable the all-to-alls measured under `store`'s space are: the median, over
-    placements, ranks and directions, of the CV of a rank's value across rounds (`round_cv`), and
-    the number of placements (NaN and 0 when none was measured)."""
-    cvs, placements = [], 0
-    folder = store.folder / "comm"
-    for space in sorted(p for p in folder.glob("*") if p.is_dir()) if folder.exists() else []:
-        for record in MeasurementStore(folder, space.name).read().values():
-            placements += 1
-            rounds = np.asarray(record["rounds"], dtype=float)  # rounds x ranks x (forward, backward)
-            cvs += [round_cv(rounds[:, r, d]) for r in range(rounds.shape[1]) for d in range(2)]
-    return {"median_round_cv": float(np.nanmedian(cvs)) if cvs else float("nan"), "placements": placements}
+def rank_cvs(placements: Iterable[Sequence[int]], store: MeasurementStore, batch_size: int, device: str,
+             timing: CommTiming) -> dict[str, list[float]]:
+    """Per placement filed by `placements_comm` (by `placement_key`), each rank's CV across rounds
+    of its forward + backward time (`round_cv`): how repeatable that measurement is."""
+    out, known = {}, {}
+    for widths in placements:
+        name, world = placement_key(widths), len(widths)
+        if name not in out:
+            if world not in known:
+                known[world] = comm_space(store, batch_size, world, timing, device).read()
+            rounds = np.asarray(known[world][name]["rounds"], dtype=float).sum(axis=2)  # rounds x ranks
+            out[name] = [round_cv(rounds[:, r]) for r in range(rounds.shape[1])]
+    return out
 
 
 def ranks(record: Mapping) -> list[tuple[float, float]]:

@@ -45,7 +45,8 @@ def _total(cost: ShardCost) -> float:
 
 
 def round_cv(totals: Sequence[float]) -> float:
-    """Coefficient of variation of a shard's totals across rounds (NaN with one round)."""
+    """Coefficient of variation of a measurement's totals across rounds (a shard's, a device's
+    all-to-all; NaN with one round)."""
     return float(np.std(totals, ddof=1) / np.mean(totals)) if len(totals) > 1 else float("nan")
 
 

@@ -157,8 +157,8 @@ def _plan_quality(evaluate: dict) -> list[str]:
              "out, i.e. without the machine's overall change of speed between the passes); "
              f"calibration drift {fmt(noise['calibration_drift'])} (median over tasks); "
              f"{fmt(noise['remeasured_share'])} of tasks measured again because the machine drifted."
-             + (f" Measured all-to-alls ({noise['comm_placements']} placements): median CV of a rank's time "
-                f"across rounds {fmt(noise['comm_round_cv'])}." if noise.get("comm_placements") else ""))
+             + (f" Measured all-to-alls ({noise['comm_plans']} plans): median CV of a device's all-to-all time "
+                f"across rounds {fmt(noise['comm_round_cv'])}." if noise.get("comm_plans") else ""))
     if noise["met"]:
         return [f"Measurement quality: within the targets. {facts}"]
     return [f"**Measurement quality: this run is noisier than its targets; a difference smaller than the noise "

@@ -57,14 +57,14 @@ def scaling(planners: dict[str, Callable[[Task], object]], features: pd.DataFram
     from tqdm.auto import tqdm
 
     rows, over = [], set()
+    calls = itertools.count()  # every call a task of its own name: no planner's per-task cache serves it
     sizes = sorted({min(int(t), len(features)) for t in tables})
     for k, n in enumerate(tqdm(sizes, desc="sharding time", disable=not progress)):
         task = synthetic_task(features, n, devices, seed)
         for name, planner in planners.items():
             if name in over:
                 continue
-            calls = itertools.count()  # each call a task of its own name: no planner's per-task cache serves it
-            seconds = median_seconds(lambda p=planner, t=task, c=calls: p(replace(t, name=f"{t.name}/{next(c)}")),
+            seconds = median_seconds(lambda p=planner, t=task: p(replace(t, name=f"{t.name}/{next(calls)}")),
                                      repeats=repeats, warmup=1 if k == 0 else 0)
             rows.append({"method": name, "tables": n, "devices": devices, "seconds": seconds})
             if seconds > budget_s:

@@ -55,7 +55,7 @@ def planners(forward: np.ndarray, backward: np.ndarray, pool_features: pd.DataFr
             start = time.perf_counter()
             try:
                 steps[step] = make(t)
-            except (ConfigError, Infeasible) as exc:
+            except ConfigError as exc:  # Infeasible too (a subclass)
                 steps[step] = exc
             elapsed.setdefault(t, {})[step] = time.perf_counter() - start
         if isinstance(steps[step], Exception):

@@ -19,8 +19,7 @@ SYNC_POLICY_METHODS = ("rl_sync_greedy", "rl_sync_local_search")  # the policy t
 
 
 
-def measurement_quality(devices: pd.DataFrame, repeat: pd.DataFrame, targets: NoiseTargets,
-                        comm: dict | None = None) -> dict:
+def measurement_quality(devices: pd.DataFrame, repeat: pd.DataFrame, targets: NoiseTargets) -> dict:
     """How far the measurements under the results can be trusted, against the targets:
     `median_cv` (CV across interleaved rounds, median over distinct shards), `calibration_drift`
     (median over tasks of the calibration shard's largest drift), `remeasured_share` (tasks
@@ -28,21 +27,20 @@ def measurement_quality(devices: pd.DataFrame, repeat: pd.DataFrame, targets: No
     bottleneck measured in a later, separate pass), `plan_repeat_change_calibrated` (the same
     with each pass's calibration-shard time divided out: what is left once the machine's overall
     change of speed between the passes is taken away), `noise_sd` per protocol (the standard
-    deviation of one bottleneck's log measurement, for the detectable effect), `met`, and with
-    `comm` (`measure.comm_store.comm_noise`) the measured all-to-alls' `comm_round_cv` (median CV
-    of a rank's value across rounds) and `comm_placements`."""
+    deviation of one bottleneck's log measurement, for the detectable effect), `met`, and where
+    plans' all-to-alls were measured, `comm_round_cv` (median over their devices of the CV of a
+    device's all-to-all time across rounds) and `comm_plans` (how many plans)."""
     shards = devices[devices["tables"] > 0].drop_duplicates(["task", "shard"])
     tasks = devices.drop_duplicates("task")
     change = repeat["relative_change"].abs()
-    log_change = np.log1p(repeat["relative_change"])
-    noise_sd = {str(p): float(g.std(ddof=1) / np.sqrt(2)) if len(g) > 1 else None
-                for p, g in log_change.groupby(repeat["protocol"])}
+    noise_sd = log_noise_sd(repeat)
+    measured = devices[devices["comm_source"] == "measured"] if "comm_cv" in devices else devices.iloc[:0]
     out = {"median_cv": finite(shards["cv"].median()), "calibration_drift": finite(tasks["drift"].median()),
            "remeasured_share": float(tasks["remeasured"].mean()), "plan_repeat_change": finite(change.median()),
            "plan_repeat_change_calibrated": finite(repeat["calibrated_change"].abs().median())
            if "calibrated_change" in repeat else None,
-           **({"comm_round_cv": finite(comm["median_round_cv"]), "comm_placements": int(comm["placements"])}
-              if comm else {}),
+           **({"comm_round_cv": finite(measured["comm_cv"].median()),
+               "comm_plans": int(measured.groupby(["task", "method"]).ngroups)} if len(measured) else {}),
            "noise_sd": noise_sd, "targets": {"median_cv": targets.median_cv,
                                              "plan_repeat_change": targets.plan_repeat_change}}
     out["met"] = bool(out["median_cv"] is not None and out["median_cv"] <= targets.median_cv
@@ -51,6 +49,14 @@ def measurement_quality(devices: pd.DataFrame, repeat: pd.DataFrame, targets: No
     return out
 
 
+
+
+def log_noise_sd(repeat: pd.DataFrame) -> dict[str, float | None]:
+    """Per protocol, the standard deviation of one measurement's log cost, from plans measured
+    twice (`stats.noise`): what the minimum detectable effect is computed from."""
+    log_change = np.log1p(repeat["relative_change"])
+    return {str(p): float(g.std(ddof=1) / np.sqrt(2)) if len(g) > 1 else None
+            for p, g in log_change.groupby(repeat["protocol"])}
 
 
 def paired_comparisons(ratios: pd.DataFrame, plans: dict[str, list[np.ndarray | None]], task_names: list[str],
@@ -91,7 +97,8 @@ def paired_max_device(ratios: pd.DataFrame, plans: dict[str, list[np.ndarray | N
                       noise_sd: dict[str, float | None], resamples: int, seed: int) -> dict:
     """`paired_comparisons` on each plan's compute bottleneck (`max_device_ms`: the slowest
     device's measured compute) for every protocol, whatever its headline objective: the same as
-    `paired` where that is max_device. `noise_sd` is as given (per protocol, its headline's)."""
+    `paired` where that is max_device. `noise_sd` should be that cost's own repeat noise
+    (`log_noise_sd` of `stats.noise(..., "max_device_ms")`)."""
     return _paired_on("max_device_ms", ratios, plans, task_names, noise_sd, resamples, seed)
 
 

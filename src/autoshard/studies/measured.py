@@ -38,7 +38,7 @@ from autoshard.measure.backends import BackendConfig
 from autoshard.measure.base import CostBackend
 from autoshard.measure.batches import BatchJob, measure_batch_job
 from autoshard.measure.comm import STAGES, analytic_comm
-from autoshard.measure.comm_store import CommTiming, placement_key, placements_comm
+from autoshard.measure.comm_store import CommTiming, placement_key, placements_comm, rank_cvs
 from autoshard.measure.commmodel import CommModel
 from autoshard.measure.interleaved import FIELDS
 from autoshard.measure.store import MeasurementStore, shard_key, store_for, values
@@ -107,7 +107,7 @@ class MeasuredComm:
         return task.protocol in self.protocols and task.devices in self.device_counts
 
 
-def plan_widths(pool_features: pd.DataFrame, shards: list[list[int]]) -> list[int]:
+def device_widths(pool_features: pd.DataFrame, shards: list[list[int]]) -> list[int]:
     """Each device's summed embedding width: all a placement's all-to-all depends on, with the batch."""
     dims = pool_features["dim"].to_numpy()
     return [int(dims[s].sum()) for s in shards]
@@ -115,17 +115,22 @@ def plan_widths(pool_features: pd.DataFrame, shards: list[list[int]]) -> list[in
 
 def measured_plans_comm(pool_features: pd.DataFrame, tasks: list[Task], plans: dict[str, list[np.ndarray | None]],
                         store: MeasurementStore, batch_size: int, device: str, seed: int, label: str,
-                        comm: MeasuredComm | None) -> dict[str, list[tuple[float, float]]]:
+                        comm: MeasuredComm | None) -> tuple[dict[str, list[tuple[float, float]]],
+                                                            dict[str, list[float]]]:
     """The measured all-to-all of every plan `comm` wants, by `placement_key` of its widths (read
-    back or measured, `measure.comm_store`); none without `comm` or in a read-only store."""
+    back or measured, `measure.comm_store`), and each device's CV across rounds (`rank_cvs`);
+    none without `comm` or in a read-only store."""
     if comm is None:
-        return {}
+        return {}, {}
     if store.foreign:
         print(f"all-to-all ({label}): {store.folder.name} is an imported space, read only: comm from the model")
-        return {}
-    widths = [plan_widths(pool_features, device_shards(task, p[i]))
+        return {}, {}
+    widths = [device_widths(pool_features, device_shards(task, p[i]))
               for i, task in enumerate(tasks) if comm.wants(task) for p in plans.values() if p[i] is not None]
-    return placements_comm(widths, store, batch_size, device, comm.timing, seed, label) if widths else {}
+    if not widths:
+        return {}, {}
+    return (placements_comm(widths, store, batch_size, device, comm.timing, seed, label),
+            rank_cvs(widths, store, batch_size, device, comm.timing))
 
 
 def plan_comm(pool_features: pd.DataFrame, shards: list[list[int]], batch_size: int, device: str,
@@ -135,7 +140,7 @@ def plan_comm(pool_features: pd.DataFrame, shards: list[list[int]], batch_size: 
     (by `placement_key` of the plan's widths) when it holds the plan ("measured"), else the comm
     model ("measured-model" at a fitted device count, "extrapolated-model" at another) or, without
     one, TorchRec's analytic estimate ("analytic")."""
-    name = placement_key(plan_widths(pool_features, shards))
+    name = placement_key(device_widths(pool_features, shards))
     if measured and name in measured:
         return list(measured[name]), "measured"
     dims = [pool_features["dim"].to_numpy()[s].tolist() for s in shards]
@@ -148,11 +153,14 @@ def plan_comm(pool_features: pd.DataFrame, shards: list[list[int]], batch_size: 
 def device_frame(pool_features: pd.DataFrame, task: Task, method: str, plan: np.ndarray,
                  costs: dict[str, list[float]], batch_size: int, device: str,
                  comm_model: CommModel | None = None,
-                 measured: Mapping[str, list[tuple[float, float]]] | None = None) -> pd.DataFrame:
+                 measured: Mapping[str, list[tuple[float, float]]] | None = None,
+                 comm_cvs: Mapping[str, list[float]] | None = None) -> pd.DataFrame:
     """One row per device of a plan: measured compute (forward, backward and their IQRs),
-    communication (see `plan_comm`; `comm_source` says which), tables and memory."""
+    communication (see `plan_comm`; `comm_source` says which; `comm_cv`, a measured all-to-all's
+    CV across rounds from `comm_cvs`, else NaN), tables and memory."""
     shards = device_shards(task, plan)
     comm, source = plan_comm(pool_features, shards, batch_size, device, comm_model, measured)
+    cvs = (comm_cvs or {}).get(placement_key(device_widths(pool_features, shards))) if source == "measured" else None
     sizes = pool_features["size_bytes"].to_numpy()
     rows = []
     for d, shard in enumerate(shards):
@@ -161,7 +169,8 @@ def device_frame(pool_features: pd.DataFrame, task: Task, method: str, plan: np.
                      "shard": shard_key(shard), "tables": len(shard), "memory_bytes": int(sizes[shard].sum()),
                      "forward_compute_ms": cost[0], "backward_compute_ms": cost[1],
                      "forward_iqr_ms": cost[2], "backward_iqr_ms": cost[3], "cv": cost[4],
-                     "forward_comm_ms": comm[d][0], "backward_comm_ms": comm[d][1], "comm_source": source})
+                     "forward_comm_ms": comm[d][0], "backward_comm_ms": comm[d][1], "comm_source": source,
+                     "comm_cv": cvs[d] if cvs else float("nan")})
     return pd.DataFrame(rows)
 
 
@@ -191,8 +200,8 @@ def score(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Task],
     store.refuse_measuring([s for job in jobs for s in job.shards], "the plans")
     torch.set_num_threads(cfg.threads)  # as the profile stage measured
     measure_batches(jobs, backend, engine, f"measuring plans{' (' + tag + ')' if tag else ''}" if progress else None)
-    comm = measured_plans_comm(pool_features, tasks, plans, store, cfg.batch_size, backend.device, seed,
-                               tag or "score", measured_comm)
+    comm, comm_cvs = measured_plans_comm(pool_features, tasks, plans, store, cfg.batch_size, backend.device, seed,
+                                         tag or "score", measured_comm)
     known = store.read()
     frames = []
     for i, task in enumerate(tasks):
@@ -201,7 +210,7 @@ def score(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Task],
         costs = {k: values(r) for k, r in records.items()}
         wanted = comm if measured_comm is not None and measured_comm.wants(task) else None
         frames += [device_frame(pool_features, task, m, p, costs, cfg.batch_size, backend.device, comm_model,
-                                wanted).assign(
+                                wanted, comm_cvs).assign(
             drift=max((r["drift"] for r in records.values()), default=0.0),
             remeasured=any(r["attempts"] > 1 for r in records.values())) for m, p in task_plans.items()]
     out = pd.concat(frames, ignore_index=True)
@@ -229,12 +238,13 @@ def synchronized(devices: pd.DataFrame, keys: Sequence[str] = ("task", "method")
 
 def bottlenecks(devices: pd.DataFrame, objective: Objective = "max_device") -> pd.DataFrame:
     """The measured bottleneck (max device compute, also in units of its batches' calibration
-    shard: `calibrated`) and the synchronized-stages cost per (task, method); `measured_ms` is the
-    one `objective` names for the task's protocol (as in `plan_frame`)."""
+    shard: `calibrated`, and as `max_device_ms`) and the synchronized-stages cost per (task,
+    method); `measured_ms` is the one `objective` names for the task's protocol (as in `plan_frame`)."""
     calibrated = {"calibrated": ("calibrated", "max")} if "calibrated" in devices else {}
     out = devices.groupby(["task", "method"], sort=False).agg(measured_ms=("compute_ms", "max"),
                                                              **calibrated).reset_index()
     out = out.merge(synchronized(devices).reset_index(), on=["task", "method"])
+    out["max_device_ms"] = out["measured_ms"]
     if isinstance(objective, str):  # one for every protocol: the frame need not name them
         _rank_by(out, pd.Series(objective_of(objective, "every protocol"), index=out.index))
     else:

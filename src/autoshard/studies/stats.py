@@ -78,11 +78,14 @@ def targets(table: pd.DataFrame, goal: Targets) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def noise(first: pd.DataFrame, again: pd.DataFrame) -> pd.DataFrame:
-    """Plans measured twice (`again` holds task, method, measured_ms of the second time): both
-    bottlenecks, the relative change, and the change of the RL plan's ratio to the heuristic's."""
-    columns = ["task", "protocol", "method", "measured_ms", *(["calibrated"] if "calibrated" in first else [])]
-    both = first[columns].merge(again, on=["task", "method"], suffixes=("", "_again"))
+def noise(first: pd.DataFrame, again: pd.DataFrame, value: str = "measured_ms") -> pd.DataFrame:
+    """Plans measured twice (`again` holds task, method and `value` of the second time): both
+    costs (`value`, the headline by default; as `measured_ms`), the relative change, and the change
+    of the RL plan's ratio to the heuristic's."""
+    calibrated = ["calibrated"] if "calibrated" in first and "calibrated" in again else []
+    first = first[["task", "protocol", "method", value, *calibrated]].rename(columns={value: "measured_ms"})
+    again = again[["task", "method", value, *calibrated]].rename(columns={value: "measured_ms"})
+    both = first.merge(again, on=["task", "method"], suffixes=("", "_again"))
     both["relative_change"] = both["measured_ms_again"] / both["measured_ms"] - 1
     if {"calibrated", "calibrated_again"} <= set(both):  # the same change with the machine's speed divided out
         both["calibrated_change"] = both["calibrated_again"] / both["calibrated"] - 1
