@@ -60,7 +60,7 @@ def test_a_real_launch_measures_placements_in_interleaved_rounds(tmp_path):
     assert all(len(r["rounds"]) == TIMING.rounds for r in records.values())
 
 
-def test_a_second_score_launches_nothing_and_the_key_covers_the_settings(tmp_path, launches):
+def test_a_second_score_launches_nothing_and_the_key_covers_the_settings(tmp_path, launches, monkeypatch):
     store = MeasurementStore(tmp_path, "space")
     placements = [[16, 48, 0, 32], [32, 32, 16, 16], [8, 8]]
     first = placements_comm(placements, store, 64, "cpu", TIMING, seed=0)
@@ -78,6 +78,8 @@ def test_a_second_score_launches_nothing_and_the_key_covers_the_settings(tmp_pat
     assert comm_space(store.tagged("again"), 64, 2, TIMING, "cpu").folder != folder
     placements_comm(placements, store.tagged("again"), 64, "cpu", TIMING, seed=0)
     assert len(launches.calls) == 5, "a tagged pass is an independent re-measurement"
+    monkeypatch.setattr(comm_store, "source_digest", lambda *modules: "other measuring code")
+    assert comm_space(store, 64, 2, TIMING, "cpu").folder != folder, "the measuring code is not in the key"
 
 
 def _plans():

@@ -306,14 +306,15 @@ def test_the_answer_names_the_objective_each_protocol_compares():
 
 
 def test_the_cost_model_section_sets_the_hybrid_against_a_re_measurement():
-    from autoshard.pipeline.report import measurement_floor
+    from autoshard.pipeline.report import floor_line
 
     floor = {"shards": 40, "pass_to_pass_mape": 0.055, "pass_to_pass_mape_rescaled": 0.05,
              "mape_vs_main": {"hybrid": 0.07, "feature-only": 0.072},
              "mape_vs_mean": {"hybrid": 0.05, "feature-only": None}}
-    line = measurement_floor({"measurement_floor": floor})
+    line = floor_line({"measurement_floor": floor})
     assert "40 seen-table test shards" in line
     assert "a re-measurement (the second pass as the prediction) 5.5% (5.0% once" in line
     assert "hybrid 7.0% (5.0% against the mean" in line and "feature-only 7.2% (n/a against" in line
     assert "a noise-free model would score about 3.5%" in line
-    assert "no floor" in measurement_floor({})
+    assert "predates" in floor_line({})
+    assert "no floor" in floor_line({"measurement_floor": floor | {"shards": 0}})

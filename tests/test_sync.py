@@ -1,5 +1,7 @@
 """The synchronized-stages objective: scoring hand-made placements, and the sync_greedy planner."""
 
+import time
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -225,8 +227,8 @@ def test_a_chained_sync_planner_reports_its_whole_chains_time(monkeypatch):
     task = Task("t", "dreamshard", "test", (0, 1, 2), 2, 10, 1.0)
     for place in methods.values():
         place(task)
-    greedy, refined, exact = (methods[m].seconds(task) for m in ("sync_greedy", "sync_local_search", "sync_milp"))
-    assert greedy >= 0.05 and refined >= greedy + 0.03 and exact >= refined
+    greedy, refined = (methods[m].seconds(task) for m in ("sync_greedy", "sync_local_search"))
+    assert greedy >= 0.05 and refined >= 0.05 + 0.03, "the local search's time left out the greedy plan it reused"
 
 
 def test_the_speed_benchmark_times_a_cached_sync_planners_whole_chain_every_call(monkeypatch):
@@ -257,13 +259,14 @@ def test_the_sync_policys_plan_refined_by_the_sync_search_is_never_predicted_wor
     features = pd.DataFrame({"dim": [8] * 12, "size_bytes": [1] * 12})
     made = []
 
-    def learned(t: Task) -> np.ndarray:  # a poor policy: everything on device 0 but one table
+    def learned(t: Task) -> np.ndarray:  # a poor, slow policy: everything on device 0 but one table
         made.append(t.name)
+        time.sleep(0.05)
         return np.array([0] * 11 + [1])
     methods = planners(forward, backward, features, NO_COMM, 64, learned=learned)
     task = Task("t", "dreamshard", "test", tuple(range(12)), 2, 100, 1.0)
     start, refined = methods["rl_sync_greedy"](task), methods["rl_sync_local_search"](task)
     assert made == ["t"], "the policy's plan was made more than once"
     cost = [placement_cost(forward, backward, np.full(12, 8.0), p, 2, _zero_comm) for p in (start, refined)]
-    seconds = {m: methods[m].seconds(task) for m in ("rl_sync_greedy", "rl_sync_local_search")}
-    assert cost[1] < cost[0] and seconds["rl_sync_local_search"] >= seconds["rl_sync_greedy"]
+    assert cost[1] < cost[0]
+    assert methods["rl_sync_local_search"].seconds(task) >= 0.05, "the reused policy plan's time was left out"

@@ -120,12 +120,14 @@ def quality(evaluate: dict, profile: dict | None = None) -> list[str]:
     return lines
 
 
-def measurement_floor(cost_model: CostModelMetrics) -> str:
+def floor_line(cost_model: CostModelMetrics) -> str:
     """Markdown: the cost models' MAPE on the seen-table test shards measured twice next to the
     pass-to-pass MAPE there (a re-measurement as the prediction), and what a noise-free model
     would score if the two passes are equally and independently noisy (that over sqrt 2)."""
-    floor = cost_model.get("measurement_floor")
-    if not floor or not floor["shards"]:
+    if "measurement_floor" not in cost_model:
+        return "This run's cost_model stage recorded no measurement floor (it predates `measurement_floor`)."
+    floor = cost_model["measurement_floor"]
+    if not floor["shards"]:
         return "The profile measured no seen-table test shard twice (`profile.collect.remeasure`): no floor."
 
     def pct(value: float | None) -> str:
@@ -412,7 +414,7 @@ def readme(reports: Path, stages: list[tuple[str, str]], budget_minutes: float |
                   "### Targets", "", targets(evaluate), ""]
     if (metrics / "cost_model.json").exists():
         lines += ["## Cost model against a re-measurement", "",
-                  measurement_floor(read_checked(metrics / "cost_model.json", CostModelMetrics)), ""]
+                  floor_line(read_checked(metrics / "cost_model.json", CostModelMetrics)), ""]
     if (metrics / "transfer.json").exists():
         transfer = read_checked(metrics / "transfer.json", TransferMetrics)
         lines += ["## Transfer: the trained policy on other task shapes, not fine-tuned", "",
