@@ -318,3 +318,13 @@ def test_the_cost_model_section_sets_the_hybrid_against_a_re_measurement():
     assert "a noise-free model would score about 3.5%" in line
     assert "predates" in floor_line({})
     assert "no floor" in floor_line({"measurement_floor": floor | {"shards": 0}})
+
+
+def test_the_regime_text_says_where_each_protocols_all_to_all_came_from():
+    from autoshard.pipeline.report import comm_sources
+
+    text = comm_sources({"comm_source": {"autoshard": "extrapolated-model", "dreamshard": "measured",
+                                         "small": "extrapolated-model"}})
+    assert text == ("the comm model extrapolated to another device count (autoshard, small); "
+                    "the all-to-all measured across one process per device (dreamshard)")
+    assert comm_sources({}) == "the all-to-all (source not recorded)"

@@ -342,6 +342,21 @@ def regime_table(evaluate: dict, method: str | tuple[str, ...] = "rl_greedy",
     return pd.DataFrame(rows).to_markdown(index=False) if rows else "(no paired comparisons)"
 
 
+COMM_SOURCES = {"measured": "the all-to-all measured across one process per device",
+                "measured-model": "the comm model at a device count it was fitted on",
+                "extrapolated-model": "the comm model extrapolated to another device count",
+                "analytic": "TorchRec's analytic all-to-all estimate"}
+
+
+def comm_sources(evaluate: dict) -> str:
+    """Where each protocol's all-to-all came from (`comm_source` in the metrics), in words."""
+    by_source: dict[str, list[str]] = {}
+    for protocol, source in evaluate.get("comm_source", {}).items():
+        by_source.setdefault(source, []).append(protocol)
+    return "; ".join(f"{COMM_SOURCES.get(source, source)} ({', '.join(protocols)})"
+                     for source, protocols in by_source.items()) or "the all-to-all (source not recorded)"
+
+
 def sync_policy_table(evaluate: dict) -> str:
     """Markdown: the policy trained on the synchronized-stages cost (rl_sync_greedy, and
     rl_sync_local_search from its plan) against the baselines that optimise that cost, on it,
@@ -401,10 +416,11 @@ def readme(reports: Path, stages: list[tuple[str, str]], budget_minutes: float |
                   "### Where does the RL sharder win?", "",
                   "rl_greedy against each reference, per regime: compute only (the slowest device's measured "
                   "compute), synchronized stages (the sum over DreamShard's four stages of the slowest device in "
-                  "each, measured compute plus the communication model), and tight memory caps.", "",
+                  f"each: measured compute plus {comm_sources(evaluate)}), and tight memory caps.", "",
                   regime_table(evaluate), "",
                   "rl_sync_greedy, the policy trained with the synchronized-stages reward (stage-head cost model "
-                  "and comm model as the simulator), on that cost against the baselines that optimise it:", "",
+                  "and comm model as the simulator), and rl_sync_local_search, its plan refined by "
+                  "sync_local_search's moves and swaps, on that cost against the baselines that optimise it:", "",
                   sync_policy_table(evaluate), "",
                   "### Paired comparisons", "", paired_table(evaluate), "",
                   "### Failed placements", "",
