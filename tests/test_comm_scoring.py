@@ -13,7 +13,7 @@ from autoshard.measure import comm_store
 from autoshard.measure.analytic import AnalyticBackend
 from autoshard.measure.backends import BackendConfig
 from autoshard.measure.comm import STAGES
-from autoshard.measure.comm_store import CommTiming, comm_space, placement_key, placements_comm
+from autoshard.measure.comm_store import CommTiming, comm_space, placement_key, placement_records, ranks
 from autoshard.measure.store import MeasurementStore
 from autoshard.measure.timing import TimingConfig
 from autoshard.pipeline.stage import select, stage_spec
@@ -22,6 +22,11 @@ from autoshard.studies.measured import MeasuredComm, bottlenecks, device_widths,
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMING = CommTiming(rounds=2, warmup=1, runs=2)
+
+
+def placements_comm(*args, **kwargs) -> dict[str, list[tuple[float, float]]]:
+    """(forward, backward) ms per device of each placement, as scoring reads them."""
+    return {name: ranks(record) for name, record in placement_records(*args, **kwargs).items()}
 
 
 def config(params: dict, **comm) -> EvaluateConfig:
@@ -54,8 +59,8 @@ def test_a_real_launch_measures_placements_in_interleaved_rounds(tmp_path):
     placements = [[16, 48], [32, 32], [64, 0]]
     out = placements_comm(placements + [[16, 48]], store, 64, "cpu", TIMING, seed=0)
     assert sorted(out) == sorted(map(placement_key, placements))
-    for ranks in out.values():
-        assert len(ranks) == 2 and all(f > 0 and b > 0 for f, b in ranks)
+    for per_device in out.values():
+        assert len(per_device) == 2 and all(f > 0 and b > 0 for f, b in per_device)
     records = comm_space(store, 64, 2, TIMING, "cpu").read()
     assert all(len(r["rounds"]) == TIMING.rounds for r in records.values())
 
@@ -141,7 +146,7 @@ def test_launches_are_chunked_in_the_order_given_and_each_devices_round_cv_is_re
     monkeypatch.setattr(comm_store, "LAUNCH_PLACEMENTS", 2)
     store = MeasurementStore(tmp_path, "space")
     placements = [[40, 8], [8, 40], [24, 8], [16, 8], [32, 8]]
-    placements_comm(placements, store, 64, "cpu", TIMING, seed=0)
+    records = placement_records(placements, store, 64, "cpu", TIMING, seed=0)
     assert launched == [sorted(map(tuple, placements[i:i + 2])) for i in (0, 2, 4)], "not chunked in the order given"
-    cvs = comm_store.rank_cvs(placements, store, 64, "cpu", TIMING)
-    assert set(cvs) == set(map(placement_key, placements)) and all(cv == [0.0, 0.0] for cv in cvs.values())
+    assert set(records) == set(map(placement_key, placements))
+    assert all(comm_store.rank_cvs(r) == [0.0, 0.0] for r in records.values()), "the fake launch repeats itself"

@@ -58,11 +58,11 @@ def comm_space(store: MeasurementStore, batch_size: int, world: int, timing: Com
         source_digest(*MEASURING_CODE)))
 
 
-def placements_comm(placements: Iterable[Sequence[int]], store: MeasurementStore, batch_size: int, device: str,
-                  timing: CommTiming, seed: int, label: str = "score") -> dict[str, list[tuple[float, float]]]:
-    """(forward, backward) ms per device of every placement (each device's summed width), by
-    `placement_key`: read where filed under `store`'s space, else measured, one launch per device
-    count, and filed. `label` says who measured (and seeds the rounds' orders)."""
+def placement_records(placements: Iterable[Sequence[int]], store: MeasurementStore, batch_size: int, device: str,
+                      timing: CommTiming, seed: int, label: str = "score") -> dict[str, dict]:
+    """The store record of every placement (each device's summed width), by `placement_key`: read
+    where filed under `store`'s space, else measured, in launches of at most LAUNCH_PLACEMENTS per
+    device count, and filed. `label` says who measured (and seeds the rounds' orders)."""
     distinct = {placement_key(p): [int(w) for w in p] for p in placements}
     by_world: dict[int, dict[str, list[int]]] = {}
     for name, widths in distinct.items():
@@ -81,7 +81,7 @@ def placements_comm(placements: Iterable[Sequence[int]], store: MeasurementStore
                 space.write(measure_rounds([todo[k] for k in part], batch_size, device, timing,
                                            rng(seed, "comm", label, world, part[0])), label)
             known = space.read()
-        out.update({k: ranks(known[k]) for k in group})
+        out.update({k: known[k] for k in group})
     return out
 
 
@@ -107,19 +107,11 @@ def measure_rounds(placements: Sequence[Sequence[int]], batch_size: int, device:
     return records
 
 
-def rank_cvs(placements: Iterable[Sequence[int]], store: MeasurementStore, batch_size: int, device: str,
-             timing: CommTiming) -> dict[str, list[float]]:
-    """Per placement filed by `placements_comm` (by `placement_key`), each rank's CV across rounds
-    of its forward + backward time (`round_cv`): how repeatable that measurement is."""
-    out, known = {}, {}
-    for widths in placements:
-        name, world = placement_key(widths), len(widths)
-        if name not in out:
-            if world not in known:
-                known[world] = comm_space(store, batch_size, world, timing, device).read()
-            rounds = np.asarray(known[world][name]["rounds"], dtype=float).sum(axis=2)  # rounds x ranks
-            out[name] = [round_cv(rounds[:, r]) for r in range(rounds.shape[1])]
-    return out
+def rank_cvs(record: Mapping) -> list[float]:
+    """A record's CV across rounds of each device's forward + backward time (`round_cv`): how
+    repeatable that measurement is."""
+    rounds = np.asarray(record["rounds"], dtype=float).sum(axis=2)  # rounds x devices: forward + backward
+    return [round_cv(rounds[:, d]) for d in range(rounds.shape[1])]
 
 
 def ranks(record: Mapping) -> list[tuple[float, float]]:

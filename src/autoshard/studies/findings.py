@@ -61,23 +61,16 @@ def log_noise_sd(repeat: pd.DataFrame) -> dict[str, float | None]:
 
 def paired_comparisons(ratios: pd.DataFrame, plans: dict[str, list[np.ndarray | None]], task_names: list[str],
                        noise_sd: dict[str, float | None], resamples: int, seed: int,
-                       references: tuple[str, ...] = REFERENCES) -> dict:
+                       references: tuple[str, ...] = REFERENCES, value: str = "measured_ms") -> dict:
     """`paired.all_pairs` of every method against each of `references` (the best heuristic by
-    measurement per task among them), stratified by unseen ratio, per protocol."""
+    measurement per task among them), stratified by unseen ratio, per protocol, on the column
+    `value` of `ratios` (the headline `measured_ms` by default)."""
     index = {name: i for i, name in enumerate(task_names)}
-    frame = ratios[["task", "protocol", "method", "measured_ms", "unseen_ratio"]].copy()
+    frame = ratios[["task", "protocol", "method", value, "unseen_ratio"]].copy()
     frame["placement"] = [plans[m][index[t]] for t, m in zip(frame["task"], frame["method"], strict=True)]
-    frame = paired.with_best(frame, ids("heuristic"), "best_heuristic")
-    return paired.all_pairs(frame, references, strata="unseen_ratio", noise_sd=noise_sd, resamples=resamples,
-                            seed=seed)
-
-
-def _paired_on(cost: str, ratios: pd.DataFrame, plans: dict[str, list[np.ndarray | None]], task_names: list[str],
-               noise_sd: dict[str, float | None], resamples: int, seed: int,
-               references: tuple[str, ...] = REFERENCES) -> dict:
-    """`paired_comparisons` on the column `cost` of `ratios` instead of the headline `measured_ms`."""
-    return paired_comparisons(ratios.assign(measured_ms=ratios[cost]), plans, task_names, noise_sd, resamples, seed,
-                              references)
+    frame = paired.with_best(frame, ids("heuristic"), "best_heuristic", value=value)
+    return paired.all_pairs(frame, references, value=value, strata="unseen_ratio", noise_sd=noise_sd,
+                            resamples=resamples, seed=seed)
 
 
 def paired_synchronized(ratios: pd.DataFrame, plans: dict[str, list[np.ndarray | None]], task_names: list[str],
@@ -89,8 +82,8 @@ def paired_synchronized(ratios: pd.DataFrame, plans: dict[str, list[np.ndarray |
     is as given, per protocol its headline's repeat noise: the synchronized cost's, measured comm
     included, where that is the headline; elsewhere the compute bottleneck's (a comm model adds
     no noise of its own: it is a fitted function)."""
-    return _paired_on("synchronized_ms", ratios, plans, task_names, noise_sd, resamples, seed,
-                      REFERENCES + SYNC_REFERENCES)
+    return paired_comparisons(ratios, plans, task_names, noise_sd, resamples, seed, REFERENCES + SYNC_REFERENCES,
+                              value="synchronized_ms")
 
 
 def paired_max_device(ratios: pd.DataFrame, plans: dict[str, list[np.ndarray | None]], task_names: list[str],
@@ -99,7 +92,7 @@ def paired_max_device(ratios: pd.DataFrame, plans: dict[str, list[np.ndarray | N
     device's measured compute) for every protocol, whatever its headline objective: the same as
     `paired` where that is max_device. `noise_sd` should be that cost's own repeat noise
     (`log_noise_sd` of `stats.noise(..., "max_device_ms")`)."""
-    return _paired_on("max_device_ms", ratios, plans, task_names, noise_sd, resamples, seed)
+    return paired_comparisons(ratios, plans, task_names, noise_sd, resamples, seed, value="max_device_ms")
 
 
 def paired_frame(pairs: dict, methods: tuple[str, ...], references: tuple[str, ...] = REFERENCES) -> pd.DataFrame:

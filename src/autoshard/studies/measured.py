@@ -38,7 +38,7 @@ from autoshard.measure.backends import BackendConfig
 from autoshard.measure.base import CostBackend
 from autoshard.measure.batches import BatchJob, measure_batch_job
 from autoshard.measure.comm import STAGES, analytic_comm
-from autoshard.measure.comm_store import CommTiming, placement_key, placements_comm, rank_cvs
+from autoshard.measure.comm_store import CommTiming, placement_key, placement_records, rank_cvs, ranks
 from autoshard.measure.commmodel import CommModel
 from autoshard.measure.interleaved import FIELDS
 from autoshard.measure.store import MeasurementStore, shard_key, store_for, values
@@ -129,8 +129,8 @@ def measured_plans_comm(pool_features: pd.DataFrame, tasks: list[Task], plans: d
               for i, task in enumerate(tasks) if comm.wants(task) for p in plans.values() if p[i] is not None]
     if not widths:
         return {}, {}
-    return (placements_comm(widths, store, batch_size, device, comm.timing, seed, label),
-            rank_cvs(widths, store, batch_size, device, comm.timing))
+    records = placement_records(widths, store, batch_size, device, comm.timing, seed, label)
+    return ({k: ranks(r) for k, r in records.items()}, {k: rank_cvs(r) for k, r in records.items()})
 
 
 def plan_comm(pool_features: pd.DataFrame, shards: list[list[int]], batch_size: int, device: str,
