@@ -283,7 +283,8 @@ def test_stage_times_are_set_against_the_budget(tmp_path):
     stages = notebook_stages(dvc_file)
     total = sum(read_metrics(reports / "metrics" / f"{s}.json")["seconds"] for s, _ in stages
                 if (reports / "metrics" / f"{s}.json").exists())
-    assert total > 0 and "within the study's budget of" in stage_times(reports / "metrics", stages, total / 60 + 1)
+    within = stage_times(reports / "metrics", stages, total / 60 + 1)
+    assert total > 0 and "within the study's budget of" in within and "if they fit in the 1.0 min left" in within
     assert "**over** the study's budget" in stage_times(reports / "metrics", stages, total / 60 / 2)
     assert "budget" not in stage_times(reports / "metrics", stages)
 

@@ -262,8 +262,11 @@ def stage_times(metrics_dir: Path, stages: list[tuple[str, str]], budget_minutes
     if budget_minutes is None or not rows:
         return table
     verdict = "within" if total <= budget_minutes * 60 else "**over**"
+    left = (f" The whole `make repro` also spends DVC's own time and the kernels' start-up, which this sum leaves "
+            f"out: it meets the budget only if they fit in the {budget_minutes - total / 60:.1f} min left."
+            if total <= budget_minutes * 60 else "")
     return (f"{table}\n\nAll notebook stages together: {total / 60:.1f} min, {verdict} the study's budget of "
-            f"{budget_minutes:g} min (`budget_minutes`: `make repro` from a fresh clone on 2 idle cores).")
+            f"{budget_minutes:g} min (`budget_minutes`: `make repro` from a fresh clone on 2 idle cores).{left}")
 
 
 def environment() -> dict[str, str]:
