@@ -31,7 +31,7 @@ from autoshard.core.schema import (
     read_checked,
 )
 from autoshard.placement.registry import METHODS
-from autoshard.studies.findings import SYNC_POLICY_METHODS, SYNC_REFERENCES, verdict
+from autoshard.studies.findings import SYNC_POLICY_METHODS, SYNC_REFERENCES, sync_policy_protocols, verdict
 
 
 def notebook_stages(dvc_file: str | Path) -> list[tuple[str, str]]:
@@ -120,6 +120,11 @@ def quality(evaluate: dict, profile: dict | None = None) -> list[str]:
     return lines
 
 
+def percent(value: float | None, digits: int = 1) -> str:
+    """`value` (a fraction) as a percentage with `digits` decimals, "n/a" when there is none."""
+    return "n/a" if value is None else f"{value:.{digits}%}"
+
+
 def floor_line(cost_model: CostModelMetrics) -> str:
     """Markdown: the cost models' MAPE on the seen-table test shards measured twice next to the
     pass-to-pass MAPE there (a re-measurement as the prediction), and what a noise-free model
@@ -130,17 +135,14 @@ def floor_line(cost_model: CostModelMetrics) -> str:
     if not floor["shards"]:
         return "The profile measured no seen-table test shard twice (`profile.collect.remeasure`): no floor."
 
-    def pct(value: float | None) -> str:
-        return "n/a" if value is None else f"{value:.1%}"
-
     rescaled = floor.get("pass_to_pass_mape_rescaled")
     base = rescaled if rescaled is not None else floor["pass_to_pass_mape"]
-    models = "; ".join(f"{name} {pct(value)} ({pct(floor['mape_vs_mean'].get(name))} against the mean of the "
+    models = "; ".join(f"{name} {percent(value)} ({percent(floor['mape_vs_mean'].get(name))} against the mean of the "
                        "two passes)" for name, value in floor["mape_vs_main"].items())
     return (f"On the {floor['shards']} seen-table test shards measured in both profile passes, MAPE against the "
-            f"main pass: a re-measurement (the second pass as the prediction) {pct(floor['pass_to_pass_mape'])} "
-            f"({pct(rescaled)} once the passes' overall change of speed is divided out); a noise-free model would "
-            f"score about {pct(None if base is None else base / 2**0.5)} if the two passes are equally and "
+            f"main pass: a re-measurement (the second pass as the prediction) {percent(floor['pass_to_pass_mape'])} "
+            f"({percent(rescaled)} once the passes' overall change of speed is divided out); a noise-free model would "
+            f"score about {percent(None if base is None else base / 2**0.5)} if the two passes are equally and "
             f"independently noisy, and none can be shown better; {models}.")
 
 
@@ -149,18 +151,15 @@ def _plan_quality(evaluate: dict) -> list[str]:
     if not noise:
         return ["**The evaluate stage recorded no measurement quality: do not trust these numbers.**"]
 
-    def fmt(value: float | None) -> str:
-        return "n/a" if value is None else f"{value:.2%}"
-
-    facts = (f"median CV of a shard across interleaved rounds {fmt(noise['median_cv'])} (target "
+    facts = (f"median CV of a shard across interleaved rounds {percent(noise['median_cv'], 2)} (target "
              f"{noise['targets']['median_cv']:.0%}); a plan measured again in a separate pass moved "
-             f"{fmt(noise['plan_repeat_change'])} (median, target {noise['targets']['plan_repeat_change']:.0%}; "
-             f"{fmt(noise.get('plan_repeat_change_calibrated'))} once each pass's calibration-shard time is divided "
-             "out, i.e. without the machine's overall change of speed between the passes); "
-             f"calibration drift {fmt(noise['calibration_drift'])} (median over tasks); "
-             f"{fmt(noise['remeasured_share'])} of tasks measured again because the machine drifted."
+             f"{percent(noise['plan_repeat_change'], 2)} (median, target {noise['targets']['plan_repeat_change']:.0%}; "
+             f"{percent(noise.get('plan_repeat_change_calibrated'), 2)} once each pass's calibration-shard time is "
+             "divided out, i.e. without the machine's overall change of speed between the passes); "
+             f"calibration drift {percent(noise['calibration_drift'], 2)} (median over tasks); "
+             f"{percent(noise['remeasured_share'], 2)} of tasks measured again because the machine drifted."
              + (f" Measured all-to-alls ({noise['comm_plans']} plans): median CV of a device's all-to-all time "
-                f"across rounds {fmt(noise['comm_round_cv'])}." if noise.get("comm_plans") else ""))
+                f"across rounds {percent(noise['comm_round_cv'], 2)}." if noise.get("comm_plans") else ""))
     if noise["met"]:
         return [f"Measurement quality: within the targets. {facts}"]
     return [f"**Measurement quality: this run is noisier than its targets; a difference smaller than the noise "
@@ -364,8 +363,7 @@ def sync_policy_table(evaluate: dict) -> str:
     """Markdown: the policy trained on the synchronized-stages cost (rl_sync_greedy, and
     rl_sync_local_search from its plan) against the baselines that optimise that cost, on it,
     where it was planned (the protocols it ranks)."""
-    protocols = tuple(protocol for protocol, entries in evaluate.get("paired_synchronized", {}).items()
-                      if any(pair.startswith("rl_sync_greedy__") and s["tasks"] for pair, s in entries.items()))
+    protocols = sync_policy_protocols(evaluate.get("paired_synchronized", {}))
     if not protocols:
         return "(rl_sync_greedy was not evaluated: no policy trained on the synchronized stages)"
     return regime_table(evaluate, SYNC_POLICY_METHODS, (*SYNC_REFERENCES, "cost_greedy", "best_heuristic"),

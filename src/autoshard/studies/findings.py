@@ -18,7 +18,6 @@ SYNC_REFERENCES = ("sync_greedy", "sync_local_search", "sync_milp")
 SYNC_POLICY_METHODS = ("rl_sync_greedy", "rl_sync_local_search")  # the policy trained on the synchronized stages
 
 
-
 def measurement_quality(devices: pd.DataFrame, repeat: pd.DataFrame, targets: NoiseTargets) -> dict:
     """How far the measurements under the results can be trusted, against the targets:
     `median_cv` (CV across interleaved rounds, median over distinct shards), `calibration_drift`
@@ -47,8 +46,6 @@ def measurement_quality(devices: pd.DataFrame, repeat: pd.DataFrame, targets: No
                       and out["plan_repeat_change"] is not None
                       and out["plan_repeat_change"] <= targets.plan_repeat_change)
     return out
-
-
 
 
 def log_noise_sd(repeat: pd.DataFrame) -> dict[str, float | None]:
@@ -107,7 +104,6 @@ def paired_frame(pairs: dict, methods: tuple[str, ...], references: tuple[str, .
     return pd.DataFrame(rows)
 
 
-
 def plain_answer(pairs: dict, quality: dict,
                  methods: tuple[str, ...] = ("rl_greedy", "rl_local_search", "hybrid_greedy"),
                  references: tuple[str, ...] = ("cost_greedy", "lpt_measured", "milp", "torchrec",
@@ -145,14 +141,18 @@ def plain_answer(pairs: dict, quality: dict,
     return lines
 
 
+def sync_policy_protocols(pairs_sync: dict) -> tuple[str, ...]:
+    """The protocols of `paired_synchronized` where rl_sync_greedy was planned (has compared tasks)."""
+    return tuple(protocol for protocol, entries in pairs_sync.items()
+                 if any(pair.startswith("rl_sync_greedy__") and s["tasks"] for pair, s in entries.items()))
+
 
 def synchronized_answer(pairs_sync: dict, quality: dict) -> list[str]:
     """The plain answer on the synchronized-stages cost (`paired_synchronized`) for the question of
     issue 16: does the policy trained on that cost (rl_sync_greedy, rl_sync_local_search), or the main one, beat the
     baselines that optimise it? Only on the protocols where rl_sync_greedy was planned (those the
     synchronized stages rank)."""
-    planned = {protocol: entries for protocol, entries in pairs_sync.items()
-               if any(pair.startswith("rl_sync_greedy__") and s["tasks"] for pair, s in entries.items())}
+    planned = {protocol: pairs_sync[protocol] for protocol in sync_policy_protocols(pairs_sync)}
     return plain_answer(planned, quality, (*SYNC_POLICY_METHODS, "rl_greedy"),
                         (*SYNC_REFERENCES, "cost_greedy", "best_heuristic"), regime="synchronized stages")
 
@@ -169,7 +169,6 @@ def verdict(s: dict) -> str:
     return "ties with"
 
 
-
 def per_task_ratios(ratios: pd.DataFrame, pairs: list[tuple[str, str]]) -> pd.DataFrame:
     """Per task and (method, reference) pair, the measured bottleneck ratio: what the paired
     statistics summarise, for a figure of every task's difference."""
@@ -179,7 +178,6 @@ def per_task_ratios(ratios: pd.DataFrame, pairs: list[tuple[str, str]]) -> pd.Da
     rows = [pd.DataFrame({"pair": f"{m} / {r}", "ratio": table[m] / table[r]}).reset_index()
             for m, r in pairs if m in table and r in table]
     return pd.concat(rows, ignore_index=True).dropna(subset=["ratio"])
-
 
 
 def replicate_summary(ratios: pd.DataFrame, replicates: list[pd.DataFrame],
