@@ -59,12 +59,6 @@ def honest_limit(device: str = "cpu") -> int:
     return os.cpu_count() or 1
 
 
-def honest_device_counts(device_counts: Sequence[int], device: str = "cpu") -> list[int]:
-    """The device counts of `device_counts` that `device` measures honestly (see `honest_limit`)."""
-    limit = honest_limit(device)
-    return [int(w) for w in device_counts if int(w) <= limit]
-
-
 def measure_comm(dims_per_device: Sequence[Sequence[int]], batch_size: int, device: str = "cpu",
                  timing: TimingConfig = DEFAULT_TIMING, timeout_s: float = 600) -> list[tuple[float, float]]:
     """(forward, backward) all-to-all ms per device, measured across D torchrun processes."""

@@ -13,13 +13,13 @@ names at a device count it names get their whole placement's all-to-all measured
 training ("measured"; `measure.comm_store`: one torchrun launch per device count, filed beside
 the shards, so a second score launches nothing), or "measured-oversubscribed" at a device count
 above `measure.comm.honest_limit` (more ranks than cores or GPUs: the times mostly measure
-scheduling). Every other plan, or every plan when the store
-is an imported read-only space, gets the comm model the profile stage fitted on measured
-all-to-alls (`measure.commmodel`), at a device count it was measured at ("measured-model") or
-extrapolated across device counts ("extrapolated-model"); without a model, TorchRec's analytic
-estimate ("analytic"). Column `comm_source` says which. Each plan is scored two ways: the
-slowest device's compute (`measured_ms`) and DreamShard's synchronized stages, the sum over the
-four stages of the slowest device in each (`synchronized_ms`, see `measure.comm.synchronized_ms`).
+scheduling). Every other plan, or every plan when the store is an imported read-only space,
+gets the comm model the profile stage fitted on measured all-to-alls (`measure.commmodel`), at
+a device count it was measured at ("measured-model") or extrapolated across device counts
+("extrapolated-model"); without a model, TorchRec's analytic estimate ("analytic"). Column
+`comm_source` says which. Each plan is scored two ways: the slowest device's compute
+(`measured_ms`) and DreamShard's synchronized stages, the sum over the four stages of the
+slowest device in each (`synchronized_ms`, see `measure.comm.synchronized_ms`).
 """
 
 from collections.abc import Mapping, Sequence
