@@ -17,6 +17,7 @@ from autoshard.measure.comm_store import CommTiming, comm_space, placement_key, 
 from autoshard.measure.store import MeasurementStore
 from autoshard.measure.timing import TimingConfig
 from autoshard.pipeline.stage import select, stage_spec
+from autoshard.studies import measured
 from autoshard.studies.evaluate import EvaluateConfig
 from autoshard.studies.measured import MeasuredComm, bottlenecks, device_widths, score
 
@@ -94,7 +95,9 @@ def _plans():
     return [dreamshard, autoshard], plans
 
 
-def test_score_uses_measured_comm_for_the_protocols_asked_and_sums_stage_maxima(tmp_path, pool, launches):
+def test_score_uses_measured_comm_for_the_protocols_asked_and_sums_stage_maxima(tmp_path, pool, launches,
+                                                                                  monkeypatch):
+    monkeypatch.setattr(measured, "honest_limit", lambda device: 2)  # 2 ranks, one per core
     tasks, plans = _plans()
     backend = AnalyticBackend(pool)
     cfg = BackendConfig(backend="analytic", device="cpu", optimizer="EXACT_SGD", batch_size=64, threads=1,
@@ -120,6 +123,20 @@ def test_score_uses_measured_comm_for_the_protocols_asked_and_sums_stage_maxima(
     foreign = MeasurementStore(tmp_path, "space", foreign=True)
     read_only = score(backend, pool.features, tasks, plans, cfg, foreign, 0, progress=False, measured_comm=asked)
     assert set(read_only["comm_source"]) == {"analytic"} and len(launches.calls) == launched
+
+
+def test_a_measurement_with_more_ranks_than_cores_is_labelled_oversubscribed(tmp_path, pool, launches, monkeypatch):
+    monkeypatch.setattr(measured, "honest_limit", lambda device: 1)  # 2 ranks on 1 core
+    tasks, plans = _plans()
+    cfg = BackendConfig(backend="analytic", device="cpu", optimizer="EXACT_SGD", batch_size=64, threads=1,
+                        timing=TimingConfig(rounds=1), memory_limit_bytes=2**30)
+    asked = MeasuredComm(timing=TIMING, device_counts=(2,), protocols=("dreamshard",))
+    devices = score(AnalyticBackend(pool), pool.features, tasks, plans, cfg, MeasurementStore(tmp_path, "space"), 0,
+                    progress=False, measured_comm=asked)
+    dreamshard = devices[devices["protocol"] == "dreamshard"]
+    assert set(dreamshard["comm_source"]) == {"measured-oversubscribed"}
+    assert dreamshard["comm_cv"].notna().all(), "an oversubscribed measurement keeps its CV across rounds"
+    assert set(devices.loc[devices["protocol"] == "autoshard", "comm_source"]) == {"analytic"}
 
 
 def test_settings_follow_the_objective_and_bad_values_name_the_field(smoke_params):

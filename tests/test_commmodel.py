@@ -80,3 +80,48 @@ def test_predict_arrays_agrees_with_the_row_prediction():
         rows = pd.DataFrame([{"world": len(widths), "direction": k, "sent_mb": m[k][0], "received_mb": m[k][1]}
                              for m in traffic(widths, 1024) for k in ("forward", "backward")])
         assert np.allclose(model.predict_rows(rows), np.ravel(model.predict(widths, 1024)))
+
+
+def test_honest_limit_is_the_cpus_this_process_may_use_or_the_gpus(monkeypatch):
+    from autoshard.measure import comm
+
+    monkeypatch.setattr(comm.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(comm.os, "cpu_count", lambda: 64)
+    assert comm.honest_limit("cpu") == 2, "the affinity, not the machine's CPU count"
+    monkeypatch.delattr(comm.os, "sched_getaffinity")
+    assert comm.honest_limit("cpu") == 64
+    monkeypatch.setattr(comm.torch.cuda, "device_count", lambda: 4)
+    assert comm.honest_limit("cuda") == 4
+
+
+def _held_out(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows with every fourth placement held out and 4-device times noisy (as when oversubscribed)."""
+    noise = np.where(rows["world"] == 4, np.random.default_rng(0).uniform(0.5, 1.5, len(rows)), 1.0)
+    return rows.assign(ms=rows["ms"] * noise, heldout=rows["placement"] % 4 == 0)
+
+
+def test_target_is_judged_on_the_honest_counts_only():
+    from autoshard.measure.commmodel import heldout_metrics
+
+    rows = _held_out(_synthetic(0))
+    model = fit_comm_model(rows[~rows["heldout"]])
+    metrics = heldout_metrics(model, rows, 2, 0.10)
+    assert metrics["honest_device_counts"] == [2] and metrics["honest_limit"] == 2
+    assert metrics["mape_heldout_honest"] < 1e-9 < 0.10 < metrics["mape_heldout_by_world"]["4"]
+    assert metrics["mape_heldout"] > 0.10, "pooled over both counts the noisy one misses the target ..."
+    assert metrics["mape_target_met"] is True and metrics["mape_target_note"] is None, "... the honest one meets it"
+    both = heldout_metrics(model, rows, 4, 0.10)
+    assert both["honest_device_counts"] == [2, 4] and both["mape_target_met"] is False
+    assert both["mape_heldout_honest"] == pytest.approx(both["mape_heldout"])
+
+
+def test_no_honest_count_misses_the_target_and_says_why():
+    from autoshard.core.schema import CommMetrics, check
+    from autoshard.measure.commmodel import heldout_metrics
+
+    rows = _held_out(_synthetic(0))
+    metrics = heldout_metrics(fit_comm_model(rows[~rows["heldout"]]), rows, 1, 0.10)
+    assert metrics["honest_device_counts"] == [] and metrics["mape_heldout_honest"] is None
+    assert metrics["mape_target_met"] is False and "oversubscribed" in metrics["mape_target_note"]
+    doc = {"placements": 12, "device_counts": [2, 4], "batch_size": 1024, "heldout_share": 0.25} | metrics
+    assert check(doc, CommMetrics, "profile.json")["mape_target_note"] == metrics["mape_target_note"]

@@ -113,6 +113,7 @@ def test_profile_notebook(profiled, smoke_params):
     assert metrics["harness_check"]["forward"]["fbgemm_harness_ms"] > 0
     assert metrics["comm_measured_processes"] == 2
     assert metrics["comm"]["device_counts"] == [2] and 0 <= metrics["comm"]["mape_heldout"] < 10
+    assert {"honest_device_counts", "mape_heldout_honest"} <= set(metrics["comm"]), "the target's counts recorded"
     comm = pd.read_parquet(tmp_path / "data" / "profile" / "comm.parquet")
     assert len(comm) == smoke_params["profile"]["comm"]["placements"] * 2 * 2 and (comm["ms"] > 0).all()
     assert CommModel.load(tmp_path / "data" / "profile" / "comm_model.json").source(2) == "measured-model"

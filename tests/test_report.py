@@ -329,3 +329,51 @@ def test_the_regime_text_says_where_each_protocols_all_to_all_came_from():
     assert text == ("the comm model extrapolated to another device count (autoshard, small); "
                     "the all-to-all measured across one process per device (dreamshard)")
     assert comm_sources({}) == "the all-to-all (source not recorded)"
+
+
+COMM = {"placements": 40, "device_counts": [2, 4], "batch_size": 2048, "heldout_share": 0.25,
+        "mape_heldout": 0.107, "mape_heldout_by_world": {"2": 0.085, "4": 0.118}, "mape_train": 0.093,
+        "mape_heldout_across": 0.116, "median_ms_by_world": {"2": 10.8, "4": 11.7}, "mape_target": 0.1,
+        "mape_target_met": True, "honest_limit": 2, "honest_device_counts": [2], "mape_heldout_honest": 0.085,
+        "mape_target_note": None}
+
+
+def test_the_comm_model_is_judged_on_the_honest_counts_and_the_oversubscribed_one_says_so():
+    from autoshard.pipeline.report import comm_model_lines
+
+    text = "\n".join(comm_model_lines({"device": "cpu", "comm": COMM}))
+    assert "Honest device counts: 2. This machine lets the stage use 2 cores" in text
+    assert "Held-out MAPE over the honest counts 8.5% (target 10%): met." in text
+    assert ("Oversubscribed, 4 devices: held-out MAPE 11.8% (measured across 4 processes on 2 cores: "
+            "oversubscribed, mostly scheduling") in text
+    assert "Pooled over all counts 10.7%" in text and "11.6%" in text
+    none = COMM | {"honest_limit": 1, "honest_device_counts": [], "mape_heldout_honest": None,
+                   "mape_target_met": False, "mape_target_note": "every one is oversubscribed"}
+    text = "\n".join(comm_model_lines({"device": "cpu", "comm": none}))
+    assert "Honest device counts: none." in text and "**not met**: every one is oversubscribed" in text
+    assert "Oversubscribed, 2 devices" in text and "Oversubscribed, 4 devices" in text
+    gpus = "\n".join(comm_model_lines({"device": "cuda", "comm": COMM | {"honest_device_counts": [2]}}))
+    assert "use 2 GPUs" in gpus and "on 2 GPUs" in gpus
+
+
+def test_a_run_before_the_honest_counts_still_renders_its_pooled_verdict(tmp_path):
+    from autoshard.pipeline.report import readme
+
+    old = {k: v for k, v in COMM.items() if k not in ("honest_limit", "honest_device_counts", "mape_heldout_honest",
+                                                      "mape_target_note")} | {"mape_target_met": False}
+    write_metrics(tmp_path / "metrics" / "profile.json", {"device": "cpu", "comm": old})
+    text = readme(tmp_path, [])
+    assert "## Communication model against held-out placements" in text
+    assert "pooled over all counts 10.7% (target 10%): **not met** (this run predates" in text
+    write_metrics(tmp_path / "metrics" / "profile.json", {"device": "cpu", "comm": COMM})
+    assert "over the honest counts 8.5% (target 10%): met." in readme(tmp_path, [])
+
+
+def test_an_oversubscribed_measurement_names_its_processes_and_cores():
+    from autoshard.pipeline.report import comm_sources
+
+    evaluate = {"comm_source": {"dreamshard": "measured-oversubscribed", "tight": "measured"}}
+    assert comm_sources(evaluate, {"device": "cpu", "comm": COMM}) == (
+        "the all-to-all measured across 4 processes on 2 cores: oversubscribed, mostly scheduling (dreamshard); "
+        "the all-to-all measured across one process per device (tight)")
+    assert "more processes than cores: oversubscribed, mostly scheduling (dreamshard)" in comm_sources(evaluate)

@@ -78,7 +78,10 @@ class ComputeOnlyPairs(TypedDict):
 
 class CommMetrics(TypedDict):
     """The comm model fitted on measured all-to-alls (`measure.commmodel.profile_comm`): the
-    placements measured per device count, the held-out MAPE (a share) against its target."""
+    placements measured per device count, the held-out MAPE (a share) pooled, per count and over
+    the honest counts (one rank per core or GPU, at most `honest_limit`), on which the target is
+    judged (`mape_target_note` says why not when no count is honest). Metrics written before the
+    honest counts lack those keys; there `mape_target_met` was judged pooled."""
 
     placements: int
     device_counts: list[int]
@@ -91,6 +94,10 @@ class CommMetrics(TypedDict):
     median_ms_by_world: dict[str, Number]
     mape_target: float
     mape_target_met: bool
+    honest_limit: NotRequired[int]
+    honest_device_counts: NotRequired[list[int]]
+    mape_heldout_honest: NotRequired[Number]
+    mape_target_note: NotRequired[str | None]
 
 
 class ProtocolScores(TypedDict):

@@ -8,6 +8,10 @@ Measured: `measure_comm` starts D processes with `torchrun` (gloo on CPU, nccl o
 each runs `all_to_all_single` with the placement's split sizes and reports per-rank medians.
 Analytic: TorchRec's table-wise comm estimate (output bytes / all-to-all bandwidth), used
 when only one process is asked for.
+
+Honest device counts: a launch of D processes measures the exchange only when each rank has a
+core (gloo on CPU) or a GPU (nccl) of its own, D <= `honest_limit`; above it the ranks wait for
+one another's core and the times mostly measure scheduling (oversubscribed).
 """
 
 import json
@@ -42,6 +46,17 @@ def analytic_comm(dims_per_device: Sequence[Sequence[int]], pooling_per_device: 
                  for d, p in zip(dims, pfs, strict=True)]
         out.append((sum(p.fwd_comms for p in perfs), sum(p.bwd_comms for p in perfs)))
     return out
+
+
+def honest_limit(device: str = "cpu") -> int:
+    """The most processes one all-to-all launch runs one per core or GPU: on CUDA the GPU count,
+    on CPU the CPUs this process may use (its affinity where the OS reports one, else the CPU
+    count). A launch of more ranks is oversubscribed."""
+    if device.startswith("cuda"):
+        return torch.cuda.device_count()
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def measure_comm(dims_per_device: Sequence[Sequence[int]], batch_size: int, device: str = "cpu",

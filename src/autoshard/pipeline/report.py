@@ -22,6 +22,7 @@ from autoshard.core.params import Fields, load_params
 from autoshard.core.schema import (
     AblationMetrics,
     ColumnsMetrics,
+    CommMetrics,
     ComputeOnlyPairs,
     CostModelMetrics,
     HeadlineObjective,
@@ -345,18 +346,72 @@ def regime_table(evaluate: dict, method: str | tuple[str, ...] = "rl_greedy",
 
 
 COMM_SOURCES = {"measured": "the all-to-all measured across one process per device",
+                "measured-oversubscribed": "the all-to-all measured across more processes than cores: "
+                                           "oversubscribed, mostly scheduling",
                 "measured-model": "the comm model at a device count it was fitted on",
                 "extrapolated-model": "the comm model extrapolated to another device count",
                 "analytic": "TorchRec's analytic all-to-all estimate"}
 
 
-def comm_sources(evaluate: dict) -> str:
-    """Where each protocol's all-to-all came from (`comm_source` in the metrics), in words."""
+def _units(device: str | None) -> str:
+    """What one process per device needs of its own: a GPU on CUDA, else a core."""
+    return "GPUs" if (device or "cpu").startswith("cuda") else "cores"
+
+
+def oversubscribed_counts(comm: dict) -> list[int]:
+    """The measured device counts above the honest limit (none in metrics that predate it)."""
+    limit = comm.get("honest_limit")
+    return [] if limit is None else [w for w in comm["device_counts"] if w > limit]
+
+
+def comm_sources(evaluate: dict, profile: dict | None = None) -> str:
+    """Where each protocol's all-to-all came from (`comm_source` in the metrics), in words; with
+    the profile's comm metrics, an oversubscribed measurement names its processes and cores."""
+    comm = (profile or {}).get("comm") or {}
+    over = oversubscribed_counts(comm) if comm else []
+    words = dict(COMM_SOURCES)
+    if over:
+        words["measured-oversubscribed"] = (f"the all-to-all measured across {' or '.join(map(str, over))} "
+                                            f"processes on {comm['honest_limit']} {_units(profile.get('device'))}: "
+                                            "oversubscribed, mostly scheduling")
     by_source: dict[str, list[str]] = {}
     for protocol, source in evaluate.get("comm_source", {}).items():
         by_source.setdefault(source, []).append(protocol)
-    return "; ".join(f"{COMM_SOURCES.get(source, source)} ({', '.join(protocols)})"
+    return "; ".join(f"{words.get(source, source)} ({', '.join(protocols)})"
                      for source, protocols in by_source.items()) or "the all-to-all (source not recorded)"
+
+
+def comm_model_lines(profile: dict) -> list[str]:
+    """Markdown lines on the comm model (`profile.json` `comm`): which device counts were measured
+    honestly (one process per core or GPU) and why, the held-out MAPE target's verdict on them,
+    each oversubscribed count's MAPE labelled so, and the pooled and across-count figures. Metrics
+    that predate the honest counts get the pooled verdict, said to be pooled."""
+    comm = profile["comm"]
+    by_world, target = comm["mape_heldout_by_world"], comm["mape_target"]
+    verdict = "met" if comm["mape_target_met"] else "**not met**"
+    counts = ", ".join(map(str, comm["device_counts"]))
+    lines = [f"{comm['placements']} random placements per device count ({counts}), their forward and backward "
+             f"all-to-all measured with one torchrun process per device; {comm['heldout_share']:.0%} held out."]
+    if "honest_limit" not in comm:
+        return [*lines, "", f"Held-out MAPE pooled over all counts {percent(comm['mape_heldout'])} "
+                            f"(target {target:.0%}): {verdict} (this run predates judging on honest counts)."]
+    limit, honest, units = comm["honest_limit"], comm["honest_device_counts"], _units(profile.get("device"))
+    lines += ["", f"Honest device counts: {', '.join(map(str, honest)) or 'none'}. This machine lets the "
+                  f"stage use {limit} {units}, so a launch of at most {limit} processes runs one per "
+                  f"{units[:-1]}; above that the ranks wait for a {units[:-1]} and the times mostly measure "
+                  "scheduling (oversubscribed)."]
+    if comm["mape_heldout_honest"] is None:
+        lines += ["", f"Held-out MAPE target ({target:.0%}) {verdict}: {comm.get('mape_target_note')}."]
+    else:
+        lines += ["", f"Held-out MAPE over the honest counts {percent(comm['mape_heldout_honest'])} "
+                      f"(target {target:.0%}): {verdict}."]
+    for world in oversubscribed_counts(comm):
+        lines += ["", f"Oversubscribed, {world} devices: held-out MAPE {percent(by_world.get(str(world)))} "
+                      f"(measured across {world} processes on {limit} {units}: oversubscribed, mostly scheduling; "
+                      "not judged against the target)."]
+    lines += ["", f"Pooled over all counts {percent(comm['mape_heldout'])}; the fit across counts alone (what "
+                  f"extrapolation to unmeasured counts uses) {percent(comm['mape_heldout_across'])}."]
+    return lines
 
 
 def sync_policy_table(evaluate: dict) -> str:
@@ -399,6 +454,7 @@ def columns_table(columns: ColumnsMetrics) -> str:
 def readme(reports: Path, stages: list[tuple[str, str]], budget_minutes: float | None = None) -> str:
     """The text of `reports/README.md` (`budget_minutes`: the study's time budget, see `stage_times`)."""
     metrics = reports / "metrics"
+    profile = read_metrics(metrics / "profile.json") if (metrics / "profile.json").exists() else None
     lines = ["# AutoShard study: results", "",
              "Generated by the `report` stage from the metrics files of the last `dvc repro`; nothing here is "
              "typed by hand. Ratios compare each method's **measured** bottleneck with the best heuristic's on the "
@@ -408,7 +464,6 @@ def readme(reports: Path, stages: list[tuple[str, str]], budget_minutes: float |
              "are the cost model's and say so.", ""]
     if (metrics / "evaluate.json").exists():
         evaluate = read_metrics(metrics / "evaluate.json")
-        profile = read_metrics(metrics / "profile.json") if (metrics / "profile.json").exists() else None
         lines[1:1] = ["", *quality(evaluate, profile)]
         lines += ["## The answer", "",
                   "Paired, task by task, on measured bottlenecks: a method \"beats\" another only when the whole "
@@ -417,7 +472,7 @@ def readme(reports: Path, stages: list[tuple[str, str]], budget_minutes: float |
                   "### Where does the RL sharder win?", "",
                   "rl_greedy against each reference, per regime: compute only (the slowest device's measured "
                   "compute), synchronized stages (the sum over DreamShard's four stages of the slowest device in "
-                  f"each: measured compute plus {comm_sources(evaluate)}), and tight memory caps.", "",
+                  f"each: measured compute plus {comm_sources(evaluate, profile)}), and tight memory caps.", "",
                   regime_table(evaluate), "",
                   "rl_sync_greedy, the policy trained with the synchronized-stages reward (stage-head cost model "
                   "and comm model as the simulator), and rl_sync_local_search, its plan refined by "
@@ -432,6 +487,9 @@ def readme(reports: Path, stages: list[tuple[str, str]], budget_minutes: float |
     if (metrics / "cost_model.json").exists():
         lines += ["## Cost model against a re-measurement", "",
                   floor_line(read_checked(metrics / "cost_model.json", CostModelMetrics)), ""]
+    if profile and profile.get("comm"):
+        check(profile["comm"], CommMetrics, "profile.json: comm")
+        lines += ["## Communication model against held-out placements", "", *comm_model_lines(profile), ""]
     if (metrics / "transfer.json").exists():
         transfer = read_checked(metrics / "transfer.json", TransferMetrics)
         lines += ["## Transfer: the trained policy on other task shapes, not fine-tuned", "",

@@ -11,13 +11,15 @@ stage, another or the profile, is reused for any plan that holds it.
 Communication, per plan: with `MeasuredComm` (`evaluate.comm`), the plans of the protocols it
 names at a device count it names get their whole placement's all-to-all measured, as in
 training ("measured"; `measure.comm_store`: one torchrun launch per device count, filed beside
-the shards, so a second score launches nothing). Every other plan, or every plan when the store
-is an imported read-only space, gets the comm model the profile stage fitted on measured
-all-to-alls (`measure.commmodel`), at a device count it was measured at ("measured-model") or
-extrapolated across device counts ("extrapolated-model"); without a model, TorchRec's analytic
-estimate ("analytic"). Column `comm_source` says which. Each plan is scored two ways: the
-slowest device's compute (`measured_ms`) and DreamShard's synchronized stages, the sum over the
-four stages of the slowest device in each (`synchronized_ms`, see `measure.comm.synchronized_ms`).
+the shards, so a second score launches nothing), or "measured-oversubscribed" at a device count
+above `measure.comm.honest_limit` (more ranks than cores or GPUs: the times mostly measure
+scheduling). Every other plan, or every plan when the store is an imported read-only space,
+gets the comm model the profile stage fitted on measured all-to-alls (`measure.commmodel`), at
+a device count it was measured at ("measured-model") or extrapolated across device counts
+("extrapolated-model"); without a model, TorchRec's analytic estimate ("analytic"). Column
+`comm_source` says which. Each plan is scored two ways: the slowest device's compute
+(`measured_ms`) and DreamShard's synchronized stages, the sum over the four stages of the
+slowest device in each (`synchronized_ms`, see `measure.comm.synchronized_ms`).
 """
 
 from collections.abc import Mapping, Sequence
@@ -37,13 +39,14 @@ from autoshard.data.tasks import Task
 from autoshard.measure.backends import BackendConfig
 from autoshard.measure.base import CostBackend
 from autoshard.measure.batches import BatchJob, measure_batch_job
-from autoshard.measure.comm import STAGES, analytic_comm
+from autoshard.measure.comm import STAGES, analytic_comm, honest_limit
 from autoshard.measure.comm_store import CommTiming, placement_key, placement_records, rank_cvs, ranks
 from autoshard.measure.commmodel import CommModel
 from autoshard.measure.interleaved import FIELDS
 from autoshard.measure.store import MeasurementStore, shard_key, store_for, values
 from autoshard.placement.shards import device_shards
 
+MEASURED_SOURCES = ("measured", "measured-oversubscribed")  # comm_source of an all-to-all timed, not modelled
 OBJECTIVES = ("max_device", "synchronized_stages")  # evaluate.objective: what `measured_ms` ranks plans by
 Objective = str | Mapping[str, str]  # one objective for every protocol, or protocol -> objective
 
@@ -137,12 +140,13 @@ def plan_comm(pool_features: pd.DataFrame, shards: list[list[int]], batch_size: 
               comm_model: CommModel | None = None,
               measured: Mapping[str, list[tuple[float, float]]] | None = None) -> tuple[list[tuple[float, float]], str]:
     """(forward, backward) all-to-all ms per device of a plan and where they come from: `measured`
-    (by `placement_key` of the plan's widths) when it holds the plan ("measured"), else the comm
-    model ("measured-model" at a fitted device count, "extrapolated-model" at another) or, without
+    (by `placement_key` of the plan's widths) when it holds the plan ("measured", or
+    "measured-oversubscribed" above `honest_limit(device)` devices), else the comm model
+    ("measured-model" at a fitted device count, "extrapolated-model" at another) or, without
     one, TorchRec's analytic estimate ("analytic")."""
     name = placement_key(device_widths(pool_features, shards))
     if measured and name in measured:
-        return list(measured[name]), "measured"
+        return list(measured[name]), "measured" if len(shards) <= honest_limit(device) else "measured-oversubscribed"
     dims = [pool_features["dim"].to_numpy()[s].tolist() for s in shards]
     if comm_model is not None:
         return comm_model.predict([int(sum(d)) for d in dims], batch_size), comm_model.source(len(shards))
@@ -160,7 +164,8 @@ def device_frame(pool_features: pd.DataFrame, task: Task, method: str, plan: np.
     CV across rounds from `comm_cvs`, else NaN), tables and memory."""
     shards = device_shards(task, plan)
     comm, source = plan_comm(pool_features, shards, batch_size, device, comm_model, measured)
-    cvs = (comm_cvs or {}).get(placement_key(device_widths(pool_features, shards))) if source == "measured" else None
+    timed = source in MEASURED_SOURCES
+    cvs = (comm_cvs or {}).get(placement_key(device_widths(pool_features, shards))) if timed else None
     sizes = pool_features["size_bytes"].to_numpy()
     rows = []
     for d, shard in enumerate(shards):
