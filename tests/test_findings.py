@@ -47,6 +47,10 @@ def test_measurement_quality_against_the_targets():
     with_comm = measurement_quality(measured, repeat(0.005), TARGETS)
     assert with_comm["comm_round_cv"] == 0.2 and with_comm["comm_plans"] == measured.groupby(["task", "method"]).ngroups
     assert "comm_round_cv" not in quiet, "no measured all-to-all, no comm noise"
+    crowded = measurement_quality(measured.assign(comm_source="measured-oversubscribed"), repeat(0.005), TARGETS)
+    assert crowded["comm_round_cv"] == 0.2, "an oversubscribed all-to-all was timed too: its noise counts"
+    modelled = measurement_quality(measured.assign(comm_source="measured-model"), repeat(0.005), TARGETS)
+    assert "comm_round_cv" not in modelled, "a modelled all-to-all has no round noise"
 
 
 def ratios_frame(rl_factor: float, tasks: int = 12) -> tuple[pd.DataFrame, dict, list[str]]:

@@ -11,6 +11,7 @@ from autoshard.core.metrics import finite
 from autoshard.placement.registry import ids
 from autoshard.studies import paired
 from autoshard.studies.evaluate import NoiseTargets
+from autoshard.studies.measured import MEASURED_SOURCES
 
 REFERENCES = ("best_heuristic", "cost_greedy", "lpt_measured", "milp", "torchrec")
 # the baselines that optimise the synchronized-stages cost: references of `paired_synchronized` too
@@ -33,7 +34,7 @@ def measurement_quality(devices: pd.DataFrame, repeat: pd.DataFrame, targets: No
     tasks = devices.drop_duplicates("task")
     change = repeat["relative_change"].abs()
     noise_sd = log_noise_sd(repeat)
-    measured = devices[devices["comm_source"] == "measured"] if "comm_cv" in devices else devices.iloc[:0]
+    measured = devices[devices["comm_source"].isin(MEASURED_SOURCES)] if "comm_cv" in devices else devices.iloc[:0]
     out = {"median_cv": finite(shards["cv"].median()), "calibration_drift": finite(tasks["drift"].median()),
            "remeasured_share": float(tasks["remeasured"].mean()), "plan_repeat_change": finite(change.median()),
            "plan_repeat_change_calibrated": finite(repeat["calibrated_change"].abs().median())
