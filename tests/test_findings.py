@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from autoshard.core.metrics import _plain
 from autoshard.core.schema import ComputeOnlyPairs, HeadlineObjective, check
@@ -17,6 +18,7 @@ from autoshard.studies.findings import (
     paired_synchronized,
     per_task_ratios,
     plain_answer,
+    repeat_summary,
     replicate_summary,
     synchronized_answer,
     verdict,
@@ -220,3 +222,21 @@ def test_the_synchronized_answer_sets_rl_sync_greedy_against_the_sync_baselines_
     lines = synchronized_answer(pairs, {"met": False})
     assert lines and all(line.startswith("dreamshard (synchronized stages), ") for line in lines)
     assert "rl_sync_greedy: beats sync_greedy" in lines[0], lines
+
+
+def test_repeat_summary_sees_a_flattered_best_heuristic():
+    # each task: rl_greedy unchanged between passes, the best heuristic 10% slower measured again
+    rows = []
+    for t in range(4):
+        rows += [{"task": f"t{t}", "protocol": "p", "method": "rl_greedy", "measured_ms": 10.0,
+                  "measured_ms_again": 10.0},
+                 {"task": f"t{t}", "protocol": "p", "method": "lpt_measured", "measured_ms": 9.0,
+                  "measured_ms_again": 9.9}]
+    frame = pd.DataFrame(rows)
+    frame["relative_change"] = frame["measured_ms_again"] / frame["measured_ms"] - 1
+    frame["ratio"], frame["ratio_again"] = 10.0 / 9.0, 10.0 / 9.9
+    summary = repeat_summary(frame).loc["p"]
+    assert summary["selection_flattery"] == pytest.approx(0.1) and summary["tasks"] == 4
+    assert summary["plan_change"] == pytest.approx(0.05)
+    assert summary["rl_ratio_change"] == pytest.approx(10 / 9 - 10 / 9.9)
+    assert repeat_summary(frame.assign(ratio_again=frame["ratio"])).loc["p", "selection_flattery"] == 0

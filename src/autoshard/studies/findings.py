@@ -208,3 +208,19 @@ def replicate_summary(ratios: pd.DataFrame, replicates: list[pd.DataFrame],
     return {proto: {name: {"mean_ratio": float(np.mean(v)), "std": float(np.std(v, ddof=1)) if len(v) > 1 else None,
                            "n": len(v), "values": v} for name, v in entry.items()}
             for proto, entry in medians.items() if proto != "small"}
+
+
+def repeat_summary(repeat: pd.DataFrame) -> pd.DataFrame:
+    """Per protocol, from the plans measured twice (`stats.noise`): `plan_change`, the median
+    |relative change| of a plan's cost; `rl_ratio_change`, the median |change| of rl_greedy's ratio
+    to the best heuristic; and `selection_flattery`, the median over tasks of ratio / ratio_again - 1.
+    The best heuristic is picked per task as the lowest of several noisy first-pass measurements,
+    so noise flatters it there; measured again it loses that luck while rl_greedy, picked by no
+    measurement, has none to lose. A positive value is how much the first pass favoured it; `tasks`
+    says on how many tasks (a handful: read it as a sign, not a correction)."""
+    per_task = repeat.drop_duplicates("task")
+    flattery = (per_task["ratio"] / per_task["ratio_again"] - 1).groupby(per_task["protocol"])
+    return pd.DataFrame({
+        "plan_change": repeat["relative_change"].abs().groupby(repeat["protocol"]).median(),
+        "rl_ratio_change": (repeat["ratio_again"] - repeat["ratio"]).abs().groupby(repeat["protocol"]).median(),
+        "selection_flattery": flattery.median(), "tasks": flattery.count()})
