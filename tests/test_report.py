@@ -77,6 +77,12 @@ def test_a_noisy_run_says_so_in_bold_at_the_top(tmp_path):
     measured = quality(EVALUATE | {"noise": NOISE | {"comm_round_cv": 0.21, "comm_plans": 40}})
     assert ("Measured all-to-alls (40 plans): median CV of a device's all-to-all time across rounds 21.00%"
             in measured[0])
+    assert "flatters" not in measured[0], "no plans measured twice, no sentence on the best heuristic's luck"
+    repeat = {"autoshard": {"plan_change": 0.1, "rl_ratio_change": 0.02, "selection_flattery": 0.034, "tasks": 5},
+              "dreamshard": {"plan_change": 0.1, "rl_ratio_change": 0.02, "selection_flattery": None, "tasks": 0}}
+    flattered = quality(EVALUATE | {"noise": NOISE, "measurement_repeat": repeat})[0]
+    assert "noise flatters it" in flattered and "autoshard +3.4% (5 tasks)" in flattered
+    assert "dreamshard" not in flattered, "a protocol without a figure is left out"
     quiet = quality(EVALUATE | {"noise": NOISE | {"median_cv": 0.01, "plan_repeat_change": 0.005, "met": True}})
     assert quiet[0].startswith("Measurement quality: within the targets") and "**" not in quiet[0]
     assert quality(EVALUATE)[0].startswith("**The evaluate stage recorded no measurement quality")

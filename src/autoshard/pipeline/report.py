@@ -7,6 +7,7 @@ Run as `python -m autoshard.pipeline.report` (what `dvc.yaml` does).
 
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -147,6 +148,24 @@ def floor_line(cost_model: CostModelMetrics) -> str:
             f"independently noisy, and none can be shown better; {models}.")
 
 
+def _number(value: object) -> bool:
+    """True for a finite int or float (metrics write a missing figure as null)."""
+    return isinstance(value, int | float) and math.isfinite(value)
+
+
+def selection_line(repeat: dict) -> str:
+    """A sentence on how much noise flattered the best heuristic, which is picked per task as the
+    lowest of several noisy measurements (`findings.repeat_summary`'s `selection_flattery`), or ""
+    for a run that did not record it."""
+    parts = [f"{protocol} {entry['selection_flattery']:+.1%} ({entry['tasks']:.0f} tasks)"
+             for protocol, entry in repeat.items() if _number(entry.get("selection_flattery"))]
+    if not parts:
+        return ""
+    return (" The best heuristic is the lowest of several noisy measurements per task, so noise flatters it; "
+            "on the plans measured again, the first pass's rl_greedy / best-heuristic ratio over the second's, "
+            f"minus 1 (median; positive: the first pass favoured the best heuristic): {', '.join(parts)}.")
+
+
 def _plan_quality(evaluate: dict) -> list[str]:
     noise = evaluate.get("noise")
     if not noise:
@@ -160,7 +179,8 @@ def _plan_quality(evaluate: dict) -> list[str]:
              f"calibration drift {percent(noise['calibration_drift'], 2)} (median over tasks); "
              f"{percent(noise['remeasured_share'], 2)} of tasks measured again because the machine drifted."
              + (f" Measured all-to-alls ({noise['comm_plans']} plans): median CV of a device's all-to-all time "
-                f"across rounds {percent(noise['comm_round_cv'], 2)}." if noise.get("comm_plans") else ""))
+                f"across rounds {percent(noise['comm_round_cv'], 2)}." if noise.get("comm_plans") else "")
+             + selection_line(evaluate.get("measurement_repeat", {})))
     if noise["met"]:
         return [f"Measurement quality: within the targets. {facts}"]
     return [f"**Measurement quality: this run is noisier than its targets; a difference smaller than the noise "
