@@ -14,6 +14,7 @@ from autoshard.core.errors import ConfigError
 from autoshard.core.metrics import read_metrics, write_metrics
 from autoshard.pipeline.report import (
     build,
+    device_error_line,
     headline,
     main,
     notebook_stages,
@@ -383,3 +384,14 @@ def test_an_oversubscribed_measurement_names_its_processes_and_cores():
         "the all-to-all measured across 4 processes on 2 cores: oversubscribed, mostly scheduling (dreamshard); "
         "the all-to-all measured across one process per device (tight)")
     assert "more processes than cores: oversubscribed, mostly scheduling (dreamshard)" in comm_sources(evaluate)
+
+
+def test_the_device_error_line_names_both_models_and_the_target():
+    errors = {"cost_model_device_error_median": {"autoshard": 0.084, "dreamshard": 0.137},
+              "hybrid_device_error_median": {"autoshard": 0.025, "dreamshard": 0.029}, "device_error_target": 0.03}
+    line = device_error_line(errors)
+    assert "feature-only: autoshard 8.4%, dreamshard 13.7% — target not met" in line
+    assert "hybrid: autoshard 2.5%, dreamshard 2.9% — target met" in line and "at most 3%" in line
+    older = device_error_line({"cost_model_device_error_median": {"autoshard": 0.084}})
+    assert "hybrid" not in older and "Target" not in older and "target met" not in older
+    assert device_error_line({}).startswith("This run's evaluate stage recorded no device-level error")

@@ -148,6 +148,28 @@ def floor_line(cost_model: CostModelMetrics) -> str:
             f"independently noisy, and none can be shown better; {models}.")
 
 
+def device_error_line(evaluate: dict) -> str:
+    """Markdown: each cost model's median error on the evaluated plans' device shards, per protocol
+    (predicted from the profile pass, measured in the evaluate pass, so it carries the machine's
+    change of speed between them), against `device_error_target` where the run recorded one."""
+    models = {"feature-only": evaluate.get("cost_model_device_error_median") or {},
+              "hybrid": evaluate.get("hybrid_device_error_median") or {}}
+    if not models["feature-only"]:
+        return "This run's evaluate stage recorded no device-level error."
+    target = evaluate.get("device_error_target")
+    parts = []
+    for name, errors in models.items():
+        if not errors:
+            continue
+        verdict = "" if target is None else (" — target met" if max(errors.values()) <= target else
+                                             " — target not met")
+        parts.append(f"{name}: " + ", ".join(f"{p} {percent(v)}" for p, v in errors.items()) + verdict)
+    goal = "" if target is None else f" Target: at most {target:.0%} on every protocol."
+    return ("Device-level error on the evaluated plans (median |predicted / measured - 1| over their non-empty "
+            "devices; the prediction rests on the profile pass and the measurement on the evaluate pass, so the "
+            f"machine's change of speed between the passes is in it): {'; '.join(parts)}.{goal}")
+
+
 def _number(value: object) -> bool:
     """True for a finite int or float (metrics write a missing figure as null)."""
     return isinstance(value, int | float) and math.isfinite(value)
@@ -482,8 +504,8 @@ def readme(reports: Path, stages: list[tuple[str, str]], budget_minutes: float |
              "max_device, the slowest device's fused forward + backward compute, or synchronized_stages, the sum "
              "over DreamShard's four stages of the slowest device in each. Predicted numbers "
              "are the cost model's and say so.", ""]
-    if (metrics / "evaluate.json").exists():
-        evaluate = read_metrics(metrics / "evaluate.json")
+    evaluate = read_metrics(metrics / "evaluate.json") if (metrics / "evaluate.json").exists() else {}
+    if evaluate:
         lines[1:1] = ["", *quality(evaluate, profile)]
         lines += ["## The answer", "",
                   "Paired, task by task, on measured bottlenecks: a method \"beats\" another only when the whole "
@@ -506,7 +528,8 @@ def readme(reports: Path, stages: list[tuple[str, str]], budget_minutes: float |
                   "### Targets", "", targets(evaluate), ""]
     if (metrics / "cost_model.json").exists():
         lines += ["## Cost model against a re-measurement", "",
-                  floor_line(read_checked(metrics / "cost_model.json", CostModelMetrics)), ""]
+                  floor_line(read_checked(metrics / "cost_model.json", CostModelMetrics)), "",
+                  *([device_error_line(evaluate), ""] if evaluate else [])]
     if profile and profile.get("comm"):
         check(profile["comm"], CommMetrics, "profile.json: comm")
         lines += ["## Communication model against held-out placements", "", *comm_model_lines(profile), ""]
