@@ -17,6 +17,7 @@ from scipy import stats
 from autoshard.core.seeding import rng
 
 KEYS = ("tasks", "median_ratio", "ci_low", "ci_high", "p_value", "identical_share", "mde")
+PERMUTATION_MAX_TASKS = 13  # SciPy's `wilcoxon` enumerates every sign pattern up to this many observations
 
 
 def canonical(placement: np.ndarray) -> tuple[int, ...]:
@@ -67,9 +68,6 @@ def wilcoxon_p(log_ratios: np.ndarray) -> float:
         return sign_flip_p(log_ratios)
     p = stats.wilcoxon(log_ratios, zero_method="wilcox").pvalue
     return 1.0 if math.isnan(p) else float(p)
-
-
-PERMUTATION_MAX_TASKS = 13  # SciPy's `wilcoxon` enumerates every sign pattern up to this many observations
 
 
 def has_ties(values: np.ndarray) -> bool:
