@@ -1,12 +1,14 @@
 """Paired statistics: known answers, determinism, strict JSON."""
 
 import json
+import math
 
 import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats
 
 from autoshard.studies.paired import (
     KEYS,
@@ -16,6 +18,7 @@ from autoshard.studies.paired import (
     holm,
     minimum_detectable_effect,
     same_split,
+    wilcoxon_p,
     with_best,
 )
 
@@ -131,3 +134,28 @@ def test_all_pairs_on_a_results_frame():
     assert pairs["rl_greedy__vs__best_heuristic"]["median_ratio"] == pytest.approx(0.9)
     assert pairs["rl_greedy__vs__best_heuristic"]["identical_share"] == 0.0
     json.dumps(out, allow_nan=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([-2.0, -1.0, -0.5, 0.0, 0.25, 1.0, 3.0]), min_size=1, max_size=15),
+       st.sampled_from([1.0, 1e-3, 0.37]))
+def test_wilcoxon_p_equals_scipy_bit_for_bit(values, scale):
+    """Ties and zeros on up to 13 tasks take the vectorised sign-flip path; it must match SciPy exactly."""
+    d = np.array(values) * scale
+    expected = 1.0 if not np.any(d != 0) else stats.wilcoxon(d, zero_method="wilcox").pvalue
+    assert wilcoxon_p(d) == (1.0 if math.isnan(expected) else expected)
+
+
+def test_all_pairs_identical_share_matches_same_split_per_task():
+    gen = np.random.default_rng(3)
+    rows = [{"protocol": p, "task": f"t{t}", "method": m, "measured_ms": gen.lognormal(),
+             "placement": None if gen.random() < 0.2 else gen.integers(0, 2, 4)}
+            for p in ("a", "b") for t in range(30) for m in ("x", "y", "z")]
+    frame = pd.DataFrame(rows)
+    out = all_pairs(frame, ["x"], resamples=50)
+    for (protocol, method), g in frame.groupby(["protocol", "method"]):
+        if method == "x":
+            continue
+        ref = frame[(frame["protocol"] == protocol) & (frame["method"] == "x")].set_index("task")["placement"]
+        expected = np.mean([same_split(a, ref[t]) for t, a in zip(g["task"], g["placement"], strict=True)])
+        assert out[protocol][f"{method}__vs__x"]["identical_share"] == expected
