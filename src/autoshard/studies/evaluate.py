@@ -59,6 +59,7 @@ class Targets:
     rl: float           # RL greedy's median measured ratio to the best heuristic
     refined: float      # the same with local search
     optimum_gap: float  # RL's median predicted gap to the optimum on small tasks
+    device_error: float  # a cost model's median |error| on the evaluated plans' devices (issue 16), every protocol
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ class EvaluateConfig:
         s.done()
         t = f.sub("targets")
         targets = Targets(rl=t.number("rl", lo=0, lo_open=True), refined=t.number("refined", lo=0, lo_open=True),
-                          optimum_gap=t.number("optimum_gap", lo=0))
+                          optimum_gap=t.number("optimum_gap", lo=0), device_error=t.number("device_error", lo=0))
         t.done()
         device_counts = _comm_device_counts(p)
         objective = objectives(f)

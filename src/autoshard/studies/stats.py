@@ -111,13 +111,13 @@ def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_err
                      milp_table: pd.DataFrame, seconds: float, replicates: dict | None = None, *,
                      plans: dict[str, list], sizes: np.ndarray, plan_status: pd.DataFrame, objective: dict[str, str],
                      paired_synchronized: dict, paired_max_device: dict,
-                     hybrid_device_errors: pd.Series | None = None) -> dict:
+                     hybrid_device_errors: pd.Series | None = None, device_error_target: float | None = None) -> dict:
     """reports/metrics/evaluate.json: `noise` first (the measurement quality), then the `paired`
     comparisons per protocol (`<method>__vs__<reference>`), the plain `answer`,
     `replicates.<protocol>.<method>` (mean_ratio, std, n), the per-method `results`, the targets,
-    the cost model's device error (median per protocol; the hybrid's too, where there is one), the
-    MILP's gaps and the sharding speed; then `failed` (`memory.failed_counts` of `plans` with
-    `plan_status`, `evaluate.plan_all`'s frame), the headline `objective` per protocol
+    the cost model's device error (median per protocol; the hybrid's too, where there is one; and
+    their target), the MILP's gaps and the sharding speed; then `failed` (`memory.failed_counts`
+    of `plans` with `plan_status`, `evaluate.plan_all`'s frame), the headline `objective` per protocol
     (`core.schema.HeadlineObjective`), `paired_synchronized` and `paired_max_device` (the same
     comparisons on synchronized_ms and on max_device_ms, for every protocol) and `comm_source` per
     protocol (where the all-to-all came from: readers rely on these keys)."""
@@ -128,6 +128,7 @@ def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_err
         "targets": target_table.to_dict("records"),
         "cost_model_device_error_median": device_errors.to_dict(),  # per protocol, the feature-only model's
         "hybrid_device_error_median": {} if hybrid_device_errors is None else hybrid_device_errors.to_dict(),
+        "device_error_target": device_error_target,
         "measurement_repeat": repeat_noise.to_dict("index"),
         "milp": {"gap_median": float(milp_table["gap"].median()) if len(milp_table) else None,
                  "gap_max": float(milp_table["gap"].max()) if len(milp_table) else None,
