@@ -395,3 +395,5 @@ def test_the_device_error_line_names_both_models_and_the_target():
     older = device_error_line({"cost_model_device_error_median": {"autoshard": 0.084}})
     assert "hybrid" not in older and "Target" not in older and "target met" not in older
     assert device_error_line({}).startswith("This run's evaluate stage recorded no device-level error")
+    unknown = device_error_line(errors | {"hybrid_device_error_median": {"autoshard": 0.01, "dreamshard": None}})
+    assert "hybrid: autoshard 1.0%, dreamshard n/a — target not met" in unknown, "a missing figure meets nothing"

@@ -51,7 +51,8 @@ def analytic_comm(dims_per_device: Sequence[Sequence[int]], pooling_per_device: 
 def honest_limit(device: str = "cpu") -> int:
     """The most processes one all-to-all launch runs one per core or GPU: on CUDA the GPU count,
     on CPU the CPUs this process may use (its affinity where the OS reports one, else the CPU
-    count). A launch of more ranks is oversubscribed."""
+    count). A launch of more ranks is oversubscribed. A container's CPU quota (cgroup `cpu.max`)
+    and hyper-threads are not seen: on such a machine the limit is an upper bound."""
     if device.startswith("cuda"):
         return torch.cuda.device_count()
     if hasattr(os, "sched_getaffinity"):

@@ -111,7 +111,7 @@ def quality(evaluate: dict, profile: dict | None = None) -> list[str]:
         cv, target = noise.get("median_cv"), (profile or {}).get("cv_target")
 
         def share(key: str) -> str:
-            return "n/a" if noise.get(key) is None else f"{noise[key]:.1%}"
+            return percent(noise.get(key))
 
         text = (f"profile (the cost model's data): median CV of a shard across interleaved rounds {share('median_cv')}"
                 f"{'' if target is None else f' (target {target:.0%})'}; calibration drift "
@@ -161,9 +161,10 @@ def device_error_line(evaluate: dict) -> str:
     for name, errors in models.items():
         if not errors:
             continue
-        verdict = "" if target is None else (" — target met" if max(errors.values()) <= target else
-                                             " — target not met")
-        parts.append(f"{name}: " + ", ".join(f"{p} {percent(v)}" for p, v in errors.items()) + verdict)
+        known = [v for v in errors.values() if _number(v)]
+        met = "" if target is None or not known else (" — target met" if len(known) == len(errors)
+                                                     and max(known) <= target else " — target not met")
+        parts.append(f"{name}: " + ", ".join(f"{p} {percent(v)}" for p, v in errors.items()) + met)
     goal = "" if target is None else f" Target: at most {target:.0%} on every protocol."
     return ("Device-level error on the evaluated plans (median |predicted / measured - 1| over their non-empty "
             "devices; the prediction rests on the profile pass and the measurement on the evaluate pass, so the "
@@ -430,23 +431,24 @@ def comm_model_lines(profile: dict) -> list[str]:
     that predate the honest counts get the pooled verdict, said to be pooled."""
     comm = profile["comm"]
     by_world, target = comm["mape_heldout_by_world"], comm["mape_target"]
-    verdict = "met" if comm["mape_target_met"] else "**not met**"
+    met = "met" if comm["mape_target_met"] else "**not met**"
     counts = ", ".join(map(str, comm["device_counts"]))
     lines = [f"{comm['placements']} random placements per device count ({counts}), their forward and backward "
              f"all-to-all measured with one torchrun process per device; {comm['heldout_share']:.0%} held out."]
     if "honest_limit" not in comm:
         return [*lines, "", f"Held-out MAPE pooled over all counts {percent(comm['mape_heldout'])} "
-                            f"(target {target:.0%}): {verdict} (this run predates judging on honest counts)."]
+                            f"(target {target:.0%}): {met} (this run predates judging on honest counts)."]
     limit, honest, units = comm["honest_limit"], comm["honest_device_counts"], _units(profile.get("device"))
     lines += ["", f"Honest device counts: {', '.join(map(str, honest)) or 'none'}. This machine lets the "
                   f"stage use {limit} {units}, so a launch of at most {limit} processes runs one per "
                   f"{units[:-1]}; above that the ranks wait for a {units[:-1]} and the times mostly measure "
                   "scheduling (oversubscribed)."]
     if comm["mape_heldout_honest"] is None:
-        lines += ["", f"Held-out MAPE target ({target:.0%}) {verdict}: {comm.get('mape_target_note')}."]
+        why = comm.get("mape_target_note") or "the honest counts' MAPE is not a finite number"
+        lines += ["", f"Held-out MAPE target ({target:.0%}) {met}: {why}."]
     else:
         lines += ["", f"Held-out MAPE over the honest counts {percent(comm['mape_heldout_honest'])} "
-                      f"(target {target:.0%}): {verdict}."]
+                      f"(target {target:.0%}): {met}."]
     for world in oversubscribed_counts(comm):
         lines += ["", f"Oversubscribed, {world} devices: held-out MAPE {percent(by_world.get(str(world)))} "
                       f"(measured across {world} processes on {limit} {units}: oversubscribed, mostly scheduling; "
