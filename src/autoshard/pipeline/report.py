@@ -401,6 +401,11 @@ def _units(device: str | None) -> str:
     return "GPUs" if (device or "cpu").startswith("cuda") else "cores"
 
 
+def crowded(world: int | str, limit: int, device: str | None) -> str:
+    """How an oversubscribed all-to-all was measured, in words."""
+    return f"measured across {world} processes on {limit} {_units(device)}: oversubscribed, mostly scheduling"
+
+
 def oversubscribed_counts(comm: dict) -> list[int]:
     """The measured device counts above the honest limit (none in metrics that predate it)."""
     limit = comm.get("honest_limit")
@@ -414,9 +419,8 @@ def comm_sources(evaluate: dict, profile: dict | None = None) -> str:
     over = oversubscribed_counts(comm) if comm else []
     words = dict(COMM_SOURCES)
     if over:
-        words["measured-oversubscribed"] = (f"the all-to-all measured across {' or '.join(map(str, over))} "
-                                            f"processes on {comm['honest_limit']} {_units(profile.get('device'))}: "
-                                            "oversubscribed, mostly scheduling")
+        words["measured-oversubscribed"] = "the all-to-all " + crowded(" or ".join(map(str, over)),
+                                                                     comm["honest_limit"], profile.get("device"))
     by_source: dict[str, list[str]] = {}
     for protocol, source in evaluate.get("comm_source", {}).items():
         by_source.setdefault(source, []).append(protocol)
@@ -451,8 +455,7 @@ def comm_model_lines(profile: dict) -> list[str]:
                       f"(target {target:.0%}): {met}."]
     for world in oversubscribed_counts(comm):
         lines += ["", f"Oversubscribed, {world} devices: held-out MAPE {percent(by_world.get(str(world)))} "
-                      f"(measured across {world} processes on {limit} {units}: oversubscribed, mostly scheduling; "
-                      "not judged against the target)."]
+                      f"({crowded(world, limit, profile.get('device'))}; not judged against the target)."]
     lines += ["", f"Pooled over all counts {percent(comm['mape_heldout'])}; the fit across counts alone (what "
                   f"extrapolation to unmeasured counts uses) {percent(comm['mape_heldout_across'])}."]
     return lines
