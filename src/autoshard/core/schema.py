@@ -160,6 +160,33 @@ class HybridMetrics(TypedDict):
     best_epoch: int
 
 
+class PairedDifference(TypedDict):
+    """A paired difference of absolute percentage error, test shard by test shard: its mean,
+    95% bootstrap interval and Wilcoxon signed-rank p-value."""
+
+    difference: Number
+    ci_low: Number
+    ci_high: Number
+    p_value: Number
+    shards: int
+
+
+class ActiveMetrics(TypedDict):
+    """The hybrid's active selection (`costmodel.active`): what was measured, each arm's MAPE
+    (mean and sd over `seeds` fits; arm -> seen | unseen) and the paired differences
+    ("active - uniform | unseen", ...)."""
+
+    rounds: int
+    shards_per_round: int
+    ensemble: int
+    seeds: int
+    candidates: int
+    shards_measured: int
+    mape: dict[str, dict[str, Number]]
+    mape_sd: dict[str, dict[str, Number]]
+    paired: dict[str, PairedDifference]
+
+
 class MeasurementFloor(TypedDict):
     """Seen-table test shards measured in both profile passes: the pass-to-pass MAPE (the
     second pass as the prediction of the main one) and each model's MAPE on exactly those
@@ -186,6 +213,7 @@ class CostModelMetrics(StageTime):
     predict_10k_shards_seconds: float
     hybrid: NotRequired[HybridMetrics]
     measurement_floor: NotRequired[MeasurementFloor]
+    active: NotRequired[ActiveMetrics]
 
 
 class TrainRLMetrics(StageTime):

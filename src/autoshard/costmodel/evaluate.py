@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 from scipy.stats import kendalltau
 
-from autoshard.core.schema import CostModelMetrics, HybridMetrics, MeasurementFloor
+from autoshard.core.schema import ActiveMetrics, CostModelMetrics, HybridMetrics, MeasurementFloor
 from autoshard.costmodel.dataset import SEEN_MULTI, UNSEEN_MULTI
 from autoshard.costmodel.hybrid import HybridCostModel, with_single_costs
 from autoshard.costmodel.model import CostModel, transform
@@ -196,12 +196,14 @@ def cost_model_metrics(splits: dict[str, pd.DataFrame], comparison: pd.DataFrame
                        predict_seconds: float, seconds: float,
                        replicate_mape: pd.DataFrame | None = None,
                        hybrid: HybridMetrics | None = None,
-                       floor: MeasurementFloor | None = None) -> CostModelMetrics:
+                       floor: MeasurementFloor | None = None,
+                       active: ActiveMetrics | None = None) -> CostModelMetrics:
     """The cost-model stage's metrics: shards per split, every estimator's scores per test set,
     the neural `estimator`'s MAPE against `targets` (a target on an empty test set is not met),
     the noise floor, the learning curve, the best epoch, the prediction time of 10k shards and,
     when fitted, the hybrid model's comparison (`hybrid_metrics`) and, when the profile measured
-    the shards twice, the measurement floor (`floor.measurement_floor`)."""
+    the shards twice, the measurement floor (`floor.measurement_floor`) and, when it ran, the
+    hybrid's active selection (`active.active_metrics`)."""
     mapes = comparison[comparison["estimator"] == estimator].set_index("test set")["mape"]
     metrics: CostModelMetrics = {
         "shards": {name: len(s) for name, s in splits.items()},
@@ -223,6 +225,8 @@ def cost_model_metrics(splits: dict[str, pd.DataFrame], comparison: pd.DataFrame
         metrics["hybrid"] = hybrid
     if floor is not None:
         metrics["measurement_floor"] = floor
+    if active is not None:
+        metrics["active"] = active
     return metrics
 
 

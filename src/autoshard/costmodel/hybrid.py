@@ -70,6 +70,24 @@ class HybridConfig:
                    heuristic_weight=f.number("heuristic_weight", lo=0, lo_open=True))
 
 
+@dataclass(frozen=True)
+class ActiveConfig:
+    """The `cost_model.active` section, less its switch: how many shards `costmodel.active`
+    measures for the hybrid, and how it chooses them."""
+
+    rounds: int            # choose, measure, refit
+    shards_per_round: int  # per arm and round
+    ensemble: int          # bootstrap hybrids whose spread is the uncertainty
+    candidates: int        # unmeasured shards to choose from
+    seeds: int             # fits of each arm's hybrid for the comparison
+
+    @classmethod
+    def from_fields(cls, f: Fields) -> "ActiveConfig":
+        return cls(rounds=f.integer("rounds"), shards_per_round=f.integer("shards_per_round"),
+                   ensemble=f.integer("ensemble", lo=2), candidates=f.integer("candidates", lo=3),
+                   seeds=f.integer("seeds"))
+
+
 def with_single_costs(features: np.ndarray, single_ms: pd.Series) -> np.ndarray:
     """The pool's features (N, 21) with each table's measured single cost (ms) as a 22nd column;
     a table without a measurement is an error (the hybrid cannot price it)."""

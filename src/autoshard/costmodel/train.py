@@ -10,7 +10,7 @@ from tqdm.auto import tqdm
 from autoshard.core.params import Fields
 from autoshard.core.seeding import one_thread
 from autoshard.costmodel.dataset import SEEN_MULTI, UNSEEN_MULTI, with_costs
-from autoshard.costmodel.hybrid import HybridConfig, HybridCostModel
+from autoshard.costmodel.hybrid import ActiveConfig, HybridConfig, HybridCostModel
 from autoshard.costmodel.model import HEADS, CostModel, CostModelConfig, check_features, pad_shards
 
 
@@ -18,7 +18,8 @@ from autoshard.costmodel.model import HEADS, CostModel, CostModelConfig, check_f
 class CostStageConfig:
     """The `cost_model` section: the network, the data split, the study's extras, the
     neural model's MAPE targets per test set (`mape_targets.seen` / `.unseen`), and the hybrid
-    model (None when `hybrid.enabled` is false) with its MAPE target on both test sets."""
+    model (None when `hybrid.enabled` is false) with its MAPE target on both test sets, and the
+    active selection of more shards for it (`active`, None when off)."""
 
     model: CostModelConfig
     val_share: float
@@ -28,6 +29,7 @@ class CostStageConfig:
     mape_targets: dict[str, float]
     hybrid: HybridConfig | None
     hybrid_mape_target: float
+    active: ActiveConfig | None = None  # None: `active.enabled` false, or no hybrid
 
     @classmethod
     def from_params(cls, values: dict) -> "CostStageConfig":
@@ -40,8 +42,12 @@ class CostStageConfig:
         enabled, hybrid_target = h.boolean("enabled"), h.number("mape_target", lo=0, lo_open=True)
         hybrid = HybridConfig.from_fields(h)
         h.done()
+        a = f.sub("active")
+        active_on, active = a.boolean("enabled"), ActiveConfig.from_fields(a)
+        a.done()
         cfg = cls(model=CostModelConfig.from_fields(f), mape_targets=targets,
                   hybrid=hybrid if enabled else None, hybrid_mape_target=hybrid_target,
+                  active=active if enabled and active_on else None,
                   val_share=f.number("val_share", lo=0, hi=0.5, lo_open=True),
                   test_share=f.number("test_share", lo=0, hi=0.5, lo_open=True),
                   learning_curve=tuple(f.numbers("learning_curve", lo=0.01, hi=1.0)),
