@@ -14,6 +14,7 @@ from autoshard.measure.analytic import AnalyticBackend
 from autoshard.measure.backends import BackendConfig
 from autoshard.measure.comm import STAGES
 from autoshard.measure.comm_store import CommTiming, comm_space, placement_key, placement_records, ranks
+from autoshard.measure.commmodel import CommModel
 from autoshard.measure.store import MeasurementStore
 from autoshard.measure.timing import TimingConfig
 from autoshard.pipeline.stage import select, stage_spec
@@ -126,7 +127,8 @@ def test_score_uses_measured_comm_for_the_protocols_asked_and_sums_stage_maxima(
 
 
 def test_a_measurement_with_more_ranks_than_cores_is_labelled_oversubscribed(tmp_path, pool, launches, monkeypatch):
-    monkeypatch.setattr(measured, "honest_limit", lambda device: 1)  # 2 ranks on 1 core
+    asks = []
+    monkeypatch.setattr(measured, "honest_limit", lambda device: asks.append(device) or 1)  # 2 ranks on 1 core
     tasks, plans = _plans()
     cfg = BackendConfig(backend="analytic", device="cpu", optimizer="EXACT_SGD", batch_size=64, threads=1,
                         timing=TimingConfig(rounds=1), memory_limit_bytes=2**30)
@@ -137,6 +139,11 @@ def test_a_measurement_with_more_ranks_than_cores_is_labelled_oversubscribed(tmp
     assert set(dreamshard["comm_source"]) == {"measured-oversubscribed"}
     assert dreamshard["comm_cv"].notna().all(), "an oversubscribed measurement keeps its CV across rounds"
     assert set(devices.loc[devices["protocol"] == "autoshard", "comm_source"]) == {"analytic"}
+    assert asks == ["cpu"], "the honest limit is asked once per score, not per plan"
+    model = CommModel({2: {"forward": [1.0, 0.0, 0.0], "backward": [2.0, 0.0, 0.0]}}, {})
+    modelled = score(AnalyticBackend(pool), pool.features, tasks, plans, cfg, MeasurementStore(tmp_path, "space"), 0,
+                     progress=False, comm_model=model)
+    assert set(modelled["comm_source"]) == {"oversubscribed-model"}, "fitted at 2 ranks, but on 1 core"
 
 
 def test_settings_follow_the_objective_and_bad_values_name_the_field(smoke_params):

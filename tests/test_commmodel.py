@@ -42,7 +42,14 @@ def test_fit_recovers_synthetic_coefficients_exactly():
         for direction, abc in coef.items():
             assert np.allclose(model.per_world[world][direction], abc, atol=1e-9)
     assert mape(model, _synthetic(1)) < 1e-9
-    assert model.source(4) == "measured-model" and model.source(8) == "extrapolated-model"
+    assert model.source(4, 4) == "measured-model" and model.source(8, 8) == "extrapolated-model"
+
+
+def test_a_fitted_count_above_the_honest_limit_is_labelled_oversubscribed():
+    model = fit_comm_model(_synthetic(0))
+    assert model.source(2, 2) == "measured-model"
+    assert model.source(4, 2) == "oversubscribed-model", "fitted on more ranks than cores"
+    assert model.source(8, 2) == "extrapolated-model"
 
 
 def test_model_round_trips_through_json(tmp_path):

@@ -117,7 +117,7 @@ def test_profile_notebook(profiled, smoke_params):
     assert {"honest_device_counts", "mape_heldout_honest"} <= set(metrics["comm"]), "the target's counts recorded"
     comm = pd.read_parquet(tmp_path / "data" / "profile" / "comm.parquet")
     assert len(comm) == smoke_params["profile"]["comm"]["placements"] * 2 * 2 and (comm["ms"] > 0).all()
-    assert CommModel.load(tmp_path / "data" / "profile" / "comm_model.json").source(2) == "measured-model"
+    assert CommModel.load(tmp_path / "data" / "profile" / "comm_model.json").source(2, 2) == "measured-model"
     _, outputs = executed_outputs(tmp_path / "nb" / "02_profile.ipynb")
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 6
     assert not (tmp_path / "profile").exists(), "the profile chunks are dropped once saved"
@@ -204,7 +204,8 @@ def test_evaluate_notebook(profiled, smoke_params, monkeypatch):
     assert (plans["synchronized_ms"] >= plans["measured_ms"]).all()
     synchronized = plans["protocol"] == "dreamshard"  # ranked by the synchronized stages: its all-to-alls measured
     assert set(plans.loc[synchronized, "comm_source"]) <= set(MEASURED_SOURCES)  # oversubscribed on a 1-CPU box
-    assert set(plans.loc[~synchronized, "comm_source"]) <= {"measured-model", "extrapolated-model"}
+    assert set(plans.loc[~synchronized, "comm_source"]) <= {"measured-model", "oversubscribed-model",
+                                                           "extrapolated-model"}
     assert metrics["noise"]["comm_plans"] > 0 and metrics["noise"]["comm_round_cv"] >= 0
     assert "rl_sync_local_search__vs__sync_local_search" in metrics["paired_synchronized"]["dreamshard"]
 

@@ -96,6 +96,7 @@ def test_canonical_ignores_device_names():
     assert same_split(np.array([0, 1, 1]), np.array([1, 0, 0]))
     assert not same_split(np.array([0, 1, 1]), np.array([0, 0, 1]))
     assert same_split(None, None) and not same_split(None, np.array([0]))
+    assert not same_split(np.array([0, 1]), np.array([0, 1, 1])), "another number of tables is another split"
 
 
 def test_minimum_detectable_effect_formula():

@@ -336,6 +336,9 @@ def test_the_regime_text_says_where_each_protocols_all_to_all_came_from():
     assert text == ("the comm model extrapolated to another device count (autoshard, small); "
                     "the all-to-all measured across one process per device (dreamshard)")
     assert comm_sources({}) == "the all-to-all (source not recorded)"
+    assert comm_sources({"comm_source": {"tight": "oversubscribed-model"}}) == (
+        "the comm model at a device count it was fitted on, from oversubscribed timings (more processes than "
+        "cores) (tight)")
 
 
 COMM = {"placements": 40, "device_counts": [2, 4], "batch_size": 2048, "heldout_share": 0.25,

@@ -246,6 +246,38 @@ def test_refresh_round_measures_plans_and_refits(tmp_path, smoke_params):
     assert len(list((tmp_path / "refresh").glob("*/round_1.pt"))) == 2, "another start policy is another run"
 
 
+def test_refresh_measures_through_the_store(tmp_path, world, smoke_params):
+    """The plans' new shards are measured once into the measurement store: the same call again
+    measures nothing and returns the same rows, numbered after the profile's last shard."""
+    from autoshard.measure.backends import make_backend
+    from autoshard.measure.collect import ProfileConfig
+    from autoshard.rl.refresh import measure_plans
+
+    pool, _, _ = world
+    cfg = ProfileConfig.from_params(smoke_params["profile"] | {"backend": "analytic"})
+    backend = make_backend(pool, cfg.backend)
+    calls = []
+    measure = backend.measure
+    backend.measure = lambda *args: calls.append(args) or measure(*args)
+    tasks = tasks_of(pool, 3, 6, 2)
+    plans = [np.arange(len(t.tables)) % t.devices for t in tasks]
+    profile = pd.DataFrame({"shard_id": [0, 7], "tables": [[tasks[0].tables[0]], [tasks[0].tables[1]]]})
+
+    def rows() -> pd.DataFrame:
+        return measure_plans(pool, tasks, plans, profile, backend, cfg, tmp_path / "measurements", 1, seed=0)
+
+    first = rows()
+    assert calls and len(first) == 6 and first["shard_id"].tolist() == list(range(8, 14))
+    assert set(first["status"]) == {"ok"} and np.isfinite(first["total_ms"]).all()
+    assert (first["kind"] == "refresh_1").all()
+    calls.clear()
+    again = rows()
+    assert not calls, "a rerun reads the store"
+    pd.testing.assert_frame_equal(first, again)
+    known = pd.concat([profile, first], ignore_index=True)
+    assert measure_plans(pool, tasks, plans, known, backend, cfg, tmp_path / "measurements", 2, seed=0).empty
+
+
 def test_rl_run_not_resumed_after_training_code_change(tmp_path, world, monkeypatch):
     """One line of the GAE code changed (in a copy of the package the digest reads): the run
     gets another key, so the finished checkpoint is not resumed; the unchanged code resumes it."""

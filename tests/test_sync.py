@@ -9,13 +9,14 @@ import pytest
 from autoshard.core.errors import ConfigError
 from autoshard.data.tasks import Task
 from autoshard.measure.comm import STAGES, max_device_ms, synchronized_ms
+from autoshard.measure.comm_store import placement_key
 from autoshard.measure.commmodel import CommModel
 from autoshard.placement.heuristics import Infeasible
 from autoshard.placement.lpt import lpt
 from autoshard.placement.surrogate import MilpConfig
 from autoshard.placement.sync import predicted_stages, stage_singles, sync_greedy, synchronized_cost
 from autoshard.placement.sync_planners import planners
-from autoshard.studies.measured import bottlenecks, plan_comm, plan_frame, synchronized
+from autoshard.studies.measured import bottlenecks, device_widths, plan_comm, plan_frame, synchronized
 
 NO_COMM = CommModel({2: {"forward": [0.0, 0.0, 0.0], "backward": [0.0, 0.0, 0.0]}},
                     {"forward": [0.0] * 4, "backward": [0.0] * 4})
@@ -84,12 +85,16 @@ def test_comm_source_says_where_comm_comes_from():
     features = pd.DataFrame({"dim": [16, 32, 64, 8], "pooling_factor": [1.0, 2.0, 3.0, 4.0]})
     model = CommModel({2: {"forward": [1.0, 0.0, 0.0], "backward": [2.0, 0.0, 0.0]}},
                       {"forward": [1.0, 0.0, 0.0, 0.5], "backward": [2.0, 0.0, 0.0, 0.5]})
-    comm, source = plan_comm(features, [[0, 1], [2, 3]], 64, "cpu", model)
+    comm, source = plan_comm(features, [[0, 1], [2, 3]], 64, "cpu", 2, model)
     assert source == "measured-model" and comm == [(1.0, 2.0), (1.0, 2.0)]
-    comm, source = plan_comm(features, [[0], [1], [2], [3]], 64, "cpu", model)
+    assert plan_comm(features, [[0, 1], [2, 3]], 64, "cpu", 1, model) == (comm, "oversubscribed-model")
+    comm, source = plan_comm(features, [[0], [1], [2], [3]], 64, "cpu", 2, model)
     assert source == "extrapolated-model" and comm[0] == (3.0, 4.0)
-    _, source = plan_comm(features, [[0, 1], [2, 3]], 64, "cpu")
+    _, source = plan_comm(features, [[0, 1], [2, 3]], 64, "cpu", 2)
     assert source == "analytic"
+    timed = {placement_key(device_widths(features, [[0, 1], [2, 3]])): [(5.0, 6.0), (7.0, 8.0)]}
+    assert plan_comm(features, [[0, 1], [2, 3]], 64, "cpu", 2, model, timed)[1] == "measured"
+    assert plan_comm(features, [[0, 1], [2, 3]], 64, "cpu", 1, model, timed)[1] == "measured-oversubscribed"
 
 
 # --- sync_greedy ------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ A second fit across all measured device counts adds a term in D; it is what the 
 for a device count it was not measured at (an extrapolation, labelled so).
 The held-out target is judged on the honest device counts only (`comm.honest_limit`: one rank
 per core or GPU); oversubscribed counts are fitted and reported, but their times mostly measure
-scheduling.
+scheduling (a prediction at one is labelled so, `CommModel.source`).
 """
 
 import json
@@ -73,10 +73,13 @@ class CommModel:
     per_world: dict[int, dict[str, list[float]]] = field(default_factory=dict)
     across: dict[str, list[float]] = field(default_factory=dict)
 
-    def source(self, world: int) -> str:
-        """'measured-model' when fitted at this device count, 'extrapolated-model' when only the
-        across-world fit covers it."""
-        return "measured-model" if world in self.per_world else "extrapolated-model"
+    def source(self, world: int, limit: int) -> str:
+        """'measured-model' when fitted at this device count, 'oversubscribed-model' when fitted at
+        it but it is above the honest limit `limit` (`comm.honest_limit`: the fit's times there
+        mostly measure scheduling), 'extrapolated-model' when only the across-world fit covers it."""
+        if world not in self.per_world:
+            return "extrapolated-model"
+        return "measured-model" if world <= limit else "oversubscribed-model"
 
     def predict_rows(self, rows: pd.DataFrame) -> np.ndarray:
         """Predicted ms for rows with world, direction, sent_mb, received_mb (never below 0)."""

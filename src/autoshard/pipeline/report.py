@@ -392,6 +392,8 @@ COMM_SOURCES = {"measured": "the all-to-all measured across one process per devi
                 "measured-oversubscribed": "the all-to-all measured across more processes than cores: "
                                            "oversubscribed, mostly scheduling",
                 "measured-model": "the comm model at a device count it was fitted on",
+                "oversubscribed-model": "the comm model at a device count it was fitted on, from oversubscribed "
+                                        "timings (more processes than cores)",
                 "extrapolated-model": "the comm model extrapolated to another device count",
                 "analytic": "TorchRec's analytic all-to-all estimate"}
 

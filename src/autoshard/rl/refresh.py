@@ -22,28 +22,31 @@ from autoshard.data.pool import Pool
 from autoshard.data.tasks import Task, load_tasks
 from autoshard.measure.backends import make_backend
 from autoshard.measure.base import CostBackend
-from autoshard.measure.collect import Job, ProfileConfig, environment, load_profile, measure_job
+from autoshard.measure.collect import Job, ProfileConfig, collect, load_profile
 from autoshard.placement.shards import device_shards
 from autoshard.rl.infer import policy_plans
 from autoshard.rl.policy import Policy
 from autoshard.rl.ppo import RLStageConfig, run_key, train
 
 
-def measure_plans(backend: CostBackend, pool: Pool, tasks: list[Task], plans: list[np.ndarray],
-                  profile: pd.DataFrame, batch_size: int, threads: int, round_: int) -> pd.DataFrame:
-    """Profile rows for the plans' device shards that the profile does not hold yet."""
+def measure_plans(pool: Pool, tasks: list[Task], plans: list[np.ndarray], profile: pd.DataFrame,
+                  backend: CostBackend, profile_cfg: ProfileConfig, store_root: str | Path, round_: int,
+                  seed: int) -> pd.DataFrame:
+    """Profile rows for the plans' device shards that the profile does not hold yet, numbered
+    after its last shard. They go through the measurement store under `store_root` (`collect`),
+    so a rerun reads what an earlier one measured and an interrupted one resumes."""
     known = set(profile["tables"].map(lambda t: tuple(sorted(int(x) for x in t))))
-    sizes = pool.features["size_bytes"].to_numpy()
-    env = environment(backend, threads)
-    rows, start = [], int(profile["shard_id"].max()) + 1
+    jobs = []
     for task, plan in zip(tasks, plans, strict=True):
         for shard in device_shards(task, plan):
             key = tuple(sorted(shard))
             if key and key not in known:
                 known.add(key)
-                rows.append(measure_job(backend, Job(f"refresh_{round_}", key), start + len(rows),
-                                        batch_size, sizes, env))
-    return pd.DataFrame(rows)
+                jobs.append(Job(f"refresh_{round_}", key))
+    if not jobs:
+        return pd.DataFrame()
+    rows = collect(pool, jobs, backend, profile_cfg, store_root, progress=False, seed=seed)
+    return rows.assign(shard_id=rows["shard_id"] + int(profile["shard_id"].max()) + 1)
 
 
 def refresh_rounds(policy: Policy, cost_model: CostModel, pool: Pool, train_tasks: list[Task],
@@ -51,8 +54,9 @@ def refresh_rounds(policy: Policy, cost_model: CostModel, pool: Pool, train_task
                    make_validate: Callable[[CostModel], Callable] | None, seed: int,
                    measure_tasks: list[Task] | None = None) -> tuple[Policy, CostModel, pd.DataFrame]:
     """`rl.refresh_rounds` rounds of: measure the policy's plans of `train_tasks` with the
-    profile's backend (`params["profile"]`), refit the cost model (`params["cost_model"]`) on
-    the grown profile, train the policy `rl.refresh_iterations` more iterations on it.
+    profile's backend (`params["profile"]`, through the measurement store in `data_dir`), refit
+    the cost model (`params["cost_model"]`) on the grown profile, train the policy
+    `rl.refresh_iterations` more iterations on it.
     `measure_tasks` (default: `train_tasks`) are the tasks whose plans each round measures.
     Returns the policy, the cost model and one summary row per round."""
     profile_cfg = ProfileConfig.from_params(params["profile"])
@@ -65,8 +69,8 @@ def refresh_rounds(policy: Policy, cost_model: CostModel, pool: Pool, train_task
     for r in range(1, rl.refresh_rounds + 1):
         measured_tasks = train_tasks if measure_tasks is None else measure_tasks
         plans = policy_plans(policy, cost_model, features, measured_tasks)
-        new = measure_plans(backend, pool, measured_tasks, plans, profile, profile_cfg.backend.batch_size,
-                            profile_cfg.backend.threads, r)
+        new = measure_plans(pool, measured_tasks, plans, profile, backend, profile_cfg,
+                            Path(data_dir) / "measurements", r, seed)
         ok = new[new["status"] == "ok"] if len(new) else new
         before = cost_model.predict_ms(features, ok["tables"].tolist()) if len(ok) else np.array([])
         profile = pd.concat([profile, new], ignore_index=True)

@@ -15,11 +15,12 @@ the shards, so a second score launches nothing), or "measured-oversubscribed" at
 above `measure.comm.honest_limit` (more ranks than cores or GPUs: the times mostly measure
 scheduling). Every other plan, or every plan when the store is an imported read-only space,
 gets the comm model the profile stage fitted on measured all-to-alls (`measure.commmodel`), at
-a device count it was measured at ("measured-model") or extrapolated across device counts
-("extrapolated-model"); without a model, TorchRec's analytic estimate ("analytic"). Column
-`comm_source` says which. Each plan is scored two ways: the slowest device's compute
-(`measured_ms`) and DreamShard's synchronized stages, the sum over the four stages of the
-slowest device in each (`synchronized_ms`, see `measure.comm.synchronized_ms`).
+a device count it was measured at ("measured-model", or "oversubscribed-model" above the honest
+limit) or extrapolated across device counts ("extrapolated-model"); without a model, TorchRec's
+analytic estimate ("analytic"). Column `comm_source` says which. Each plan is scored two ways:
+the slowest device's compute (`measured_ms`) and DreamShard's synchronized stages, the sum over
+the four stages of the slowest device in each (`synchronized_ms`, see
+`measure.comm.synchronized_ms`).
 """
 
 from collections.abc import Mapping, Sequence
@@ -136,34 +137,36 @@ def measured_plans_comm(pool_features: pd.DataFrame, tasks: list[Task], plans: d
     return ({k: ranks(r) for k, r in records.items()}, {k: rank_cvs(r) for k, r in records.items()})
 
 
-def plan_comm(pool_features: pd.DataFrame, shards: list[list[int]], batch_size: int, device: str,
+def plan_comm(pool_features: pd.DataFrame, shards: list[list[int]], batch_size: int, device: str, limit: int,
               comm_model: CommModel | None = None,
               measured: Mapping[str, list[tuple[float, float]]] | None = None) -> tuple[list[tuple[float, float]], str]:
     """(forward, backward) all-to-all ms per device of a plan and where they come from: `measured`
     (by `placement_key` of the plan's widths) when it holds the plan ("measured", or
-    "measured-oversubscribed" above `honest_limit(device)` devices), else the comm model
-    ("measured-model" at a fitted device count, "extrapolated-model" at another) or, without
+    "measured-oversubscribed" above `limit`, the honest limit `honest_limit(device)`), else the
+    comm model (`CommModel.source`: "measured-model" at a fitted device count,
+    "oversubscribed-model" at one above `limit`, "extrapolated-model" at another) or, without
     one, TorchRec's analytic estimate ("analytic")."""
     name = placement_key(device_widths(pool_features, shards))
     if measured and name in measured:
-        return list(measured[name]), "measured" if len(shards) <= honest_limit(device) else "measured-oversubscribed"
+        return list(measured[name]), "measured" if len(shards) <= limit else "measured-oversubscribed"
     dims = [pool_features["dim"].to_numpy()[s].tolist() for s in shards]
     if comm_model is not None:
-        return comm_model.predict([int(sum(d)) for d in dims], batch_size), comm_model.source(len(shards))
+        return comm_model.predict([int(sum(d)) for d in dims], batch_size), comm_model.source(len(shards), limit)
     pfs = [pool_features["pooling_factor"].to_numpy()[s].tolist() for s in shards]
     return analytic_comm(dims, pfs, batch_size, device), "analytic"
 
 
 def device_frame(pool_features: pd.DataFrame, task: Task, method: str, plan: np.ndarray,
-                 costs: dict[str, list[float]], batch_size: int, device: str,
+                 costs: dict[str, list[float]], batch_size: int, device: str, limit: int,
                  comm_model: CommModel | None = None,
                  measured: Mapping[str, list[tuple[float, float]]] | None = None,
                  comm_cvs: Mapping[str, list[float]] | None = None) -> pd.DataFrame:
     """One row per device of a plan: measured compute (forward, backward and their IQRs),
     communication (see `plan_comm`; `comm_source` says which; `comm_cv`, a measured all-to-all's
-    CV across rounds from `comm_cvs`, else NaN), tables and memory."""
+    CV across rounds from `comm_cvs`, else NaN), tables and memory; `limit` is the honest
+    limit of `device` (`honest_limit`)."""
     shards = device_shards(task, plan)
-    comm, source = plan_comm(pool_features, shards, batch_size, device, comm_model, measured)
+    comm, source = plan_comm(pool_features, shards, batch_size, device, limit, comm_model, measured)
     timed = source in MEASURED_SOURCES
     cvs = (comm_cvs or {}).get(placement_key(device_widths(pool_features, shards))) if timed else None
     sizes = pool_features["size_bytes"].to_numpy()
@@ -208,14 +211,15 @@ def score(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Task],
     comm, comm_cvs = measured_plans_comm(pool_features, tasks, plans, store, cfg.batch_size, backend.device, seed,
                                          tag or "score", measured_comm)
     known = store.read()
+    limit = honest_limit(backend.device)
     frames = []
     for i, task in enumerate(tasks):
         task_plans = {m: p[i] for m, p in plans.items() if p[i] is not None}
         records = {k: known[k] for k in map(shard_key, task_shards(task, list(task_plans.values())))}
         costs = {k: values(r) for k, r in records.items()}
         wanted = comm if measured_comm is not None and measured_comm.wants(task) else None
-        frames += [device_frame(pool_features, task, m, p, costs, cfg.batch_size, backend.device, comm_model,
-                                wanted, comm_cvs).assign(
+        frames += [device_frame(pool_features, task, m, p, costs, cfg.batch_size, backend.device, limit,
+                                comm_model, wanted, comm_cvs).assign(
             drift=max((r["drift"] for r in records.values()), default=0.0),
             remeasured=any(r["attempts"] > 1 for r in records.values())) for m, p in task_plans.items()]
     out = pd.concat(frames, ignore_index=True)

@@ -29,9 +29,7 @@ def canonical(placement: np.ndarray) -> tuple[int, ...]:
 
 def same_split(a: np.ndarray | None, b: np.ndarray | None) -> bool:
     """True when both placements put the same tables together (or neither method has a plan)."""
-    if a is None or b is None:
-        return a is None and b is None
-    return len(a) == len(b) and canonical(a) == canonical(b)
+    return _split(a) == _split(b)
 
 
 def minimum_detectable_effect(noise_sd: float, tasks: int, alpha: float = 0.05, power: float = 0.8) -> float:
