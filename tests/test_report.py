@@ -328,6 +328,29 @@ def test_the_cost_model_section_sets_the_hybrid_against_a_re_measurement():
     assert "no floor" in floor_line({"measurement_floor": floor | {"shards": 0}})
 
 
+def test_the_active_selection_line_says_whether_choosing_beat_chance():
+    from autoshard.pipeline.report import active_line
+
+    arms = {"base": {"seen": 0.068, "unseen": 0.127}, "active": {"seen": 0.066, "unseen": 0.121},
+            "uniform": {"seen": 0.069, "unseen": 0.131}}
+    paired = {"active - uniform | unseen": {"difference": -0.0105, "ci_low": -0.018, "ci_high": -0.0034,
+                                            "p_value": 0.014, "shards": 188},
+              "active - base | seen": {"difference": -0.002, "ci_low": -0.009, "ci_high": 0.004,
+                                       "p_value": 0.5, "shards": 89},
+              "active - base | unseen": {"difference": 0.02, "ci_low": 0.01, "ci_high": 0.03,
+                                         "p_value": 0.01, "shards": 188}}
+    line = active_line({"active": {"rounds": 3, "shards_per_round": 50, "ensemble": 5, "seeds": 3, "candidates": 3000,
+                                   "shards_measured": 290, "mape": arms,
+                                   "mape_sd": {k: {"seen": 0.001, "unseen": 0.002} for k in arms},
+                                   "paired": paired}})
+    assert "290 more train-table shards" in line and "3 rounds of 50 per arm" in line
+    assert "base 6.8% ± 0.1% | 12.7% ± 0.2%" in line
+    assert "active - uniform | unseen -1.1 points [-1.8, -0.3], p 0.014 (188 shards): better" in line
+    assert "active - base | seen -0.2 points [-0.9, +0.4], p 0.500 (89 shards): no difference shown" in line
+    assert "active - base | unseen +2.0 points" in line and line.count("worse") == 1
+    assert "measured no shards" in active_line({})
+
+
 def test_the_regime_text_says_where_each_protocols_all_to_all_came_from():
     from autoshard.pipeline.report import comm_sources
 

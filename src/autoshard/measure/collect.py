@@ -28,7 +28,7 @@ from autoshard.core.seeding import rng
 from autoshard.data.pool import Pool
 from autoshard.data.tasks import Task, shards
 from autoshard.measure.backends import BackendConfig
-from autoshard.measure.base import CostBackend, ShardTooLarge
+from autoshard.measure.base import CostBackend
 from autoshard.measure.batches import BatchJob, measure_batch_job
 from autoshard.measure.crosscheck import BenchConfig
 from autoshard.measure.protocols import ProtocolCheck
@@ -198,21 +198,6 @@ def environment(backend: CostBackend, threads: int) -> dict:
     return {"backend": backend.name, "device": device, "threads": threads,
             "host": platform.node(), "cpu": platform.processor() or platform.machine(),
             "torch_version": torch.__version__, "fbgemm_version": fbgemm_version}
-
-
-def measure_job(backend: CostBackend, job: Job, shard_id: int, batch_size: int,
-                sizes: np.ndarray, env: dict) -> dict:
-    """One row of the data set: the job, its cost (NaN when unmeasurable) and the environment."""
-    row = {"shard_id": shard_id, "kind": job.kind, "round": job.round, "tables": list(job.tables),
-           "num_tables": len(job.tables), "shard_bytes": int(sizes[list(job.tables)].sum()),
-           "batch_size": batch_size}
-    try:
-        cost = backend.measure(job.tables, batch_size)
-        row |= {"status": "ok", **{c: getattr(cost, c) for c in COST_COLUMNS}}
-    except ShardTooLarge as exc:
-        row |= {"status": f"too large: {exc}", **{c: float("nan") for c in COST_COLUMNS}}
-    row["total_ms"] = row["forward_ms"] + row["backward_ms"]
-    return row | env
 
 
 def chunks(jobs: list[Job], size: int) -> list[list[int]]:

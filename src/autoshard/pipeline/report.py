@@ -148,6 +148,36 @@ def floor_line(cost_model: CostModelMetrics) -> str:
             f"independently noisy, and none can be shown better; {models}.")
 
 
+def active_line(cost_model: CostModelMetrics) -> str:
+    """Markdown: the hybrid's active selection (`costmodel.active`): what was measured, each arm's
+    MAPE on seen and unseen multi-table test shards, and whether choosing where the model is least
+    sure beat choosing at random (a paired interval that excludes 0), or showed no difference."""
+    if "active" not in cost_model:
+        return ("This run's cost_model stage measured no shards for the hybrid beyond the profile's "
+                "(`cost_model.active`).")
+    a = cost_model["active"]
+
+    def arm(name: str) -> str:
+        return " | ".join(f"{percent(a['mape'][name][k])} ± {percent(a['mape_sd'][name][k])}"
+                          for k in ("seen", "unseen"))
+
+    def verdict(key: str) -> str:
+        d = a["paired"][key]
+        if not all(_number(d[k]) for k in ("difference", "ci_low", "ci_high")):
+            return f"{key}: n/a"
+        word = ("better" if d["ci_high"] < 0 else "worse" if d["ci_low"] > 0 else "no difference shown")
+        return (f"{key} {d['difference'] * 100:+.1f} points [{d['ci_low'] * 100:+.1f}, {d['ci_high'] * 100:+.1f}], "
+                f"p {d['p_value']:.3f} ({d['shards']} shards): {word}")
+
+    return (f"Active selection: {a['shards_measured']} more train-table shards measured for the hybrid, "
+            f"{a['rounds']} rounds of {a['shards_per_round']} per arm, from {a['candidates']} candidates. "
+            f"Hybrid MAPE, seen | unseen multi-table shards (mean ± sd over {a['seeds']} fits): base {arm('base')}; "
+            f"+ shards where a {a['ensemble']}-model bootstrap ensemble is least sure {arm('active')}; "
+            f"+ as many drawn at random {arm('uniform')}. Paired, per test shard: "
+            + "; ".join(verdict(k) for k in a["paired"])
+            + ". The stage's hybrid is fitted on every shard measured.")
+
+
 def device_error_line(evaluate: dict) -> str:
     """Markdown: each cost model's median error on the evaluated plans' device shards, per protocol
     (predicted from the profile pass, measured in the evaluate pass, so it carries the machine's
@@ -535,7 +565,8 @@ def readme(reports: Path, stages: list[tuple[str, str]], budget_minutes: float |
                   "### Targets", "", targets(evaluate), ""]
     if (metrics / "cost_model.json").exists():
         lines += ["## Cost model against a re-measurement", "",
-                  floor_line(read_checked(metrics / "cost_model.json", CostModelMetrics)), "",
+                  floor_line(cost_model := read_checked(metrics / "cost_model.json", CostModelMetrics)), "",
+                  active_line(cost_model), "",
                   *([device_error_line(evaluate), ""] if evaluate else [])]
     if profile and profile.get("comm"):
         check(profile["comm"], CommMetrics, "profile.json: comm")
