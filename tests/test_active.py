@@ -160,3 +160,30 @@ def test_stage_config_turns_active_off(smoke_params):
     assert off.active is None
     no_hybrid = CostStageConfig.from_params(values | {"hybrid": values["hybrid"] | {"enabled": False}})
     assert no_hybrid.active is None
+
+
+def test_plan_devices_weigh_as_heuristic_shards(setting, single_ms):
+    x, train_tables, splits, candidates, _ = setting
+    new = act.choose(CFG, SMALL, x, train_tables, splits, candidates, FakeMeasure(single_ms), seed=0, progress=False)
+    planner = new["source"] == "planner"
+    assert planner.any() and new.loc[planner, "kind"].str.contains("heuristic").all()
+    assert not new.loc[~planner, "kind"].str.contains("heuristic").any()
+
+
+def test_running_out_of_candidates_stops_the_rounds(setting, single_ms):
+    x, train_tables, splits, candidates, _ = setting
+    measure = FakeMeasure(single_ms)
+    few = candidates.iloc[:7]
+    new = act.choose(CFG, SMALL, x, train_tables, splits, few, measure, seed=0, progress=False)
+    assert len(measure.calls) == 2 and (new["arm"] == "active").sum() == 7  # 5, then the 2 left
+    none = act.choose(CFG, SMALL, x, train_tables, splits, candidates.iloc[:0], measure, seed=0, progress=False)
+    assert none.empty and len(measure.calls) == 2
+
+
+def test_paired_test_on_degenerate_differences():
+    g = np.random.default_rng(0)
+    assert all(np.isnan(v) for v in act._paired_test(np.array([0.1]), g))
+    low, high, p = act._paired_test(np.zeros(5), g)
+    assert np.isnan(low) and np.isnan(high) and p == 1.0
+    low, high, p = act._paired_test(np.array([-0.1, -0.2, -0.15, -0.05, -0.12, -0.3]), g)
+    assert high < 0 and p < 0.05

@@ -349,6 +349,10 @@ def test_the_active_selection_line_says_whether_choosing_beat_chance():
     assert "active - base | seen -0.2 points [-0.9, +0.4], p 0.500 (89 shards): no difference shown" in line
     assert "active - base | unseen +2.0 points" in line and line.count("worse") == 1
     assert "measured no shards" in active_line({})
+    wide = {k: {"seen": 0.03, "unseen": 0.03} for k in arms}
+    line = active_line({"active": {"rounds": 3, "shards_per_round": 50, "ensemble": 5, "seeds": 3, "candidates": 9,
+                                   "shards_measured": 290, "mape": arms, "mape_sd": wide, "paired": paired}})
+    assert line.count("within the fits' spread") == 2 and "better" not in line
 
 
 def test_the_regime_text_says_where_each_protocols_all_to_all_came_from():

@@ -19,12 +19,13 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
 from scipy import stats
 from tqdm.auto import tqdm
 
 from autoshard.core.schema import ActiveMetrics
-from autoshard.core.seeding import rng
-from autoshard.costmodel.dataset import SEEN_MULTI, UNSEEN_MULTI, measured_shards
+from autoshard.core.seeding import one_thread, rng
+from autoshard.costmodel.dataset import COSTS, SEEN_MULTI, UNSEEN_MULTI, measured_shards
 from autoshard.costmodel.hybrid import ActiveConfig, HybridConfig
 from autoshard.costmodel.train import Fitted, fit_hybrid
 from autoshard.data.pool import Pool
@@ -48,11 +49,16 @@ def store_measure(pool: Pool, backend: CostBackend, cfg: ProfileConfig, store_ro
                   seed: int) -> Measure:
     """Measure shards as the profile does (`collect`: interleaved chunks filed in the
     measurement store under the profile's settings), so a rerun reads them and an interrupted
-    run resumes; returns `measured_shards` rows."""
+    run resumes; returns `measured_shards` rows. An imported space (`profile.measurements_space`)
+    cannot hold shards chosen here: `collect` refuses to measure into it."""
     def measure(shards: list[tuple[int, ...]], kind: str) -> pd.DataFrame:
-        jobs = [Job(kind, tuple(s)) for s in shards]
-        table = collect(pool, jobs, backend, cfg, store_root, progress=False, seed=seed, tag="")
-        return measured_shards(table, backend.name)
+        threads = torch.get_num_threads()
+        try:
+            table = collect(pool, [Job(kind, tuple(s)) for s in shards], backend, cfg, store_root, progress=False,
+                            seed=seed, what="the cost model's active selection")
+        finally:
+            torch.set_num_threads(threads)  # collect measures on `profile.threads`; the fits here pin their own
+        return measured_shards(table, backend.name) if len(table) else pd.DataFrame(columns=["tables", *COSTS])
     return measure
 
 
@@ -65,7 +71,8 @@ def uncertainty(cfg: HybridConfig, features: np.ndarray, train_tables: np.ndarra
         resample = train.iloc[rng(seed, "active", "bootstrap", m).integers(0, len(train), len(train))]
         model = fit_hybrid(cfg, features, train_tables, resample.reset_index(drop=True), val, seed + 1000 + m,
                            progress=False).model
-        logs.append(np.log(np.maximum(model.predict_ms(features, shards), 1e-9)))
+        with one_thread():
+            logs.append(np.log(np.maximum(model.predict_ms(features, shards), 1e-9)))
     return np.std(np.stack(logs), axis=0)
 
 
@@ -81,10 +88,12 @@ def choose(cfg: ActiveConfig, hybrid: HybridConfig, features: np.ndarray, train_
     for r in tqdm(range(1, cfg.rounds + 1), desc="active selection", disable=not progress):
         train = _with_arm(splits["train"], new, "active")
         left = [k for k in keys if k not in taken["active"]]
+        pool = [k for k in keys if k not in taken["uniform"]]
+        if not left or not pool:
+            break  # the candidates ran out
         spread = uncertainty(hybrid, features, train_tables, train, splits["val"], left, cfg.ensemble, seed + r)
         picks = {"active": [left[i] for i in np.argsort(-spread, kind="stable")[:cfg.shards_per_round]]}
         spread_of = dict(zip(left, spread, strict=True))
-        pool = [k for k in keys if k not in taken["uniform"]]
         g = rng(seed, "active", "uniform", r)
         picks["uniform"] = [pool[i] for i in sorted(g.choice(len(pool), min(cfg.shards_per_round, len(pool)),
                                                              replace=False))]
@@ -94,9 +103,12 @@ def choose(cfg: ActiveConfig, hybrid: HybridConfig, features: np.ndarray, train_
             taken[arm] |= set(chosen)
             ok = [k for k in chosen if k in by_key.index]
             rows = by_key.loc[ok].reset_index(drop=True)
-            new.append(rows.assign(kind=f"{arm} shard", arm=arm, round=r, source=[source[k] for k in ok],
+            # A plan's device is a heuristic shard wherever it comes from: it weighs `heuristic_weight`.
+            kinds = [f"{arm} {'heuristic' if source[k] == 'planner' else 'shard'}" for k in ok]
+            new.append(rows.assign(kind=kinds, arm=arm, round=r, source=[source[k] for k in ok],
                                    uncertainty=[spread_of[k] if arm == "active" else np.nan for k in ok]))
-    return pd.concat(new, ignore_index=True)
+    columns = ["tables", *COSTS, "kind", "arm", "round", "source", "uncertainty"]
+    return pd.concat(new, ignore_index=True) if new else pd.DataFrame(columns=columns)
 
 
 def _with_arm(train: pd.DataFrame, new: list[pd.DataFrame] | pd.DataFrame, *arms: str) -> pd.DataFrame:
@@ -134,13 +146,21 @@ def compare_arms(cfg: ActiveConfig, hybrid: HybridConfig, features: np.ndarray, 
     for other in ("uniform", "base"):
         for name in tests:
             diff = ape["active"][name] - ape[other][name]
-            ci = stats.bootstrap((diff,), np.mean, n_resamples=2000, confidence_level=0.95, method="BCa",
-                                 random_state=rng(seed, "active", "bootstrap-ci", other, name)).confidence_interval
+            ci_low, ci_high, p = _paired_test(diff, rng(seed, "active", "bootstrap-ci", other, name))
             rows.append({"comparison": f"active - {other}", "test set": name, "shards": len(diff),
                          "mape_active": float(ape["active"][name].mean()), "mape_other": float(ape[other][name].mean()),
-                         "difference": float(diff.mean()), "ci_low": float(ci.low), "ci_high": float(ci.high),
-                         "p_value": float(stats.wilcoxon(diff).pvalue) if np.any(diff != 0) else 1.0})
+                         "difference": float(diff.mean()), "ci_low": ci_low, "ci_high": ci_high, "p_value": p})
     return pd.DataFrame(errors), pd.DataFrame(rows)
+
+
+def _paired_test(diff: np.ndarray, g: np.random.Generator) -> tuple[float, float, float]:
+    """The BCa 95% bootstrap interval of the mean of `diff` and the Wilcoxon signed-rank p-value;
+    NaN where the data cannot give them (fewer than 2 differences, or all equal)."""
+    if len(diff) < 2 or np.all(diff == diff[0]):
+        return float("nan"), float("nan"), 1.0 if len(diff) and not np.any(diff) else float("nan")
+    ci = stats.bootstrap((diff,), np.mean, n_resamples=2000, confidence_level=0.95, method="BCa",
+                         random_state=g).confidence_interval
+    return float(ci.low), float(ci.high), float(stats.wilcoxon(diff).pvalue)
 
 
 def run(cfg: ActiveConfig, hybrid: HybridConfig, features: np.ndarray, train_tables: np.ndarray,

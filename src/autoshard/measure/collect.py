@@ -216,7 +216,7 @@ def pass_tag(round_: int) -> str:
 
 def collect(pool: Pool, jobs: list[Job], backend: CostBackend, cfg: ProfileConfig, store_root: str | Path,
             progress: bool = True, seed: int = 0, engine: Engine | None = None,
-            pool_source: dict | None = None, tag: str = "") -> pd.DataFrame:
+            pool_source: dict | None = None, tag: str = "", what: str = "the profile") -> pd.DataFrame:
     """Measure every job not in the measurement store under `store_root` and return the data set.
 
     Chunks of `cfg.chunk_size` shards are batches: each measured in interleaved rounds
@@ -228,7 +228,7 @@ def collect(pool: Pool, jobs: list[Job], backend: CostBackend, cfg: ProfileConfi
     makes the whole collection an independent pass (its own store space and shuffled orders):
     nothing is read from the untagged measurements. With `cfg.measurements_space` the shards are
     read from that space (imported, measured elsewhere) and none is measured: one missing is an
-    error."""
+    error naming `what` wanted it."""
     if engine is not None and pool_source is None:
         raise ConfigError("profile: measuring on an engine needs the pool's source (a folder or its parameters)")
     shared = store_for(store_root, cfg.backend, pool, cfg.measurements_space).tagged(tag)
@@ -245,7 +245,7 @@ def collect(pool: Pool, jobs: list[Job], backend: CostBackend, cfg: ProfileConfi
                 backend=cfg.backend, pool=pool_source or {}, store_root=str(store.folder.parent.resolve()),
                 space=store.folder.name, order=rng(seed, "profile", "order", *([tag] if tag else []), c),
                 label=f"profile{' ' + tag if tag else ''} chunk {c}"))
-    shared.refuse_measuring([s for job in batch_jobs for s in job.shards], "the profile")
+    shared.refuse_measuring([s for job in batch_jobs for s in job.shards], what)
     desc = f"profile ({backend.name}, {len(batch_jobs)} chunks to measure)" if progress else None
     if engine is None:
         torch.set_num_threads(cfg.backend.threads)

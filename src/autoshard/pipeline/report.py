@@ -151,7 +151,9 @@ def floor_line(cost_model: CostModelMetrics) -> str:
 def active_line(cost_model: CostModelMetrics) -> str:
     """Markdown: the hybrid's active selection (`costmodel.active`): what was measured, each arm's
     MAPE on seen and unseen multi-table test shards, and whether choosing where the model is least
-    sure beat choosing at random (a paired interval that excludes 0), or showed no difference."""
+    sure beat choosing at random: "better" or "worse" only when the paired interval excludes 0,
+    the Wilcoxon p-value is under 0.05 and the difference exceeds either arm's spread over fits
+    (the test's randomness is the test shards only; fit luck it averages over a few seeds)."""
     if "active" not in cost_model:
         return ("This run's cost_model stage measured no shards for the hybrid beyond the profile's "
                 "(`cost_model.active`).")
@@ -163,9 +165,14 @@ def active_line(cost_model: CostModelMetrics) -> str:
 
     def verdict(key: str) -> str:
         d = a["paired"][key]
-        if not all(_number(d[k]) for k in ("difference", "ci_low", "ci_high")):
+        if not all(_number(d[k]) for k in ("difference", "ci_low", "ci_high", "p_value")):
             return f"{key}: n/a"
-        word = ("better" if d["ci_high"] < 0 else "worse" if d["ci_low"] > 0 else "no difference shown")
+        arms, test_set = key.split(" | ")
+        spread = max(a["mape_sd"][arm].get(test_set) or 0.0 for arm in arms.split(" - "))
+        shown = d["p_value"] < 0.05 and (d["ci_high"] < 0 or d["ci_low"] > 0)
+        word = ("no difference shown" if not shown else
+                "within the fits' spread" if abs(d["difference"]) <= spread else
+                "better" if d["difference"] < 0 else "worse")
         return (f"{key} {d['difference'] * 100:+.1f} points [{d['ci_low'] * 100:+.1f}, {d['ci_high'] * 100:+.1f}], "
                 f"p {d['p_value']:.3f} ({d['shards']} shards): {word}")
 

@@ -45,7 +45,8 @@ def measure_plans(pool: Pool, tasks: list[Task], plans: list[np.ndarray], profil
                 jobs.append(Job(f"refresh_{round_}", key))
     if not jobs:
         return pd.DataFrame()
-    rows = collect(pool, jobs, backend, profile_cfg, store_root, progress=False, seed=seed)
+    rows = collect(pool, jobs, backend, profile_cfg, store_root, progress=False, seed=seed,
+                   what=f"refresh round {round_}")
     return rows.assign(shard_id=rows["shard_id"] + int(profile["shard_id"].max()) + 1)
 
 
