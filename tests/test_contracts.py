@@ -81,7 +81,7 @@ def test_profile_metrics():
     assert metrics["cv_target"] == 0.01 and not metrics["cv_target_met"] and metrics["rounds_for_cv_target"] > 1
     assert metrics["torch_fbgemm_kendall_tau"] == 1.0 and metrics["torch_over_fbgemm_median_ratio"] == 2.0
     assert metrics["harness_check"]["forward"]["ours_ms"] == 1.1
-    assert metrics["noise"] == {"median_cv": 0.03, "calibration_drift": 0.05, "calibration_drift_max": 0.2,
+    assert metrics["noise"] == {"median_cv": 0.03, "round_drift": 0.05, "round_drift_max": 0.2,
                                 "remeasured_share": 0.2}
 
 

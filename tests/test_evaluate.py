@@ -428,25 +428,41 @@ def test_a_batch_records_its_calibration_time_and_the_task_calibrates_on_its_own
     assert calibration_shard(task) == (1, 2, 3, 4, 7, 9, 12, 15)
 
 
-def test_a_drifting_batch_keeps_the_attempt_whose_calibration_drifted_least():
+def test_a_drifting_batch_keeps_the_attempt_that_drifted_least():
     from autoshard.measure.base import ShardCost
     from autoshard.measure.interleaved import measure_batch
     from autoshard.measure.timing import TimingConfig
 
-    class Machine:  # attempt 1: the calibration shard slows 40% after the first round, shards cost 2 ms;
-        name, device = "fake", "cpu"  # attempt 2: it drifts 20%, shards cost 1 ms; attempt 3: 30%, 3 ms
+    class Machine:  # the machine slows between rounds: 40% in attempt 1, 20% in attempt 2, 30% in attempt 3;
+        name, device = "fake", "cpu"  # its shards cost 2, 1 and 3 ms in the first round of each attempt
         def __init__(self):
-            self.calls, self.attempt = 0, 0
+            self.calls, self.attempt, self.round = 0, 0, 0
 
         def measure(self, tables, batch_size, dims=None):
             if len(tables) == 3:  # the calibration shard: timed 1 + rounds (2) times per attempt
                 self.calls += 1
-                self.attempt = (self.calls - 1) // 3
-                slow = [0.4, 0.2, 0.3][self.attempt] if (self.calls - 1) % 3 else 0.0
-                return ShardCost(forward_ms=5 * (1 + slow), backward_ms=0.0)
-            return ShardCost(forward_ms=[2.0, 1.0, 3.0][self.attempt], backward_ms=0.0)
+                self.attempt, self.round = (self.calls - 1) // 3, (self.calls - 1) % 3
+                return ShardCost(forward_ms=5.0, backward_ms=0.0)
+            slow = [0.4, 0.2, 0.3][self.attempt] if self.round else 0.0
+            return ShardCost(forward_ms=[2.0, 1.0, 3.0][self.attempt] * (1 + slow), backward_ms=0.0)
 
     timing = TimingConfig(warmup=0, runs=1, rounds=2, drift_limit=0.1, retries=2)
     batch = measure_batch(Machine(), [[1], [2]], [0, 1, 2], 8, timing, np.random.default_rng(0))
     assert batch.attempts == 3  # every attempt drifted past the limit ...
-    assert batch.drift == pytest.approx(0.2) and [c[0] for c in batch.costs] == [1.0, 1.0]  # ... the least kept
+    assert batch.drift == pytest.approx(0.2) and [c[0] for c in batch.costs] == [1.1, 1.1]  # ... the least kept
+    assert batch.calibration_ms == 5.0  # the calibration shard did not move: the shards' rounds decide
+
+
+def test_round_drift_sees_the_machine_not_one_shards_noise():
+    from autoshard.measure.interleaved import FIELDS, round_drift
+
+    g = np.random.default_rng(0)
+    totals = np.exp(g.normal(0, 0.08, (80, 2))) * g.uniform(1, 10, (80, 1))  # 8% noise per reading, steady machine
+    per_round = np.zeros((80, 2, len(FIELDS)))
+    per_round[:, :, 0] = totals
+    assert round_drift(per_round) < 0.05  # one shard's two readings differ by ~11%; the median of 80 does not
+    per_round[:, 1, 0] *= 1.3  # the machine 30% slower in the second round
+    assert round_drift(per_round) == pytest.approx(0.3, abs=0.05)
+    assert np.isnan(round_drift(per_round[:, :1]))  # one round: nothing to compare
+    per_round[0, 1, 0] = np.nan  # a shard missing a round is left out
+    assert round_drift(per_round) == pytest.approx(0.3, abs=0.05)

@@ -41,7 +41,7 @@ def repeat(change: float) -> pd.DataFrame:
 def test_measurement_quality_against_the_targets():
     quiet = measurement_quality(devices(0.01), repeat(0.005), TARGETS)
     assert quiet["met"] and quiet["median_cv"] == 0.01 and quiet["remeasured_share"] == 0.5
-    assert quiet["calibration_drift"] == np.median([0.01, 0.2]) and quiet["noise_sd"]["p"] > 0
+    assert quiet["round_drift"] == np.median([0.01, 0.2]) and quiet["noise_sd"]["p"] > 0
     assert not measurement_quality(devices(0.05), repeat(0.005), TARGETS)["met"], "a noisy shard CV fails"
     assert not measurement_quality(devices(0.01), repeat(0.02), TARGETS)["met"], "a moving plan fails"
     json.dumps(_plain(quiet), allow_nan=False)
@@ -113,7 +113,7 @@ def test_evaluate_metrics_are_strict_json_with_the_contract_keys():
     assert loaded["objective"] == {"autoshard": "max_device", "dreamshard": "synchronized_stages"}
     assert check(loaded, HeadlineObjective, "evaluate.json") and loaded["paired_synchronized"] == {"autoshard": {}}
     assert loaded["comm_source"] == {"autoshard": "measured-model"}
-    assert set(loaded["noise"]) >= {"median_cv", "calibration_drift", "remeasured_share"}
+    assert set(loaded["noise"]) >= {"median_cv", "round_drift", "remeasured_share"}
     assert set(loaded["paired"]["autoshard"]["rl_greedy__vs__cost_greedy"]) == {
         "tasks", "median_ratio", "ci_low", "ci_high", "p_value", "identical_share", "mde"}
 

@@ -185,7 +185,7 @@ def test_evaluate_notebook(profiled, smoke_params, monkeypatch):
                        "sharding_time.png"]
     _, outputs = executed_outputs(tmp_path / "nb" / "05_evaluate.ipynb")
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 5
-    assert {"median_cv", "calibration_drift", "remeasured_share", "met"} <= set(metrics["noise"])
+    assert {"median_cv", "round_drift", "remeasured_share", "met"} <= set(metrics["noise"])
     pair = metrics["paired"]["dreamshard"]["rl_greedy__vs__cost_greedy"]
     assert set(pair) == {"tasks", "median_ratio", "ci_low", "ci_high", "p_value", "identical_share", "mde"}
     assert {"lpt_measured", "milp", "cost_greedy_local_search"} <= set(metrics["results"]["dreamshard"])

@@ -67,7 +67,7 @@ def test_the_headline_refuses_one_objective_for_all():
         headline(EVALUATE | {"objective": "max_device"})
 
 
-NOISE = {"median_cv": 0.05, "calibration_drift": 0.02, "remeasured_share": 0.1, "plan_repeat_change": 0.03,
+NOISE = {"median_cv": 0.05, "round_drift": 0.02, "remeasured_share": 0.1, "plan_repeat_change": 0.03,
          "noise_sd": {"autoshard": 0.02}, "targets": {"median_cv": 0.03, "plan_repeat_change": 0.01}, "met": False}
 
 
@@ -213,10 +213,10 @@ def test_columns_section_reads_the_stage_metrics():
 def test_the_profile_noise_opens_the_report_too():
     from autoshard.pipeline.report import quality
 
-    evaluate = {"noise": {"median_cv": 0.02, "plan_repeat_change": 0.005, "calibration_drift": 0.01,
+    evaluate = {"noise": {"median_cv": 0.02, "plan_repeat_change": 0.005, "round_drift": 0.01,
                           "remeasured_share": 0.0, "met": True,
                           "targets": {"median_cv": 0.03, "plan_repeat_change": 0.01}}}
-    profile = {"cv_target": 0.03, "noise": {"median_cv": 0.05, "calibration_drift": 0.04, "calibration_drift_max": 0.2,
+    profile = {"cv_target": 0.03, "noise": {"median_cv": 0.05, "round_drift": 0.04, "round_drift_max": 0.2,
                                             "remeasured_share": 0.25}}
     lines = quality(evaluate, profile)
     assert lines[0].startswith("Measurement quality: within the targets")

@@ -124,7 +124,7 @@ class ProfileMetrics(StageTime):
     cv_target: float
     cv_target_met: bool
     rounds_for_cv_target: int
-    noise: dict[str, Number]   # median_cv, calibration_drift(_max), remeasured_share of the interleaved rounds
+    noise: dict[str, Number]   # median_cv, round_drift(_max), remeasured_share of the interleaved rounds
     fused_over_sum_median: Number
     fused_over_sum_p10_p90: list[Number]
     torch_over_fbgemm_median_ratio: Number

@@ -57,15 +57,15 @@ def peak_rss_gib() -> float:
 
 def round_noise(table: pd.DataFrame) -> dict[str, float]:
     """How noisy the interleaved rounds were: the median CV of a shard's cost across its
-    chunk's rounds, the median and largest calibration drift of the chunks, and the share of
+    chunk's rounds, the median and largest drift between rounds of the chunks, and the share of
     shards whose chunk drifted past the limit and was measured again (NaN without those
     columns: a profile from before the rounds)."""
     ok = table[table["status"] == "ok"]
     if not {"cv", "drift", "attempts"} <= set(ok.columns) or ok.empty:
         nan = float("nan")
-        return {"median_cv": nan, "calibration_drift": nan, "calibration_drift_max": nan, "remeasured_share": nan}
-    return {"median_cv": float(ok["cv"].median()), "calibration_drift": float(ok["drift"].median()),
-            "calibration_drift_max": float(ok["drift"].max()),
+        return {"median_cv": nan, "round_drift": nan, "round_drift_max": nan, "remeasured_share": nan}
+    return {"median_cv": float(ok["cv"].median()), "round_drift": float(ok["drift"].median()),
+            "round_drift_max": float(ok["drift"].max()),
             "remeasured_share": float((ok["attempts"] > 1).mean())}
 
 

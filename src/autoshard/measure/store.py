@@ -195,8 +195,8 @@ def import_rows(root: str | Path, space_key: str, described: Mapping, records: M
 def record(costs: Sequence[float] | None, drift: float, attempts: int,
            calibration_ms: float = float("nan")) -> dict:
     """A store record from a batch's per-shard values (`interleaved.FIELDS` then the CV; None
-    for a shard too large for the device), its calibration drift and attempts, and the
-    calibration shard's median time in that batch (None when unknown): the unit in which a
+    for a shard too large for the device), the batch's drift (`interleaved.round_drift`) and
+    attempts, and the calibration shard's median time in that batch (None when unknown): the unit in which a
     machine that got faster or slower between two batches cancels out."""
     calibration = float(calibration_ms) if calibration_ms == calibration_ms else None
     if costs is None or costs[0] != costs[0]:  # NaN: not measurable

@@ -114,8 +114,8 @@ def quality(evaluate: dict, profile: dict | None = None) -> list[str]:
             return percent(noise.get(key))
 
         text = (f"profile (the cost model's data): median CV of a shard across interleaved rounds {share('median_cv')}"
-                f"{'' if target is None else f' (target {target:.0%})'}; calibration drift "
-                f"{share('calibration_drift')} (median over chunks); {share('remeasured_share')} of chunks "
+                f"{'' if target is None else f' (target {target:.0%})'}; drift between rounds "
+                f"{share('round_drift')} (median over chunks); {share('remeasured_share')} of chunks "
                 "measured again because the machine drifted.")
         noisy = cv is None or (target is not None and cv > target)
         lines += ["", f"**Profile noise above its target:** {text}" if noisy else f"Profile noise: {text}"]
@@ -236,7 +236,7 @@ def _plan_quality(evaluate: dict) -> list[str]:
              f"{percent(noise['plan_repeat_change'], 2)} (median, target {noise['targets']['plan_repeat_change']:.0%}; "
              f"{percent(noise.get('plan_repeat_change_calibrated'), 2)} once each pass's calibration-shard time is "
              "divided out, i.e. without the machine's overall change of speed between the passes); "
-             f"calibration drift {percent(noise['calibration_drift'], 2)} (median over tasks); "
+             f"drift between rounds {percent(noise['round_drift'], 2)} (median over tasks); "
              f"{percent(noise['remeasured_share'], 2)} of tasks measured again because the machine drifted."
              + (f" Measured all-to-alls ({noise['comm_plans']} plans): median CV of a device's all-to-all time "
                 f"across rounds {percent(noise['comm_round_cv'], 2)}." if noise.get("comm_plans") else "")

@@ -21,8 +21,9 @@ SYNC_POLICY_METHODS = ("rl_sync_greedy", "rl_sync_local_search")  # the policy t
 
 def measurement_quality(devices: pd.DataFrame, repeat: pd.DataFrame, targets: NoiseTargets) -> dict:
     """How far the measurements under the results can be trusted, against the targets:
-    `median_cv` (CV across interleaved rounds, median over distinct shards), `calibration_drift`
-    (median over tasks of the calibration shard's largest drift), `remeasured_share` (tasks
+    `median_cv` (CV across interleaved rounds, median over distinct shards), `round_drift`
+    (median over tasks of the largest shift of a round against the first, over the task's shards:
+    `interleaved.round_drift`), `remeasured_share` (tasks
     measured again because of drift), `plan_repeat_change` (median |change| of a plan's
     bottleneck measured in a later, separate pass), `plan_repeat_change_calibrated` (the same
     with each pass's calibration-shard time divided out: what is left once the machine's overall
@@ -35,7 +36,7 @@ def measurement_quality(devices: pd.DataFrame, repeat: pd.DataFrame, targets: No
     change = repeat["relative_change"].abs()
     noise_sd = log_noise_sd(repeat)
     measured = devices[devices["comm_source"].isin(MEASURED_SOURCES)] if "comm_cv" in devices else devices.iloc[:0]
-    out = {"median_cv": finite(shards["cv"].median()), "calibration_drift": finite(tasks["drift"].median()),
+    out = {"median_cv": finite(shards["cv"].median()), "round_drift": finite(tasks["drift"].median()),
            "remeasured_share": float(tasks["remeasured"].mean()), "plan_repeat_change": finite(change.median()),
            "plan_repeat_change_calibrated": finite(repeat["calibrated_change"].abs().median())
            if "calibrated_change" in repeat else None,
