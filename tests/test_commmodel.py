@@ -132,3 +132,84 @@ def test_no_honest_count_misses_the_target_and_says_why():
     assert metrics["mape_target_met"] is False and "oversubscribed" in metrics["mape_target_note"]
     doc = {"placements": 12, "device_counts": [2, 4], "batch_size": 1024, "heldout_share": 0.25} | metrics
     assert check(doc, CommMetrics, "profile.json")["mape_target_note"] == metrics["mape_target_note"]
+
+
+def _rounds_of(widths: list[int], first: float, others: list[float]) -> list[list[list[float]]]:
+    """Per round, per device (forward, backward) ms: 1 + width/100 (backward twice that) scaled by
+    `first` in round one and by each of `others` in the later rounds."""
+    base = [(1 + w / 100, 2 * (1 + w / 100)) for w in widths]
+    return [[[f * s, b * s] for f, b in base] for s in (first, *others)]
+
+
+def _rows_with_rounds(first: dict[int, float], others: list[float]) -> pd.DataFrame:
+    """Per device count (key) two held-out and two fitted placements, the first round scaled by its value."""
+    frames = []
+    for world, scale in first.items():
+        widths = random_placements(list(range(8, 200, 8)), world, 4, 0)
+        repeats = [_rounds_of(w, scale, others) for w in widths]
+        measured = [[tuple(float(np.median([r[d][k] for r in rep])) for k in (0, 1)) for d in range(world)]
+                    for rep in repeats]
+        rows = comm_rows(widths, measured, 1024, rounds=repeats)
+        frames.append(rows.assign(heldout=rows["placement"] < 2))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_the_floor_is_one_round_against_the_median_of_the_others():
+    from autoshard.measure.commmodel import heldout_metrics, remeasure_ape
+
+    rows = _rows_with_rounds({2: 1.1, 4: 0.7}, [0.9, 1.1])  # the others' median is the base: 10% and 30% off
+    assert np.allclose(remeasure_ape(rows[rows["world"] == 2]), 0.1)
+    assert rows["first_round_ms"].gt(0).all() and rows["others_ms"].gt(0).all()
+    metrics = heldout_metrics(fit_comm_model(rows[~rows["heldout"]]), rows, 2, 0.10)
+    assert metrics["mape_floor_honest"] == pytest.approx(0.1)
+    assert metrics["mape_floor"] == pytest.approx((0.1 * 2 * 2 * 2 + 0.3 * 2 * 4 * 2) / (2 * 2 * 2 + 2 * 4 * 2))
+    assert metrics["mape_target_met"] is True, "the target is still judged on the model's MAPE alone"
+    assert heldout_metrics(fit_comm_model(rows[~rows["heldout"]]), rows, 1, 0.10)["mape_floor_honest"] is None
+
+
+def test_one_round_or_no_rounds_has_no_floor():
+    from autoshard.measure.commmodel import heldout_metrics
+
+    one = _rows_with_rounds({2: 1.1}, [])
+    assert one["others_ms"].isna().all()
+    for rows in (one, _held_out(_synthetic(0))):
+        metrics = heldout_metrics(fit_comm_model(rows[~rows["heldout"]]), rows, 2, 0.10)
+        assert metrics["mape_floor"] is None and metrics["mape_floor_honest"] is None
+
+
+def test_profile_comm_measures_in_seeded_interleaved_rounds(monkeypatch):
+    """`measure_rounds` faked: each placement once, in CommTiming(rounds, warmup, runs), orders seeded."""
+    from autoshard.core.schema import CommMetrics, check
+    from autoshard.measure import commmodel
+    from autoshard.measure.comm_store import CommTiming, placement_key
+
+    calls = []
+
+    def fake(placements, batch_size, device, timing, order):
+        calls.append((len(placements), timing, order.permutation(len(placements)).tolist()))
+        assert len({placement_key(p) for p in placements}) == len(placements), "each placement measured once"
+        return {placement_key(p): {"forward_ms": [1 + w / 100 for w in p], "backward_ms": [2 + w / 50 for w in p],
+                                   "rounds": _rounds_of(p, 1.2, [1.0] * (timing.rounds - 1))} for p in placements}
+
+    monkeypatch.setattr(commmodel, "measure_rounds", fake)
+    monkeypatch.setattr(commmodel, "honest_limit", lambda device: 2)
+    args = (list(range(8, 200, 8)), [2, 4], 20, 1024, TimingConfig(warmup=2, runs=5), 7)
+    rows, _, metrics = commmodel.profile_comm(*args, rounds=3)
+    assert [c[1] for c in calls] == [CommTiming(rounds=3, warmup=2, runs=5)] * 2
+    assert metrics["rounds"] == 3 and metrics["mape_heldout_honest"] < 1e-9
+    assert metrics["mape_floor_honest"] == pytest.approx(0.2) and metrics["mape_floor"] == pytest.approx(0.2)
+    assert {"first_round_ms", "others_ms", "heldout"} <= set(rows) and rows["placement"].nunique() == 20
+    check(metrics, CommMetrics, "profile.json")
+    orders = [c[2] for c in calls]
+    calls.clear()
+    commmodel.profile_comm(*args, rounds=3)
+    assert [c[2] for c in calls] == orders, "the rounds' orders are seeded from the study seed"
+
+
+def test_profile_config_reads_the_comm_rounds(smoke_params):
+    from autoshard.measure.collect import ProfileConfig
+
+    profile = smoke_params["profile"]
+    assert ProfileConfig.from_params(profile).comm_rounds == profile["comm"]["rounds"]
+    with pytest.raises(ConfigError, match="profile.comm.rounds"):
+        ProfileConfig.from_params(profile | {"comm": profile["comm"] | {"rounds": 0}})

@@ -393,6 +393,18 @@ def test_the_comm_model_is_judged_on_the_honest_counts_and_the_oversubscribed_on
     assert "use 2 GPUs" in gpus and "on 2 GPUs" in gpus
 
 
+
+def test_the_comm_verdict_shows_the_measurement_floor_where_recorded():
+    from autoshard.pipeline.report import comm_model_lines
+
+    floored = "\n".join(comm_model_lines({"device": "cpu", "comm": COMM | {"mape_floor_honest": 0.041,
+                                                                         "mape_floor": 0.052, "rounds": 3}}))
+    assert ("Held-out MAPE over the honest counts 8.5% (target 10%): met; a re-measurement of the same "
+            "placements scores 4.1%.") in floored
+    plain = comm_model_lines({"device": "cpu", "comm": COMM})
+    assert comm_model_lines({"device": "cpu", "comm": COMM | {"mape_floor_honest": None}}) == plain
+    assert "re-measurement" not in "\n".join(plain) and "(target 10%): met." in "\n".join(plain)
+
 def test_a_run_before_the_honest_counts_still_renders_its_pooled_verdict(tmp_path):
     from autoshard.pipeline.report import readme
 

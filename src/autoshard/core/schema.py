@@ -80,8 +80,11 @@ class CommMetrics(TypedDict):
     """The comm model fitted on measured all-to-alls (`measure.commmodel.profile_comm`): the
     placements measured per device count, the held-out MAPE (a share) pooled, per count and over
     the honest counts (one rank per core or GPU, at most `honest_limit`), on which the target is
-    judged (`mape_target_note` says why not when no count is honest). Metrics written before the
-    honest counts lack those keys; there `mape_target_met` was judged pooled."""
+    judged (`mape_target_note` says why not when no count is honest), and beside it the measurement
+    floor: a re-measurement's MAPE on the same held-out rows (one round against the median of the
+    others; None with one round), pooled and honest. Metrics written before the honest counts lack
+    those keys; there `mape_target_met` was judged pooled; before the interleaved rounds, `rounds`
+    and the floor."""
 
     placements: int
     device_counts: list[int]
@@ -98,6 +101,9 @@ class CommMetrics(TypedDict):
     honest_device_counts: NotRequired[list[int]]
     mape_heldout_honest: NotRequired[Number]
     mape_target_note: NotRequired[str | None]
+    rounds: NotRequired[int]  # interleaved rounds per placement (`profile.comm.rounds`)
+    mape_floor: NotRequired[Number]
+    mape_floor_honest: NotRequired[Number]
 
 
 class ProtocolScores(TypedDict):

@@ -70,6 +70,7 @@ class ProfileConfig:
     comm_tasks: int         # DreamShard train tasks whose plan's four stages are shown
     comm_device_counts: tuple[int, ...]  # device counts whose all-to-alls the comm model is fitted on
     comm_placements: int    # random placements of train tables measured per device count
+    comm_rounds: int        # interleaved rounds each placement is measured in (median over them)
     comm_heldout_share: float  # of those, held out to score the fitted comm model
     comm_mape_target: float  # the comm model's goal: held-out MAPE
     cv_target: float        # repeatability goal: median coefficient of variation across rounds
@@ -90,7 +91,7 @@ class ProfileConfig:
                   bench=BenchConfig.from_params(x.sub("bench").values),
                   comm_processes=m.integer("processes"), comm_tasks=m.integer("tasks", lo=0),
                   comm_device_counts=tuple(m.integers("device_counts", lo=2)),
-                  comm_placements=m.integer("placements", lo=2),
+                  comm_placements=m.integer("placements", lo=2), comm_rounds=m.integer("rounds"),
                   comm_heldout_share=m.number("heldout_share", lo=0, hi=1, lo_open=True),
                   comm_mape_target=m.number("mape_target", lo=0, lo_open=True),
                   random_shards=c.integer("random_shards", lo=0),

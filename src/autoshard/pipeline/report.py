@@ -470,8 +470,9 @@ def comm_sources(evaluate: dict, profile: dict | None = None) -> str:
 def comm_model_lines(profile: dict) -> list[str]:
     """Markdown lines on the comm model (`profile.json` `comm`): which device counts were measured
     honestly (one process per core or GPU) and why, the held-out MAPE target's verdict on them,
-    each oversubscribed count's MAPE labelled so, and the pooled and across-count figures. Metrics
-    that predate the honest counts get the pooled verdict, said to be pooled."""
+    each oversubscribed count's MAPE labelled so, and the pooled and across-count figures. Beside
+    the honest verdict the measurement floor, where recorded. Metrics that predate the honest
+    counts get the pooled verdict, said to be pooled."""
     comm = profile["comm"]
     by_world, target = comm["mape_heldout_by_world"], comm["mape_target"]
     met = "met" if comm["mape_target_met"] else "**not met**"
@@ -490,8 +491,10 @@ def comm_model_lines(profile: dict) -> list[str]:
         why = comm.get("mape_target_note") or "the honest counts' MAPE is not a finite number"
         lines += ["", f"Held-out MAPE target ({target:.0%}) {met}: {why}."]
     else:
+        floor = comm.get("mape_floor_honest")
+        floor = "" if floor is None else f"; a re-measurement of the same placements scores {percent(floor)}"
         lines += ["", f"Held-out MAPE over the honest counts {percent(comm['mape_heldout_honest'])} "
-                      f"(target {target:.0%}): {met}."]
+                      f"(target {target:.0%}): {met}{floor}."]
     for world in oversubscribed_counts(comm):
         lines += ["", f"Oversubscribed, {world} devices: held-out MAPE {percent(by_world.get(str(world)))} "
                       f"({crowded(world, limit, profile.get('device'))}; not judged against the target)."]
