@@ -101,6 +101,23 @@ def test_honest_limit_is_the_cpus_this_process_may_use_or_the_gpus(monkeypatch):
     assert comm.honest_limit("cuda") == 4
 
 
+def test_a_container_cpu_quota_caps_the_honest_limit(monkeypatch, tmp_path):
+    from autoshard.measure import comm
+
+    monkeypatch.setattr(comm.os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    quota = tmp_path / "cpu.max"
+    monkeypatch.setattr(comm, "CPU_QUOTA", quota)
+    assert comm.honest_limit("cpu") == 16, "no cgroup file: the affinity"
+    quota.write_text("max 100000\n")
+    assert comm.honest_limit("cpu") == 16, "no quota"
+    quota.write_text("250000 100000\n")
+    assert comm.cpu_quota() == 2 and comm.honest_limit("cpu") == 2, "2.5 CPUs of time: 2 ranks get a core each"
+    quota.write_text("50000 100000\n")
+    assert comm.honest_limit("cpu") == 1
+    quota.write_text("garbage\n")
+    assert comm.honest_limit("cpu") == 16
+
+
 def _held_out(rows: pd.DataFrame) -> pd.DataFrame:
     """Rows with every fourth placement held out and 4-device times noisy (as when oversubscribed)."""
     noise = np.where(rows["world"] == 4, np.random.default_rng(0).uniform(0.5, 1.5, len(rows)), 1.0)

@@ -48,16 +48,28 @@ def analytic_comm(dims_per_device: Sequence[Sequence[int]], pooling_per_device: 
     return out
 
 
+CPU_QUOTA = Path("/sys/fs/cgroup/cpu.max")  # cgroup v2: "<quota> <period>" microseconds, or "max <period>"
+
+
+def cpu_quota() -> int | None:
+    """Whole CPUs the container's cgroup v2 quota allows (at least 1), None without a quota."""
+    try:
+        quota, period = CPU_QUOTA.read_text().split()[:2]
+        return None if quota == "max" else max(1, int(quota) // int(period))
+    except (OSError, ValueError):
+        return None
+
+
 def honest_limit(device: str = "cpu") -> int:
     """The most processes one all-to-all launch runs one per core or GPU: on CUDA the GPU count,
     on CPU the CPUs this process may use (its affinity where the OS reports one, else the CPU
-    count). A launch of more ranks is oversubscribed. A container's CPU quota (cgroup `cpu.max`)
-    and hyper-threads are not seen: on such a machine the limit is an upper bound."""
+    count), capped by a container's CPU quota (`cpu_quota`). A launch of more ranks is
+    oversubscribed. Hyper-threads are not seen: on such a machine the limit is an upper bound."""
     if device.startswith("cuda"):
         return torch.cuda.device_count()
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = cpu_quota()
+    return cpus if quota is None else min(cpus, quota)
 
 
 def measure_comm(dims_per_device: Sequence[Sequence[int]], batch_size: int, device: str = "cpu",
