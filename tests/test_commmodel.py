@@ -221,6 +221,10 @@ def test_profile_comm_measures_in_seeded_interleaved_rounds(monkeypatch):
     calls.clear()
     commmodel.profile_comm(*args, rounds=3)
     assert [c[2] for c in calls] == orders, "the rounds' orders are seeded from the study seed"
+    monkeypatch.setattr(commmodel, "random_placements", lambda dims, world, count, seed: [[8, 16], [24, 0]] * 4)
+    rows, _, _ = commmodel.profile_comm(*args[:2], 8, *args[3:], rounds=3)
+    held = rows.groupby("placement")["heldout"].first()
+    assert len(held) == 2 and held.sum() == 1, "a placement drawn twice is one placement: fitted or held out, not both"
 
 
 def test_profile_config_reads_the_comm_rounds(smoke_params):

@@ -48,12 +48,17 @@ class BackendConfig:
         )
 
 
+# what a stored measurement depends on: the backends and what they import, and the interleaved
+# rounds that also write each record's drift and attempts
+MEASURING_CODE = (__name__, "autoshard.measure.interleaved")
+
+
 def measurement_key(cfg: BackendConfig, pool: Pool, tables) -> str:
     """What any measurement of `tables` depends on: the tables' features and traces, the
     backend settings (backend, device, batch, threads, timing, memory limit), the measuring
     code (the `costs` package and what it imports), the libraries and the machine."""
     return value_digest(pool.digest(sorted({int(t) for t in tables})), asdict(cfg),
-                        source_digest(__name__), machine(cfg.device))
+                        source_digest(*MEASURING_CODE), machine(cfg.device))
 
 
 def resolve_device(device: str, field: str = "profile.device") -> str:

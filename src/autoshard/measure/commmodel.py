@@ -220,7 +220,7 @@ def random_placements(table_dims: Sequence[int], world: int, count: int, seed: i
 def profile_comm(table_dims: Sequence[int], device_counts: Sequence[int], placements: int, batch_size: int,
                  timing: TimingConfig, seed: int, heldout_share: float = 0.25, device: str = "cpu",
                  mape_target: float = 0.10, rounds: int = 3) -> tuple[pd.DataFrame, CommModel, dict]:
-    """Measure `placements` random placements per device count (one torchrun launch each, in
+    """Measure `placements` random placements per device count (those drawn twice, once) (one torchrun launch each, in
     `rounds` interleaved rounds of `timing.warmup` untimed and `timing.runs` timed all-to-alls,
     orders seeded from `seed`), fit the model on the placements not held out, and score it on the
     held-out ones, beside the measurement floor. Returns the measured rows (column `heldout`, and
@@ -228,12 +228,13 @@ def profile_comm(table_dims: Sequence[int], device_counts: Sequence[int], placem
     frames = []
     comm_timing = CommTiming(rounds=int(rounds), warmup=timing.warmup, runs=timing.runs)
     for world in device_counts:
-        widths = random_placements(table_dims, int(world), placements, seed)
-        distinct = list({placement_key(w): w for w in widths}.values())
-        records = measure_rounds(distinct, batch_size, device, comm_timing,
+        # a placement drawn twice is one measurement: kept once, so it cannot be fitted and held out
+        drawn = random_placements(table_dims, int(world), placements, seed)
+        widths = list({placement_key(w): w for w in drawn}.values())
+        records = measure_rounds(widths, batch_size, device, comm_timing,
                                  rng(seed, "profile", "comm", "rounds", int(world)))
         measured = [records[placement_key(w)] for w in widths]
-        held = heldout_split(placements, heldout_share, seed, int(world))
+        held = heldout_split(len(widths), heldout_share, seed, int(world))
         rows = comm_rows(widths, [ranks(r) for r in measured], batch_size, rounds=[r["rounds"] for r in measured])
         frames.append(rows.assign(heldout=held[rows["placement"].to_numpy()]))
     rows = pd.concat(frames, ignore_index=True)

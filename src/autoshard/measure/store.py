@@ -32,7 +32,7 @@ from autoshard.core.atomic import atomic_file
 from autoshard.core.digest import key, machine, source_digest, value_digest
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import shown
-from autoshard.measure.backends import BackendConfig, measurement_key
+from autoshard.measure.backends import MEASURING_CODE, BackendConfig, measurement_key
 
 if TYPE_CHECKING:  # only a type here: the portable worker (no pandas) imports this module
     from autoshard.data.pool import Pool
@@ -70,7 +70,7 @@ def settings(cfg: BackendConfig, pool: Pool) -> dict:
 def described_settings(cfg: BackendConfig, tables: str) -> dict:
     """`settings` for the pool whose tables' digest is `tables` (the portable worker gets it
     from its job: computing it needs the pool's features)."""
-    return {"tables": tables, "backend": asdict(cfg), "code": source_digest("autoshard.measure.backends"),
+    return {"tables": tables, "backend": asdict(cfg), "code": source_digest(*MEASURING_CODE),
             "machine": machine(cfg.device)}
 
 

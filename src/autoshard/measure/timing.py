@@ -18,8 +18,8 @@ from autoshard.measure.base import ShardCost
 class TimingConfig:
     """One measurement: `warmup` untimed runs, then `runs` timed ones (median, IQR). Plans are
     measured in `rounds` interleaved rounds (see `measure.interleaved`): a batch of shards is
-    measured again when a calibration shard timed between rounds drifts past `drift_limit`,
-    at most `retries` times."""
+    measured again when its rounds drift past `drift_limit` (`interleaved.round_drift`), at
+    most `retries` times."""
 
     warmup: int = 1
     runs: int = 2

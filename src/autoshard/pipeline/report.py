@@ -236,7 +236,7 @@ def _plan_quality(evaluate: dict) -> list[str]:
              f"{percent(noise['plan_repeat_change'], 2)} (median, target {noise['targets']['plan_repeat_change']:.0%}; "
              f"{percent(noise.get('plan_repeat_change_calibrated'), 2)} once each pass's calibration-shard time is "
              "divided out, i.e. without the machine's overall change of speed between the passes); "
-             f"drift between rounds {percent(noise['round_drift'], 2)} (median over tasks); "
+             f"drift between rounds {percent(noise.get('round_drift'), 2)} (median over tasks); "
              f"{percent(noise['remeasured_share'], 2)} of tasks measured again because the machine drifted."
              + (f" Measured all-to-alls ({noise['comm_plans']} plans): median CV of a device's all-to-all time "
                 f"across rounds {percent(noise['comm_round_cv'], 2)}." if noise.get("comm_plans") else "")
