@@ -399,11 +399,24 @@ def test_the_comm_verdict_shows_the_measurement_floor_where_recorded():
 
     floored = "\n".join(comm_model_lines({"device": "cpu", "comm": COMM | {"mape_floor_honest": 0.041,
                                                                          "mape_floor": 0.052, "rounds": 3}}))
-    assert ("Held-out MAPE over the honest counts 8.5% (target 10%): met; a re-measurement of the same "
-            "placements scores 4.1%.") in floored
+    assert ("Held-out MAPE over the honest counts 8.5% (target 10%): met; one round of a held-out placement "
+            "against the median of its other rounds scores 4.1%, so a noise-free model would score about 2.2% "
+            "against the median of 3 rounds") in floored
     plain = comm_model_lines({"device": "cpu", "comm": COMM})
     assert comm_model_lines({"device": "cpu", "comm": COMM | {"mape_floor_honest": None}}) == plain
-    assert "re-measurement" not in "\n".join(plain) and "(target 10%): met." in "\n".join(plain)
+    assert "noise-free" not in "\n".join(plain) and "(target 10%): met." in "\n".join(plain)
+
+
+def test_a_noise_free_comm_model_scores_below_the_one_round_floor():
+    from autoshard.pipeline.report import median_variance, noise_free_comm_mape
+
+    assert median_variance(1) == pytest.approx(1, abs=0.01) and median_variance(2) == pytest.approx(0.5, abs=0.01)
+    assert median_variance(3) == pytest.approx(0.449, abs=0.01)  # the median of 3 normals
+    g = np.random.default_rng(1)  # check the conversion by simulation: rows of 3 noisy rounds around a truth
+    rounds = 1 + 0.1 * g.standard_normal((100_000, 3))
+    floor = np.mean(np.abs(rounds[:, 0] - np.median(rounds[:, 1:], axis=1)) / np.median(rounds[:, 1:], axis=1))
+    truth_error = np.mean(np.abs(np.median(rounds, axis=1) - 1))
+    assert noise_free_comm_mape(floor, 3) == pytest.approx(truth_error, rel=0.05)
 
 def test_a_run_before_the_honest_counts_still_renders_its_pooled_verdict(tmp_path):
     from autoshard.pipeline.report import readme
