@@ -22,10 +22,11 @@ from autoshard.data.tasks import Task, first_fit_decreasing, make_tasks
 from autoshard.measure.analytic import AnalyticBackend
 from autoshard.measure.commmodel import CommModel
 from autoshard.measure.store import MeasurementStore
+from autoshard.methods.artifacts import Artifacts, Settings
+from autoshard.methods.registry import METHODS, REGISTRY, build, not_run
 from autoshard.pipeline.stage import select, stage_spec
 from autoshard.placement.exact import exact_plan, partition_count, placements
 from autoshard.placement.heuristics import Infeasible, place
-from autoshard.placement.registry import METHODS, OBJECTIVE
 from autoshard.placement.shards import memory_ok, predicted_bottleneck
 from autoshard.placement.surrogate import MilpConfig
 from autoshard.placement.torchrec import torchrec_plan
@@ -35,9 +36,7 @@ from autoshard.studies.evaluate import (
     SmallConfig,
     Targets,
     held_out_tasks,
-    not_run,
     plan_all,
-    planners,
     small_tasks,
 )
 from autoshard.studies.measured import measurement_store, plan_frame, predict_devices, score
@@ -133,13 +132,15 @@ def test_every_method_respects_memory_on_random_tasks(world):
     singles = np.random.default_rng(0).uniform(0.1, 2.0, pool.num_tables)  # stand-ins for measured single costs
     with_singles = with_single_costs(features, pd.Series(singles))
     hybrid = HybridCostModel.fitted_to(HybridConfig(), with_singles)  # untrained: the sum of single costs
-    methods = planners(pool.features, features, model, policy, best_of=3, batch_size=256, seed=0,
-                       single_costs=singles, milp=MilpConfig(node_limit=20, time_limit_s=5),
-                       hybrid=(hybrid, with_singles),
-                       sync=(singles * 0.4, singles * 0.6, CommModel({}, {"forward": [0.1, 0.0, 0.0, 0.1],
-                                                                       "backward": [0.1, 0.0, 0.0, 0.1]})),
-                       sync_policy=(policy, model))
-    assert set(methods) == set(METHODS)
+    comm = CommModel({}, {"forward": [0.1, 0.0, 0.0, 0.1], "backward": [0.1, 0.0, 0.0, 0.1]})
+    artifacts = Artifacts(pool_features=pool.features, features=features, cost_model=model, policy=policy,
+                          single_costs=singles, hybrid=hybrid, hybrid_features=with_singles,
+                          stage_singles=(singles * 0.4, singles * 0.6), comm_model=comm, sync_policy=policy,
+                          stages_model=model)
+    built = build(METHODS, artifacts, Settings(seed=0, batch_size=256, best_of=3,
+                                               milp=MilpConfig(node_limit=20, time_limit_s=5)))
+    methods = built.planners
+    assert set(methods) == set(METHODS) and built.left_out == {}
     planned = {m: 0 for m in methods}
 
     @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -162,8 +163,9 @@ def test_every_method_respects_memory_on_random_tasks(world):
 
 
 def test_the_sync_methods_are_planned_only_where_their_objective_ranks_the_plans():
-    assert OBJECTIVE == dict.fromkeys(("sync_greedy", "sync_local_search", "sync_milp", "rl_sync_greedy",
-                                       "rl_sync_local_search"), "synchronized_stages")
+    optimising = {m.id: m.objective for m in REGISTRY.values() if m.objective != "max_device"}
+    assert optimising == dict.fromkeys(("sync_greedy", "sync_local_search", "sync_milp", "rl_sync_greedy",
+                                        "rl_sync_local_search"), "synchronized_stages")
     objective = {"autoshard": "max_device", "dreamshard": "synchronized_stages", "tight": "max_device",
                  "small": "max_device"}
     tasks = [Task(f"{p}/0", p, "test", (0, 1), 2, 10, 1.0) for p in objective]

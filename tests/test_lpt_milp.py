@@ -10,10 +10,12 @@ from hypothesis import strategies as st
 
 from autoshard.core.errors import ConfigError
 from autoshard.data.tasks import Task
+from autoshard.methods.artifacts import Artifacts, Settings
+from autoshard.methods.registry import build
 from autoshard.placement.heuristics import Infeasible
 from autoshard.placement.lpt import lpt, makespan
 from autoshard.placement.milp import solve
-from autoshard.placement.surrogate import MilpConfig, per_table, planners, solve_table
+from autoshard.placement.surrogate import MilpConfig, per_table, solve_table
 
 
 def brute_force(costs: np.ndarray, sizes: np.ndarray, devices: int, capacity: int) -> float:
@@ -144,15 +146,18 @@ def test_measured_planners_on_tasks():
     costs = per_table(singles, 6)
     assert costs[2] == 2.0 and np.isnan(costs[5])
     sizes = np.array([10, 10, 10, 10, 10, 10])
-    solves = {}
-    methods = planners(costs, sizes, MilpConfig(node_limit=1000, time_limit_s=5), solves=solves)
+    artifacts = Artifacts(pool_features=pd.DataFrame({"size_bytes": sizes}), features=np.zeros((6, 21)),
+                          single_costs=costs)
+    built = build(("lpt_measured", "milp"), artifacts, Settings(seed=0, batch_size=1,
+                                                                 milp=MilpConfig(node_limit=1000, time_limit_s=5)))
+    methods = built.planners
     task = Task(name="t", protocol="p", split="test", tables=(0, 1, 2, 3, 4), devices=2, memory_bytes=30,
                 unseen_ratio=0.0)
     for name, planner in methods.items():
         placement = planner(task)
         assert len(placement) == 5 and np.bincount(placement, minlength=2).max() <= 3, name
     assert makespan(costs[:5], methods["milp"](task), 2) == 8.0  # {5, 3} and {4, 2, 1}
-    row = solve_table(solves).set_index("task").loc["t"]
+    row = solve_table(built.solves["milp"]).set_index("task").loc["t"]
     assert row["objective"] == 8.0 and row["lower_bound"] <= 8.0 and row["gap"] >= 0
     unmeasured = Task(name="u", protocol="p", split="test", tables=(0, 5), devices=2, memory_bytes=30,
                       unseen_ratio=0.0)

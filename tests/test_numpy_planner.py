@@ -126,10 +126,10 @@ def test_same_placements_and_costs_as_torch(tmp_path, pool_features, variant, he
     for seed, (tables, devices) in enumerate([(12, 3), (60, 8), (150, 16)]):
         x, task = task_of(pool_features, tables, devices, seed)
         sizes = x[:, SIZE]
-        mine = planner.place("rl_greedy", x, sizes, devices, task.memory_bytes)
+        mine = planner.place(x, sizes, devices, task.memory_bytes)
         assert_same_up_to_ties(planner, mine, policy_plans(policy, model, x, [task])[0], policy, model, x, task,
                                "rl_greedy")
-        greedy = planner.place("cost_greedy", x, sizes, devices, task.memory_bytes)
+        greedy = planner.place(x, sizes, devices, task.memory_bytes, policy=False)
         assert_same_up_to_ties(planner, greedy, cost_greedy(model, x, [task])[0], policy, model, x, task,
                                "cost_greedy")
         shards = device_shards(task, mine)
@@ -143,15 +143,13 @@ def test_memory_is_respected_and_a_dead_end_is_an_error(tmp_path, pool_features)
                                  model_path, policy_path)
     x, task = task_of(pool_features, 40, 4, 7)
     sizes = x[:, SIZE]
-    for method in ("rl_greedy", "cost_greedy"):
-        placed = planner.place(method, x, sizes, 4, task.memory_bytes)
+    for policy in (True, False):
+        placed = planner.place(x, sizes, 4, task.memory_bytes, policy=policy)
         assert (np.bincount(placed, weights=sizes, minlength=4) <= task.memory_bytes).all()
         with pytest.raises(Infeasible, match="fits on no device"):
-            planner.place(method, x, sizes, 4, int(sizes.max()) - 1)
-    with pytest.raises(ConfigError, match="rl_greedy and cost_greedy"):
-        planner.place("size_greedy", x, sizes, 4, task.memory_bytes)
+            planner.place(x, sizes, 4, int(sizes.max()) - 1, policy=policy)
     with pytest.raises(ConfigError, match="column pooling_factor"):
-        planner.place("rl_greedy", np.where(np.arange(21) == 2, np.nan, x), sizes, 4, task.memory_bytes)
+        planner.place(np.where(np.arange(21) == 2, np.nan, x), sizes, 4, task.memory_bytes)
 
 
 def test_used_only_when_exported_from_these_files(tmp_path, pool_features):
@@ -198,7 +196,7 @@ def test_same_placements_as_torch_under_a_tight_cap(tmp_path, pool_features):
         task = replace(task, memory_bytes=cap)
         for method, theirs in (("rl_greedy", policy_plans(policy, model, x, [task])[0]),
                                ("cost_greedy", cost_greedy(model, x, [task])[0])):
-            mine = planner.place(method, x, sizes, devices, cap)
+            mine = planner.place(x, sizes, devices, cap, policy=method == "rl_greedy")
             assert (np.bincount(mine, weights=sizes, minlength=devices) <= cap).all()
             assert_same_up_to_ties(planner, mine, theirs, policy, model, x, task, method)
         assert guarded_steps(model, x, task, cost_greedy(model, x, [task])[0]) > 0

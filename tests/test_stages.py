@@ -1,5 +1,5 @@
-"""dvc.yaml against the code: every stage depends on exactly the package layers its code imports,
-so editing a module reruns every stage it can change and no other; imports flow one way."""
+"""dvc.yaml against the code: every stage depends on exactly the package files its code's imports
+reach, so editing a module reruns every stage it can change and no other; imports flow one way."""
 
 from pathlib import Path
 
@@ -12,8 +12,8 @@ PACKAGE = ROOT / "src" / "autoshard"
 STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 
 
-def test_code_dependencies_follow_the_layer_rule():
-    """Every stage lists exactly the layers its code imports: none missing, none superfluous."""
+def test_code_dependencies_follow_the_import_rule():
+    """Every stage lists exactly the files its code's imports reach: none missing, none superfluous."""
     for stage, spec in STAGES.items():
         listed = [d for d in spec["deps"] if str(d).startswith("src/")]
         assert listed == deps.stage_code_deps(stage, spec, ROOT), stage
@@ -22,14 +22,15 @@ def test_code_dependencies_follow_the_layer_rule():
 def test_the_check_fails_on_a_missing_and_on_a_superfluous_dependency(tmp_path):
     text = (ROOT / "dvc.yaml").read_text()
     assert deps.rewrite(text, ROOT) == text
-    missing = text.replace("      - src/autoshard/measure\n", "", 1)
-    extra = text.replace("      - src/autoshard/data\n", "      - src/autoshard/data\n      - src/autoshard/rl\n", 1)
+    missing = text.replace("      - src/autoshard/measure/timing.py\n", "", 1)
+    extra = text.replace("      - src/autoshard/data/tasks.py\n",
+                         "      - src/autoshard/data/tasks.py\n      - src/autoshard/placement/sync_milp.py\n", 1)
     for broken in (missing, extra):
         assert broken != text and deps.rewrite(broken, ROOT) == text
 
 
 def test_imports_flow_one_way():
-    """core <- data <- measure <- costmodel <- placement <- rl <- studies | cli <- pipeline."""
+    """core <- data <- measure <- costmodel <- placement <- rl <- methods <- studies | cli <- pipeline."""
     assert deps.layer_violations() == []
 
 
@@ -51,3 +52,11 @@ def test_only_the_ablation_stage_reads_ablation_parameters():
     readers = [s for s, spec in STAGES.items()
                if any(str(p).split(".")[0] == "ablation" for p in spec.get("params", []))]
     assert readers == ["ablation"]
+
+
+def test_an_edit_reruns_only_the_stages_that_import_it():
+    """The profile never imports the synchronized MILP, so editing it reruns the stages that plan with
+    it (evaluate and after) and not the profile, the cost model or the policy's training."""
+    users = {s for s, spec in STAGES.items() if "src/autoshard/placement/sync_milp.py" in spec["deps"]}
+    assert {"profile", "cost_model", "train_rl"}.isdisjoint(users)
+    assert "evaluate" in users

@@ -11,12 +11,36 @@ from autoshard.data.tasks import Task
 from autoshard.measure.comm import STAGES, max_device_ms, synchronized_ms
 from autoshard.measure.comm_store import placement_key
 from autoshard.measure.commmodel import CommModel
+from autoshard.methods.artifacts import Artifacts, Settings
+from autoshard.methods.registry import build
+from autoshard.placement import sync as sync_module
+from autoshard.placement import sync_search as sync_search_module
 from autoshard.placement.heuristics import Infeasible
 from autoshard.placement.lpt import lpt
 from autoshard.placement.surrogate import MilpConfig
 from autoshard.placement.sync import predicted_stages, stage_singles, sync_greedy, synchronized_cost
-from autoshard.placement.sync_planners import planners
 from autoshard.studies.measured import bottlenecks, device_widths, plan_comm, plan_frame, synchronized
+
+# where each step of the sync chain is defined: what a test patches to count or slow it
+SOURCE = {"sync_greedy": sync_module, "sync_local_search": sync_search_module}
+
+
+def planners(forward, backward, features, comm, batch_size, milp=None, solves=None, learned=None, monkeypatch=None):
+    """The registry's sync methods on these single costs: sync_greedy, sync_local_search and, with
+    `milp`, sync_milp (its solves into `solves`); with `learned` (a stand-in for the synchronized
+    policy, patched into `policy_plans`), rl_sync_greedy and rl_sync_local_search too."""
+    stand_in = object() if learned else None
+    if learned:
+        monkeypatch.setattr("autoshard.rl.infer.policy_plans", lambda policy, model, x, tasks: [learned(tasks[0])])
+    artifacts = Artifacts(pool_features=features, features=np.zeros((len(features), 21)),
+                          stage_singles=(forward, backward), comm_model=comm, sync_policy=stand_in,
+                          stages_model=stand_in)
+    wanted = ("sync_greedy", "sync_local_search", "sync_milp", "rl_sync_greedy", "rl_sync_local_search")
+    built = build(wanted, artifacts, Settings(seed=0, batch_size=batch_size, milp=milp))
+    if solves is not None:
+        built.solves["sync_milp"] = solves
+    return built.planners
+
 
 NO_COMM = CommModel({2: {"forward": [0.0, 0.0, 0.0], "backward": [0.0, 0.0, 0.0]}},
                     {"forward": [0.0] * 4, "backward": [0.0] * 4})
@@ -189,19 +213,17 @@ def test_bottlenecks_follow_the_objective():
 
 def test_a_tasks_sync_chain_makes_each_plan_once(monkeypatch):
     """sync_local_search starts from the greedy plan already made, sync_milp from the local search's."""
-    from autoshard.placement import sync_planners
-
     calls = {"sync_greedy": 0, "sync_local_search": 0}
 
     def counted(name):
-        plan = getattr(sync_planners, name)
+        plan = getattr(SOURCE[name], name)
 
         def counting(*args, **kwargs):
             calls[name] += 1
             return plan(*args, **kwargs)
         return counting
     for name in calls:
-        monkeypatch.setattr(sync_planners, name, counted(name))
+        monkeypatch.setattr(SOURCE[name], name, counted(name))
     features = pd.DataFrame({"dim": [8, 8, 8], "size_bytes": [1, 1, 1]})
     methods = planners(np.array([2.0, 1.0, 3.0]), np.array([1.0, 2.0, 1.0]), features, NO_COMM, 64,
                        MilpConfig(1000, 10.0))
@@ -215,17 +237,15 @@ def test_a_chained_sync_planner_reports_its_whole_chains_time(monkeypatch):
     """A plan made from another method's cached plan still costs that plan's time: `seconds` sums the chain."""
     import time as clock
 
-    from autoshard.placement import sync_planners
-
     def slow(name, pause):
-        plan = getattr(sync_planners, name)
+        plan = getattr(SOURCE[name], name)
 
         def waiting(*args, **kwargs):
             clock.sleep(pause)
             return plan(*args, **kwargs)
         return waiting
-    monkeypatch.setattr(sync_planners, "sync_greedy", slow("sync_greedy", 0.05))
-    monkeypatch.setattr(sync_planners, "sync_local_search", slow("sync_local_search", 0.03))
+    monkeypatch.setattr(sync_module, "sync_greedy", slow("sync_greedy", 0.05))
+    monkeypatch.setattr(sync_search_module, "sync_local_search", slow("sync_local_search", 0.03))
     features = pd.DataFrame({"dim": [8, 8, 8], "size_bytes": [1, 1, 1]})
     methods = planners(np.array([2.0, 1.0, 3.0]), np.array([1.0, 2.0, 1.0]), features, NO_COMM, 64,
                        MilpConfig(1000, 10.0))
@@ -239,15 +259,15 @@ def test_a_chained_sync_planner_reports_its_whole_chains_time(monkeypatch):
 def test_the_speed_benchmark_times_a_cached_sync_planners_whole_chain_every_call(monkeypatch):
     """speed.scaling gives every call a task of its own: neither a planner's own cache nor the greedy
     plan sync_greedy's calls left can make a timed call of sync_local_search cheaper."""
-    from autoshard.placement import speed, sync_planners
+    from autoshard.placement import speed
 
     calls = []
-    plan = sync_planners.sync_greedy
+    plan = sync_module.sync_greedy
 
     def counted(*args, **kwargs):
         calls.append(1)
         return plan(*args, **kwargs)
-    monkeypatch.setattr(sync_planners, "sync_greedy", counted)
+    monkeypatch.setattr(sync_module, "sync_greedy", counted)
     features = pd.DataFrame({"dim": [8] * 6, "size_bytes": [1] * 6})
     methods = planners(np.arange(1.0, 7.0), np.ones(6), features, NO_COMM, 64)
     speed.scaling({m: methods[m] for m in ("sync_greedy", "sync_local_search")}, features, [6], 2, seed=0,
@@ -255,7 +275,7 @@ def test_the_speed_benchmark_times_a_cached_sync_planners_whole_chain_every_call
     assert len(calls) == 2 * (1 + 3), "the warm-up and every timed repeat of both methods make the greedy plan"
 
 
-def test_the_sync_policys_plan_refined_by_the_sync_search_is_never_predicted_worse():
+def test_the_sync_policys_plan_refined_by_the_sync_search_is_never_predicted_worse(monkeypatch):
     """rl_sync_local_search starts from rl_sync_greedy's plan (made once) and only improves it."""
     from autoshard.placement.sync import placement_cost
 
@@ -268,7 +288,7 @@ def test_the_sync_policys_plan_refined_by_the_sync_search_is_never_predicted_wor
         made.append(t.name)
         time.sleep(0.05)
         return np.array([0] * 11 + [1])
-    methods = planners(forward, backward, features, NO_COMM, 64, learned=learned)
+    methods = planners(forward, backward, features, NO_COMM, 64, learned=learned, monkeypatch=monkeypatch)
     task = Task("t", "dreamshard", "test", tuple(range(12)), 2, 100, 1.0)
     start, refined = methods["rl_sync_greedy"](task), methods["rl_sync_local_search"](task)
     assert made == ["t"], "the policy's plan was made more than once"

@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from autoshard.data.features import REUSE_COLUMNS
+from autoshard.methods.registry import POLICY
 
 
 def table_list(pool_features: pd.DataFrame, n: int) -> pd.DataFrame:
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m autoshard.cli.bench", description=__doc__.split("\n")[0])
     p.add_argument("--sizes", nargs="+", default=["856x128", "10000x1024"], help="TABLESxDEVICES")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--method", default="rl_greedy",
+    p.add_argument("--method", default=POLICY,
                    help="any method of `autoshard plan` (rl_local_search: with the search)")
     p.add_argument("--pool", type=Path, default=Path("data/pool"))
     p.add_argument("--models", type=Path, default=Path("data/rl"), help="the command's --models")

@@ -14,6 +14,7 @@ from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import PLAN_FORMAT, plan_columns, read_json, shown
 from autoshard.data.features import feature_matrix
 from autoshard.data.tasks import Task
+from autoshard.methods.registry import GREEDY
 from autoshard.placement.columns import ColumnShard, SplitPlan, check_split, shard_features, shard_sizes
 
 DEFAULT_WAYS = "1,2,4"
@@ -93,7 +94,7 @@ def document(options: dict, tables: UserTables, task: Task, result: SplitPlan, m
         else:
             columns.setdefault(names[shard.table], []).append(
                 {"start": shard.start, "width": shard.width, "device": int(d)})
-    return {"format": PLAN_FORMAT, "method": "cost_greedy", "options": options, "tables_file": tables.source,
+    return {"format": PLAN_FORMAT, "method": GREEDY, "options": options, "tables_file": tables.source,
             "devices": task.devices, "memory_per_device_bytes": task.memory_bytes, "sharding": "column",
             "assignment": assignment, "columns": columns, "per_device": devices.to_dict("records"),
             "predicted_bottleneck_ms": float(devices["predicted_ms"].max()),

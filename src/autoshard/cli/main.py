@@ -24,9 +24,10 @@ import pandas as pd
 from autoshard.cli.output import Interrupted, check_outputs, interruptible, write_files
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import check_arguments, shown
-from autoshard.placement.registry import COMMAND as METHODS
+from autoshard.methods.registry import GREEDY, POLICY, SAMPLED, ids
 
 BACKENDS = ("fbgemm", "torch", "analytic")
+METHODS = ids("command")  # what the command offers
 DEFAULT_BEST_OF = 16  # rl_best_of_n's N, as the study's rl.best_of
 
 
@@ -72,8 +73,8 @@ def parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="place the tables on devices and write the plan")
     _common(plan)
     _task_args(plan)
-    plan.add_argument("--method", default=None, help=f"one of {', '.join(METHODS)} (default rl_greedy; "
-                                                     "cost_greedy with --sharding column)")
+    plan.add_argument("--method", default=None, help=f"one of {', '.join(METHODS)} (default {POLICY}; "
+                                                     f"{GREEDY} with --sharding column)")
     plan.add_argument("--best-of", type=int, default=None,
                       help="rl_best_of_n: the best of N sampled placements by predicted bottleneck (default 16)")
     plan.add_argument("--sharding", default="table", choices=("table", "column"),
@@ -101,7 +102,7 @@ def parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="every method on the same tables")
     _common(compare)
     _task_args(compare)
-    compare.add_argument("--best-of", type=int, default=DEFAULT_BEST_OF, help="N for the rl_best_of_n row")
+    compare.add_argument("--best-of", type=int, default=DEFAULT_BEST_OF, help=f"N for the {SAMPLED} row")
     compare.add_argument("--measure", action="store_true", help="also measure every plan")
     _measure_args(compare)
     worker = sub.add_parser("measure", help="measure the shards of a job file (see autoshard.measure.worker), "
@@ -146,18 +147,19 @@ def _check_plan_options(args: argparse.Namespace) -> None:
     """`--method` is known, and options it does not use are refused rather than ignored (a
     `--policy` it does not use is still checked, by `planning.load_models`)."""
     if args.sharding == "column":
-        if args.method not in (None, "cost_greedy"):
+        if args.method not in (None, GREEDY):
             raise ConfigError(f"--method: {shown(args.method)} (with --sharding column only cost_greedy, "
                               "split-then-place on the cost model, places column shards)")
-        args.method = "cost_greedy"
+        args.method = GREEDY
     else:
         for option, value in (("--column-ways", args.column_ways), ("--split", args.split)):
             if value is not None:
                 raise ConfigError(f"{option}: only --sharding column uses it")
-    args.method = args.method or "rl_greedy"
+    if args.method is None:
+        args.method = POLICY
     if args.method not in METHODS:
         raise ConfigError(f"--method: {shown(args.method)} (expected one of {', '.join(METHODS)})")
-    if args.method != "rl_best_of_n" and args.best_of is not None:
+    if args.method != SAMPLED and args.best_of is not None:
         raise ConfigError(f"--best-of: only --method rl_best_of_n uses it (not --method {args.method})")
     if args.best_of is None:
         args.best_of = DEFAULT_BEST_OF
@@ -178,8 +180,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.sharding == "column":
         return _plan_columns(args, tables, task, folder)
     models = planning.load_models(args.method, args.policy, args.cost_model,
-                                  need_torch=args.method == "rl_best_of_n", folder=folder)
-    options = {"best_of": args.best_of, "seed": args.seed} if args.method == "rl_best_of_n" else {}
+                                  need_torch=args.method == SAMPLED, folder=folder)
+    options = {"best_of": args.best_of, "seed": args.seed} if args.method == SAMPLED else {}
     placement, seconds = planning.timed_place(args.method, tables, task, models, best_of=args.best_of,
                                               seed=planning.seed_for(tables, args.seed))
     doc = planning.plan_document(args.method, options, tables, task, placement, models, seconds)
@@ -215,7 +217,7 @@ def _plan_columns(args: argparse.Namespace, tables, task, folder: Path) -> int:
 
     ways = column_plan.parse_ways(args.column_ways or column_plan.DEFAULT_WAYS)
     fixed = column_plan.parse_splits(args.split, tables)
-    models = planning.load_models("cost_greedy", args.policy, args.cost_model, need_torch=True, folder=folder)
+    models = planning.load_models(GREEDY, args.policy, args.cost_model, need_torch=True, folder=folder)
     start = time.perf_counter()
     result = column_plan.plan(models.cost_model, tables, task, ways, fixed)
     seconds = time.perf_counter() - start
@@ -358,7 +360,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     memory = parse_memory(args.memory_per_device)
     tables = read_tables(args.tables, args.weight_bytes)
     task = planning.make_task(tables, args.devices, memory)
-    models = planning.load_models("rl_best_of_n", args.policy, args.cost_model, need_torch=True,
+    models = planning.load_models(SAMPLED, args.policy, args.cost_model, need_torch=True,
                                   folder=planning.models_folder(args.models))
     seed = planning.seed_for(tables, args.seed)
     backend = _backend(tables, args) if args.measure else None

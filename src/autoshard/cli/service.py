@@ -18,14 +18,15 @@ from autoshard.core.inputs import shown
 from autoshard.core.seeding import rng
 from autoshard.data.features import feature_matrix
 from autoshard.data.tasks import Task
-from autoshard.placement.registry import COMMAND, LEARNED
+from autoshard.methods.registry import REGISTRY, check, ids
 from autoshard.rl import numpy_planner
 
 if TYPE_CHECKING:  # torch is imported only when a method needs it
     from autoshard.costmodel.model import CostModel
     from autoshard.rl.policy import Policy
 
-METHODS = COMMAND  # the registry's ids
+METHODS = ids("command")  # the registry's ids the command offers
+LEARNED = ids("learned")
 
 MODELS_ENV = "AUTOSHARD_MODELS"
 POLICY_FILE, COST_MODEL_FILE = "policy.pt", "cost_model.pt"
@@ -40,7 +41,7 @@ class Models:
     cost_model: CostModel | None
     policy: Policy | None
     files: dict[str, dict[str, str]]
-    numpy: numpy_planner.Planner | None = None
+    numpy: numpy_planner.NumpyModels | None = None
 
     @property
     def engine(self) -> str:
@@ -137,7 +138,7 @@ def load_models(method: str, policy_path: Path | None, model_path: Path | None, 
 
 
 def _needs_policy(method: str) -> bool:
-    return method in LEARNED and method.startswith("rl_")
+    return method in LEARNED and REGISTRY[method].kind == "rl"
 
 
 def _loaded(load, path: Path, what: str):
@@ -172,49 +173,32 @@ def make_task(tables: UserTables, devices: int, memory_bytes: int) -> Task:
 
 def place(method: str, tables: UserTables, task: Task, models: Models, best_of: int = 16, seed: int = 0,
           batch_size: int = 2048) -> np.ndarray:
-    """A device per table by the method of that registry id (`best_of` is rl_best_of_n's N)."""
-    from autoshard.placement.heuristics import heuristic_plan
+    """A device per table by the method of that registry id, built by the registry from the
+    tables and the loaded models (`best_of` is rl_best_of_n's N, `seed` its sampling seed and the
+    random heuristic's)."""
+    from autoshard.core.seeding import one_thread
+    from autoshard.methods.artifacts import Artifacts, Settings
+    from autoshard.methods.registry import build
 
     if method not in METHODS:
-        raise ConfigError(f"--method: {method!r} (expected one of {', '.join(METHODS)})")
+        check(method)  # an unknown id: the registry's own message
+        raise ConfigError(f"--method: {method!r} (the command offers {', '.join(METHODS)})")
+    artifacts = Artifacts(pool_features=tables.features, features=feature_matrix(tables.features),
+                          cost_model=models.cost_model, policy=models.policy, numpy=models.numpy)
+    built = build((method,), artifacts, Settings(seed=seed, batch_size=batch_size, best_of=best_of,
+                                                 sample_seed=lambda t: seed))
+    if method in built.left_out:
+        raise ConfigError(f"--method {method}: {built.left_out[method]} (load_models gives them)")
     try:
-        if method in LEARNED:
-            return _learned(method, tables, task, models, best_of, seed)
-    except ConfigError as exc:  # a learned placement can paint itself into a corner under a tight cap
+        with one_thread():  # the same plan whatever torch's thread count
+            return built.planners[method](task)
+    except ConfigError as exc:
+        if method not in LEARNED:
+            raise
+        # a learned placement can paint itself into a corner under a tight cap
         raise ConfigError(f"--method {method}: no placement under --memory-per-device {task.memory_bytes} bytes "
                           f"({exc}; tables go largest predicted cost first, not largest size first: try more "
                           "memory or a size-aware heuristic such as size_lookup_greedy)") from None
-    if method == "torchrec":
-        from autoshard.placement.torchrec import torchrec_plan
-
-        return torchrec_plan(tables.features, task, batch_size)
-    return heuristic_plan(method, tables.features, task, seed)
-
-
-def _learned(method: str, tables: UserTables, task: Task, models: Models, best_of: int, seed: int) -> np.ndarray:
-    """rl_greedy / cost_greedy, each optionally refined by local search (`*_local_search`), or
-    the best of `best_of` sampled policy placements (rl_best_of_n, torch only)."""
-    from autoshard.placement.search import local_search
-
-    features = feature_matrix(tables.features)
-    greedy = "rl_greedy" if method.startswith("rl_") else "cost_greedy"
-    if models.numpy is not None and method != "rl_best_of_n":
-        placement = models.numpy.place(greedy, features, tables.features["size_bytes"].to_numpy(), task.devices,
-                                       task.memory_bytes, task.name)
-        return local_search(models.numpy, features, task, placement) if method.endswith("_local_search") \
-            else placement
-    if models.cost_model is None:
-        raise ValueError("torch models are needed for sampling: load_models(need_torch=True)")
-    from autoshard.core.seeding import one_thread
-    from autoshard.rl.infer import cost_greedy, policy_plans
-
-    with one_thread():  # the same plan whatever torch's thread count
-        if method == "rl_best_of_n":
-            return policy_plans(models.policy, models.cost_model, features, [task], best_of, seed=seed)[0]
-        placement = (policy_plans(models.policy, models.cost_model, features, [task])[0] if greedy == "rl_greedy"
-                     else cost_greedy(models.cost_model, features, [task])[0])
-        return local_search(models.cost_model, features, task, placement) if method.endswith("_local_search") \
-            else placement
 
 
 def timed_place(method: str, tables: UserTables, task: Task, models: Models, **options) -> tuple[np.ndarray, float]:

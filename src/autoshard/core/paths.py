@@ -66,6 +66,16 @@ class Paths:
         return self.data / "rl"
 
     @property
+    def policy(self) -> Path:
+        """The trained policy (train_rl)."""
+        return self.rl / "policy.pt"
+
+    @property
+    def simulator(self) -> Path:
+        """The cost model the policy was trained on (train_rl's copy of the cost_model stage's)."""
+        return self.rl / "cost_model.pt"
+
+    @property
     def sync_policy(self) -> Path:
         """The policy trained on the synchronized-stages reward (train_rl's `rl.sync_policy`)."""
         return self.rl / "policy_sync.pt"

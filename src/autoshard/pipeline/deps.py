@@ -1,12 +1,12 @@
-"""Which code each stage runs: the package layers its notebook imports, found by following the
-imports. dvc.yaml lists exactly these (a test compares them), so editing a module reruns every
-stage it can change and no other.
+"""Which code each stage runs: the package files its notebook's imports reach, found by following
+the imports (the same walk that keys the caches). dvc.yaml lists exactly these (a test compares
+them), so editing a module reruns every stage it can change and no other.
 
 `python -m autoshard.pipeline.deps` checks dvc.yaml; `--write` rewrites its code dependencies.
 
 Layers, in data-flow order; a module imports only from its own layer or layers before it
 (`cli` sits beside `studies`: neither imports the other):
-core < data < measure < costmodel < placement < rl < studies | cli < pipeline.
+core < data < measure < costmodel < placement < rl < methods < studies | cli < pipeline.
 """
 
 import argparse
@@ -20,12 +20,8 @@ import yaml
 
 from autoshard.core.digest import PACKAGE_DIR, source_files
 
-LAYERS = ("core", "data", "measure", "costmodel", "placement", "rl", "studies", "cli", "pipeline")
+LAYERS = ("core", "data", "measure", "costmodel", "placement", "rl", "methods", "studies", "cli", "pipeline")
 RANK = {**{layer: i for i, layer in enumerate(LAYERS)}, "cli": LAYERS.index("studies")}
-
-# Every stage notebook opens with the stage context; depending on the whole pipeline folder would
-# rerun every stage whenever the report changes.
-STAGE_RUNNER = "src/autoshard/pipeline/stage.py"
 
 
 def imported_modules(source: str) -> set[str]:
@@ -65,13 +61,12 @@ def notebook_source(path: Path) -> str:
 
 
 def code_deps(source: str) -> list[str]:
-    """dvc.yaml dependencies for code that `source` runs: its layer folders, and the stage
-    runner alone for the pipeline layer."""
-    layers = {m.split(".")[0] for m in module_closure(source)}
-    out = [f"src/autoshard/{layer}" for layer in LAYERS if layer in layers and layer != "pipeline"]
-    if "pipeline" in layers:
-        out.append(STAGE_RUNNER)
-    return out
+    """dvc.yaml dependencies for code that `source` runs: every package file its imports reach
+    (function-level imports included), in layer order, so an edit reruns only the stages that can
+    run the edited code."""
+    modules = module_closure(source)
+    ordered = sorted(modules, key=lambda m: (RANK[m.split(".")[0]], m))
+    return [f"src/autoshard/{m.replace('.', '/')}.py" for m in ordered]
 
 
 def layer_violations() -> list[str]:
@@ -91,8 +86,8 @@ def layer_violations() -> list[str]:
 
 
 def stage_code_deps(stage: str, spec: dict, root: Path) -> list[str]:
-    """The code a stage of dvc.yaml runs: its notebook's layers, or for a `python -m` stage its
-    module and that module's layers."""
+    """The code a stage of dvc.yaml runs: the files its notebook's imports reach, or for a
+    `python -m` stage its module and the files that module's imports reach."""
     notebooks = [d for d in spec.get("deps", []) if str(d).startswith("notebooks/")]
     if notebooks:
         return code_deps(notebook_source(root / notebooks[0]))
@@ -131,13 +126,13 @@ def main(argv: list[str] | None = None) -> int:
     text = args.dvc_file.read_text()
     wanted = rewrite(text, args.dvc_file.resolve().parent)
     if wanted == text:
-        print(f"{args.dvc_file}: code dependencies follow the layer rule")
+        print(f"{args.dvc_file}: code dependencies follow the import rule")
         return 0
     if args.write:
         args.dvc_file.write_text(wanted)
         print(f"{args.dvc_file}: code dependencies rewritten")
         return 0
-    print(f"{args.dvc_file}: code dependencies differ from the layer rule (run with --write)", file=sys.stderr)
+    print(f"{args.dvc_file}: code dependencies differ from the import rule (run with --write)", file=sys.stderr)
     return 1
 
 

@@ -33,7 +33,7 @@ from autoshard.core.schema import (
     check,
     read_checked,
 )
-from autoshard.placement.registry import METHODS
+from autoshard.methods.registry import BEST_HEURISTIC, GREEDY, METHODS, POLICY, ids
 from autoshard.studies.findings import SYNC_POLICY_METHODS, SYNC_REFERENCES, sync_policy_protocols, verdict
 
 
@@ -265,8 +265,7 @@ def answer(evaluate: dict) -> str:
     return f"Each protocol's lines compare its headline objective ({ranked}).\n\n{lines}"
 
 
-def paired_table(evaluate: dict, methods: tuple[str, ...] = ("rl_greedy", "rl_local_search", "cost_greedy",
-                                                            "hybrid_greedy", "milp", "lpt_measured")) -> str:
+def paired_table(evaluate: dict, methods: tuple[str, ...] = ids("shown")) -> str:
     """Markdown: the paired comparisons of the learned methods and the solver baselines."""
     rows = []
     for protocol, entries in evaluate.get("paired", {}).items():
@@ -392,9 +391,8 @@ def compute_only(evaluate: dict) -> dict[str, dict | None]:
             for protocol, entries in evaluate.get("paired", {}).items()}
 
 
-def regime_table(evaluate: dict, method: str | tuple[str, ...] = "rl_greedy",
-                 references: tuple[str, ...] = ("cost_greedy", "lpt_measured", "milp", "torchrec",
-                                                "best_heuristic"),
+def regime_table(evaluate: dict, method: str | tuple[str, ...] = POLICY,
+                 references: tuple[str, ...] = (*ids("reference"), BEST_HEURISTIC),
                  regimes: tuple[tuple[str, str, tuple[str, ...]], ...] = REGIMES) -> str:
     """Markdown: where does the RL sharder win? Per regime and protocol, `method`'s paired median
     ratio [95% CI] against each reference with the plain answer's verdict (`findings.verdict`);
@@ -530,7 +528,7 @@ def sync_policy_table(evaluate: dict) -> str:
     protocols = sync_policy_protocols(evaluate.get("paired_synchronized", {}))
     if not protocols:
         return "(rl_sync_greedy was not evaluated: no policy trained on the synchronized stages)"
-    return regime_table(evaluate, SYNC_POLICY_METHODS, (*SYNC_REFERENCES, "cost_greedy", "best_heuristic"),
+    return regime_table(evaluate, SYNC_POLICY_METHODS, (*SYNC_REFERENCES, GREEDY, BEST_HEURISTIC),
                         (("synchronized stages with communication", "paired_synchronized", protocols),))
 
 

@@ -25,8 +25,8 @@ if TYPE_CHECKING:  # the search itself needs no torch
     from autoshard.costmodel.model import CostModel
 
 
-class Planner(Protocol):
-    """The NumPy copy of the cost model that `rl.numpy_planner.Planner` holds (the search reads
+class NumpyNetwork(Protocol):
+    """The NumPy copy of the cost model that `rl.numpy_planner.NumpyModels` holds (the search reads
     its layer stacks and arrays, so `autoshard plan --refine` needs no torch)."""
 
     stacks: dict
@@ -36,7 +36,7 @@ class Planner(Protocol):
 Layer = tuple[np.ndarray, np.ndarray, bool]  # weight, bias, followed by a ReLU
 
 
-def _network(model: CostModel | Planner) -> tuple[list[Layer], list[Layer], np.ndarray, np.ndarray, float]:
+def _network(model: CostModel | NumpyNetwork) -> tuple[list[Layer], list[Layer], np.ndarray, np.ndarray, float]:
     """(encoder, head, mean, std, scale) of the cost model, in float64."""
     if hasattr(model, "log_fusion"):
         raise ConfigError("local search: the hybrid cost model's head is not linear in the tables' shares "
@@ -78,7 +78,7 @@ def _apply(layers: list[Layer], x: np.ndarray) -> np.ndarray:
 class _Costs:
     """The cost model in float64: table shares of the head's first layer, and device costs."""
 
-    def __init__(self, model: CostModel | Planner, features: np.ndarray):
+    def __init__(self, model: CostModel | NumpyNetwork, features: np.ndarray):
         encoder, head, mean, std, self.scale = _network(model)
         x = check_features(features).astype(np.float64)  # the float32 values the model sees
         for name in LOG_COLUMNS:
@@ -94,7 +94,7 @@ class _Costs:
         return np.logaddexp(0.0, _apply(self.rest, hidden)).sum(-1) * self.scale
 
 
-def local_search(model: CostModel | Planner, features: np.ndarray, task: Task, placement: np.ndarray,
+def local_search(model: CostModel | NumpyNetwork, features: np.ndarray, task: Task, placement: np.ndarray,
                  max_rounds: int = 1000) -> np.ndarray:
     """An improved copy of `placement` (device per `task.tables` entry) under the cost model
     (a torch `CostModel` or the NumPy planner)."""

@@ -116,8 +116,8 @@ class Stack:
         return x
 
 
-class Planner:
-    """The exported networks; `place` is greedy placement by `rl_greedy` or `cost_greedy`."""
+class NumpyModels:
+    """The exported networks; `place` is greedy placement by the policy or by the cost model."""
 
     def __init__(self, arrays: dict[str, np.ndarray], meta: dict):
         self.meta, self.arrays = meta, arrays
@@ -176,9 +176,10 @@ class Planner:
                 out[step] = h
         return out
 
-    def place(self, method: str, features: np.ndarray, sizes: np.ndarray, devices: int, capacity: int,
-              name: str = "user") -> np.ndarray:
-        """A device per table (in the given order) by `rl_greedy` or `cost_greedy`."""
+    def place(self, features: np.ndarray, sizes: np.ndarray, devices: int, capacity: int, name: str = "user",
+              policy: bool = True) -> np.ndarray:
+        """A device per table (in the given order): the policy's greedy placement, or (`policy`
+        False) greedy placement on the cost model alone."""
         # Each distinct table is encoded once: a BLAS product over many rows may round identical
         # rows differently, and tied tables and devices must stay exactly tied (as in torch).
         unique, inverse = np.unique(check_features(features), axis=0, return_inverse=True)
@@ -187,14 +188,12 @@ class Planner:
         order = np.argsort(-single, kind="stable")
         steps = _Steps(enc[inverse[order]], np.asarray(sizes, np.float64)[order], devices, float(capacity), name,
                        order)
-        if method == "cost_greedy":
+        if not policy:
             placed = self._cost_greedy(steps)
-        elif method == "rl_greedy":
+        else:
             own = None if self.meta["policy"]["state_encoder"] == "cost_model" else self.encode(unique, "policy")
             placed = self._policy_greedy(steps, None if own is None else own[inverse[order]],
                                          single[order].sum() / np.float32(devices))
-        else:
-            raise ConfigError(f"--method: {method!r} (the NumPy planner knows rl_greedy and cost_greedy)")
         out = np.empty(len(order), np.int64)
         out[order] = placed
         return out
@@ -274,7 +273,7 @@ class _Steps:
 
 
 def load(path: str | Path, cost_model_path: str | Path, policy_path: str | Path | None,
-         required: bool = False) -> Planner | None:
+         required: bool = False) -> NumpyModels | None:
     """The planner file at `path` if it was exported from exactly these model files, else None
     (the caller then uses torch), or with `required` an error. A file that is not a planner
     export is always an error."""
@@ -302,7 +301,7 @@ def load(path: str | Path, cost_model_path: str | Path, policy_path: str | Path 
     return None if stale else _checked(path, arrays, meta)
 
 
-def _checked(path: Path, arrays: dict[str, np.ndarray], meta: dict) -> Planner:
+def _checked(path: Path, arrays: dict[str, np.ndarray], meta: dict) -> NumpyModels:
     """The planner of a file whose arrays are finite and fit together (one table through the
     cost model runs)."""
     bad = [k for k, a in arrays.items() if a.dtype.kind == "f" and not np.isfinite(a).all()]
@@ -310,7 +309,7 @@ def _checked(path: Path, arrays: dict[str, np.ndarray], meta: dict) -> Planner:
         raise ConfigError(f"{path}: array {bad[0]} holds NaN or infinite values; delete it or run "
                           "`dvc repro train_rl`")
     try:
-        planner = Planner(arrays, meta)
+        planner = NumpyModels(arrays, meta)
         planner.cost_ms(planner.encode(np.ones((1, len(FEATURE_COLUMNS)))))
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise ConfigError(f"{path}: not a usable NumPy planner file ({exc.__class__.__name__}); delete it or run "

@@ -34,6 +34,7 @@ from autoshard.data.features import FEATURE_COLUMNS, REUSE_COLUMNS
 from autoshard.data.tasks import PROTOCOLS, Task
 from autoshard.measure.backends import BackendConfig
 from autoshard.measure.collect import load_profile
+from autoshard.methods.registry import GREEDY, POLICY, REFINED, SAMPLED
 from autoshard.placement.heuristics import HEURISTICS
 from autoshard.rl.ppo import RLConfig, RLStageConfig, load_policy, run_key, train
 from autoshard.studies import paired
@@ -42,7 +43,9 @@ from autoshard.studies.evaluate import measuring_backend
 FEATURE_GROUPS = {"reuse_histogram": tuple(REUSE_COLUMNS), "pooling_factor": ("pooling_factor",)}
 VARIANTS = ("full", "no_cost_features", "no_lstm", "other_reward", "separate_encoder",
             "no_reuse_histogram", "no_pooling_factor", "refresh")
-INFERENCE = ("best_of_n", "local_search", "cost_greedy")  # other modes on the full variant's models
+# Other methods on the full variant's models (row name -> registry id): the policy sampled best of N,
+# refined by local search, and greedy placement on its cost model without the policy.
+INFERENCE = {"best_of_n": SAMPLED, "local_search": REFINED, GREEDY: GREEDY}
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,7 @@ class AblationConfig:
         """What each row of the results is, in words."""
         out = {name: self.variant(name).label for name in self.variants}
         return out | {"best_of_n": f"full method, best of {self.best_of}", "local_search": "full method + local search",
-                      "cost_greedy": "cost_greedy on the full method's cost model"}
+                      GREEDY: f"{GREEDY} on the full method's cost model"}
 
     def seed_list(self, seed: int) -> list[int]:
         """The policy seeds every variant trains with: the study seed and the ones after it."""
@@ -298,22 +301,26 @@ def refresh(cfg: AblationConfig, name: str, seed: int, policy_path: Path, model_
 def plans(cfg: AblationConfig, runs: dict[tuple[str, int], tuple[str, str]], features: np.ndarray,
           pool_features: pd.DataFrame, tasks: list[Task], seed: int) -> dict[str, list[np.ndarray]]:
     """Every run's greedy plans of the test tasks (named `variant|seed`), the full variant's
-    best-of-N and locally searched plans, cost_greedy on the full variant's cost model (the
-    baseline every variant must beat, named `cost_greedy|0`), and the heuristics' plans."""
+    `INFERENCE` plans (`best_of_n|seed`, `local_search|seed`, and cost_greedy on the full variant's
+    cost model, the baseline every variant must beat, `cost_greedy|0`), and the heuristics' plans,
+    all built by the registry."""
+    from autoshard.methods.artifacts import Artifacts, Settings
+    from autoshard.methods.registry import build
     from autoshard.placement.heuristics import heuristic_plans
-    from autoshard.rl.infer import cost_greedy, policy_plans
 
     out: dict[str, list[np.ndarray]] = dict(heuristic_plans(pool_features, tasks, seed))
     for (name, s), (policy_path, model_path) in tqdm(runs.items(), desc="planning"):
         model = load_model(model_path)
-        policy = load_policy(policy_path, model)
-        x = masked(features, cfg.variant(name).dropped)
+        bundle = Artifacts(pool_features=pool_features, features=masked(features, cfg.variant(name).dropped),
+                           cost_model=model, policy=load_policy(policy_path, model))
+        rows = {f"{name}|{s}": POLICY}
+        if name == "full":
+            rows |= {f"{row}|{0 if row == GREEDY else s}": method for row, method in INFERENCE.items()}
+        rows = {row: method for row, method in rows.items() if row not in out}
+        built = build(tuple(rows.values()), bundle, Settings(seed=s, batch_size=0, best_of=cfg.best_of,
+                                                             sample_seed=lambda t, s=s: s))
         with torch.inference_mode():
-            out[f"{name}|{s}"] = policy_plans(policy, model, x, tasks)
-            if name == "full":
-                out[f"best_of_n|{s}"] = policy_plans(policy, model, x, tasks, cfg.best_of, seed=s)
-                out[f"local_search|{s}"] = policy_plans(policy, model, x, tasks, refine=True)
-                out.setdefault("cost_greedy|0", cost_greedy(model, x, tasks))
+            out |= {row: [built.planners[method](t) for t in tasks] for row, method in rows.items()}
     return out
 
 

@@ -28,6 +28,7 @@ from autoshard.measure.base import CostBackend
 from autoshard.measure.interleaved import measure_batch
 from autoshard.measure.store import MeasurementStore, record, values
 from autoshard.measure.timing import TimingConfig
+from autoshard.methods.registry import METHODS
 from autoshard.placement.columns import (
     ColumnShard,
     device_keys,
@@ -38,7 +39,6 @@ from autoshard.placement.columns import (
     shard_features,
     split_then_place,
 )
-from autoshard.placement.registry import METHODS
 from autoshard.placement.surrogate import MilpConfig
 from autoshard.placement.torchrec import torchrec_column_plan
 from autoshard.studies.paired import compare

@@ -1,14 +1,15 @@
 """What the evaluate stage compares: its parameters, the test tasks, and every method's plans.
 
-A method is a planner, `Task -> placement` (a device per `task.tables` entry), so heuristics,
-TorchRec's planner, the cost-model greedy, the RL sharder and the exact search are called
-and timed alike. A method that finds no plan for a task (TorchRec's planner counts optimizer
-state and may refuse a tight cap) yields None there, with the reason recorded.
+Every method is built by the registry (`methods.registry`) as a planner, `Task -> placement` (a
+device per `task.tables` entry), so heuristics, TorchRec's planner, the cost-model greedy, the RL
+sharder and the exact search are called and timed alike. A method that finds no plan for a task
+(TorchRec's planner counts optimizer state and may refuse a tight cap) yields None there, with the
+reason recorded.
 """
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,29 +18,19 @@ import pandas as pd
 from autoshard.core.errors import ConfigError, invalid
 from autoshard.core.params import Fields
 from autoshard.core.seeding import one_thread, rng
-from autoshard.costmodel.model import CostModel
-from autoshard.data.features import FEATURE_COLUMNS
 from autoshard.data.tasks import Task, first_fit_decreasing
 from autoshard.measure.backends import BACKENDS, DEVICES, BackendConfig, resolve_device
 from autoshard.measure.comm_store import CommTiming
-from autoshard.measure.commmodel import CommModel
 from autoshard.measure.fbgemm import OPTIMIZERS
 from autoshard.measure.timing import TimingConfig
-from autoshard.placement import surrogate, sync_planners
-from autoshard.placement.exact import exact_plan
-from autoshard.placement.heuristics import HEURISTICS, Infeasible, heuristic_plan
-from autoshard.placement.registry import KIND, OBJECTIVE
-from autoshard.placement.search import local_search
+from autoshard.methods.registry import KIND, POLICY, not_run
+from autoshard.placement.heuristics import HEURISTICS, Infeasible
 from autoshard.placement.shards import memory_ok
 from autoshard.placement.surrogate import MilpConfig
-from autoshard.placement.torchrec import torchrec_plan
-from autoshard.rl import numpy_planner
-from autoshard.rl.infer import cost_greedy, policy_plans
-from autoshard.rl.policy import Policy
+from autoshard.placement.types import Planner
 from autoshard.studies.measured import OBJECTIVES, MeasuredComm
 from autoshard.studies.paired import same_split
 
-Planner = Callable[[Task], np.ndarray]
 PROTOCOLS = ("autoshard", "dreamshard", "tight", "small")  # the evaluated protocols (evaluate.objective's keys)
 
 
@@ -240,63 +231,6 @@ def small_tasks(features: pd.DataFrame, test_tables: np.ndarray, cfg: SmallConfi
     return out
 
 
-def planners(pool_features: pd.DataFrame, features: np.ndarray, model: CostModel, policy: Policy,
-             best_of: int, batch_size: int, seed: int, single_costs: np.ndarray | None = None,
-             milp: MilpConfig | None = None, solves: dict | None = None,
-             hybrid: tuple[CostModel, np.ndarray] | None = None,
-             sync: tuple[np.ndarray, np.ndarray, CommModel] | None = None,
-             sync_solves: dict | None = None,
-             sync_policy: tuple[Policy, CostModel] | None = None) -> dict[str, Planner]:
-    """Every method of the registry as a planner (the exact search is for small tasks only);
-    `single_costs` (ms per pool table, measured alone) feed the LPT and MILP baselines, which
-    are left out without them; `hybrid` (the hybrid cost model and its features with the single
-    costs) gives `hybrid_greedy`, left out without it; `sync` (measured single forward and backward
-    ms per pool table, `placement.sync.stage_singles`, and the comm model) gives `sync_greedy`,
-    `sync_local_search` and (with `milp`) `sync_milp`, whose solves go to `sync_solves`; all three
-    are left out without it; `sync_policy` (the policy trained on the synchronized reward and its
-    stage-head cost model), with `sync`, gives `rl_sync_greedy` and `rl_sync_local_search` (the sync
-    local search from its plan), left out without them."""
-    def heuristic(name: str) -> Planner:
-        return lambda t: heuristic_plan(name, pool_features, t, seed)
-
-    sync_learned = (lambda t: policy_plans(sync_policy[0], sync_policy[1], features, [t])[0]) if sync_policy else None
-
-    def sample_seed(t: Task) -> int:
-        return int(rng(seed, "evaluate", "best_of", t.name).integers(2**31))
-
-    return {**{m: heuristic(m) for m in HEURISTICS},
-            "torchrec": lambda t: torchrec_plan(pool_features, t, batch_size),
-            "cost_greedy": lambda t: cost_greedy(model, features, [t])[0],
-            "cost_greedy_local_search": lambda t: local_search(model, features, t,
-                                                               cost_greedy(model, features, [t])[0]),
-            **({"hybrid_greedy": lambda t: cost_greedy(hybrid[0], hybrid[1], [t])[0]} if hybrid else {}),
-            **(surrogate.planners(single_costs, pool_features["size_bytes"].to_numpy(np.int64), milp, seed, solves)
-               if single_costs is not None and milp is not None else {}),
-            **(sync_planners.planners(sync[0], sync[1], pool_features, sync[2], batch_size, milp, seed, sync_solves,
-                                      learned=sync_learned) if sync else {}),
-            "rl_greedy": lambda t: policy_plans(policy, model, features, [t])[0],
-            "rl_best_of_n": lambda t: policy_plans(policy, model, features, [t], best_of, seed=sample_seed(t))[0],
-            "rl_local_search": lambda t: policy_plans(policy, model, features, [t], refine=True)[0],
-            "exact": lambda t: exact_plan(model, features, t)}
-
-
-def replicate_planners(model: CostModel, policy: Policy, features: np.ndarray) -> dict[str, Planner]:
-    """The methods whose plans change with a replicate's cost model and policy: cost_greedy and
-    rl_greedy (the two the study compares; the others are left to replicate 0)."""
-    return {"cost_greedy": lambda t: cost_greedy(model, features, [t])[0],
-            "rl_greedy": lambda t: policy_plans(policy, model, features, [t])[0]}
-
-
-def numpy_greedy(planner: numpy_planner.Planner, features: np.ndarray) -> Planner:
-    """Greedy RL placement by the NumPy planner: what `autoshard plan` runs, without torch."""
-    sizes = features[:, FEATURE_COLUMNS.index("size_bytes")]
-
-    def place(t: Task) -> np.ndarray:
-        ids = list(t.tables)
-        return planner.place("rl_greedy", features[ids], sizes[ids], t.devices, t.memory_bytes, t.name)
-    return place
-
-
 def same_plans(reference: list[np.ndarray | None], planner: Planner, tasks: list[Task]) -> dict[str, float]:
     """Share of `tasks` on which `planner` makes the same placement as `reference` (or, like it,
     none): with the very same device numbers, and as the same split of the tables whatever the
@@ -313,23 +247,11 @@ def same_plans(reference: list[np.ndarray | None], planner: Planner, tasks: list
     return {"same devices": float(np.mean(labels)), "same split": float(np.mean(splits))}
 
 
-def not_run(method: str, task: Task, objective: Mapping[str, str] | None = None) -> str | None:
-    """Why `method` is not planned for `task`, or None: the exact search runs on small tasks
-    only; a method that optimises one objective (`registry.OBJECTIVE`) runs only on protocols
-    that `objective` (protocol -> objective, `EvaluateConfig.objective`) ranks by it."""
-    if method == "exact" and task.protocol != "small":
-        return "small tasks only"
-    wanted, ranked_by = OBJECTIVE.get(method), (objective or {}).get(task.protocol)
-    if wanted and objective is not None and ranked_by != wanted:
-        return f"optimises {wanted}; {task.protocol} is ranked by {ranked_by}"
-    return None
-
-
 def plan_all(methods: dict[str, Planner], tasks: list[Task], sizes: np.ndarray, progress: bool = True,
              objective: Mapping[str, str] | None = None) -> tuple[dict[str, list[np.ndarray | None]], pd.DataFrame]:
     """Each method's plan of each task (None: no plan), and a frame of (task, method, seconds,
-    status); timed on one thread (a planner with `seconds`, as the sync methods, says how long its
-    whole chain took, steps it reused from another method included). A method is not run where
+    status); timed on one thread (a planner with `seconds`, as every registry build, says how long
+    its whole chain took, steps it reused from another method included). A method is not run where
     `not_run` says so (given `objective`, the protocols' objectives; without it, every method runs
     off the small tasks). A plan that
     breaks the memory cap is no plan (status says so): under the tight-memory protocol a failure to
@@ -370,6 +292,6 @@ def repeat_subset(ratios: pd.DataFrame, tasks: list[Task], plans: dict[str, list
     heuristic = ratios[ratios["method"].map(KIND) == "heuristic"]
     best = heuristic.loc[heuristic.groupby("task")["measured_ms"].idxmin()].set_index("task")["method"]
     index = {t.name: i for i, t in enumerate(tasks)}
-    keep = {m: [plans[m][index[t.name]] if m == "rl_greedy" or best.get(t.name) == m else None for t in chosen]
-            for m in ("rl_greedy", *HEURISTICS)}
+    keep = {m: [plans[m][index[t.name]] if m == POLICY or best.get(t.name) == m else None for t in chosen]
+            for m in (POLICY, *HEURISTICS)}
     return chosen, keep

@@ -8,15 +8,16 @@ import numpy as np
 import pandas as pd
 
 from autoshard.core.metrics import finite
-from autoshard.placement.registry import ids
+from autoshard.methods.registry import BEST_HEURISTIC, GREEDY, POLICY, SYNCHRONIZED, ids
 from autoshard.studies import paired
 from autoshard.studies.evaluate import NoiseTargets
 from autoshard.studies.measured import MEASURED_SOURCES
 
-REFERENCES = ("best_heuristic", "cost_greedy", "lpt_measured", "milp", "torchrec")
+REFERENCES = (BEST_HEURISTIC, *ids("reference"))
 # the baselines that optimise the synchronized-stages cost: references of `paired_synchronized` too
-SYNC_REFERENCES = ("sync_greedy", "sync_local_search", "sync_milp")
-SYNC_POLICY_METHODS = ("rl_sync_greedy", "rl_sync_local_search")  # the policy trained on the synchronized stages
+SYNC_REFERENCES = ids(kind="baseline", objective=SYNCHRONIZED)
+SYNC_POLICY_METHODS = ids(kind="rl", objective=SYNCHRONIZED)  # the policy trained on the synchronized stages
+REPLICATED = f"{POLICY}__vs__{GREEDY}"  # the per-task ratio the replicates of the chain are compared by
 
 
 def measurement_quality(devices: pd.DataFrame, repeat: pd.DataFrame, targets: NoiseTargets) -> dict:
@@ -67,7 +68,7 @@ def paired_comparisons(ratios: pd.DataFrame, plans: dict[str, list[np.ndarray | 
     index = {name: i for i, name in enumerate(task_names)}
     frame = ratios[["task", "protocol", "method", value, "unseen_ratio"]].copy()
     frame["placement"] = [plans[m][index[t]] for t, m in zip(frame["task"], frame["method"], strict=True)]
-    frame = paired.with_best(frame, ids("heuristic"), "best_heuristic", value=value)
+    frame = paired.with_best(frame, ids(kind="heuristic"), BEST_HEURISTIC, value=value)
     return paired.all_pairs(frame, references, value=value, strata="unseen_ratio", noise_sd=noise_sd,
                             resamples=resamples, seed=seed)
 
@@ -107,9 +108,8 @@ def paired_frame(pairs: dict, methods: tuple[str, ...], references: tuple[str, .
 
 
 def plain_answer(pairs: dict, quality: dict,
-                 methods: tuple[str, ...] = ("rl_greedy", "rl_local_search", "hybrid_greedy"),
-                 references: tuple[str, ...] = ("cost_greedy", "lpt_measured", "milp", "torchrec",
-                                                "best_heuristic"), replicates: dict | None = None,
+                 methods: tuple[str, ...] = ids("headline"),
+                 references: tuple[str, ...] = (*ids("reference"), BEST_HEURISTIC), replicates: dict | None = None,
                  regime: str = "") -> list[str]:
     """One sentence per protocol and method: against each reference, faster, slower or not
     distinguishable from the noise, with the median ratio and its 95% interval. A difference
@@ -135,10 +135,10 @@ def plain_answer(pairs: dict, quality: dict,
                              f"{s['ci_high']:.3f}], {s['tasks']} tasks)")
             if parts:
                 lines.append(f"{protocol}{f' ({regime})' if regime else ''}, {method}: " + "; ".join(parts) + ".")
-        spread = (replicates or {}).get(protocol, {}).get("rl_greedy__vs__cost_greedy")
+        spread = (replicates or {}).get(protocol, {}).get(REPLICATED)
         if spread and spread["n"] > 1:
             lines.append(f"{protocol}, across {spread['n']} replicates of the chain (cost model and policy seeds): "
-                         f"rl_greedy / cost_greedy median {spread['mean_ratio']:.3f} ± {spread['std']:.3f} (mean ± sd; "
+                         f"{POLICY} / {GREEDY} median {spread['mean_ratio']:.3f} ± {spread['std']:.3f} (mean ± sd; "
                          f"replicates {', '.join(f'{v:.3f}' for v in spread['values'])}).")
     return lines
 
@@ -146,7 +146,7 @@ def plain_answer(pairs: dict, quality: dict,
 def sync_policy_protocols(pairs_sync: dict) -> tuple[str, ...]:
     """The protocols of `paired_synchronized` where rl_sync_greedy was planned (has compared tasks)."""
     return tuple(protocol for protocol, entries in pairs_sync.items()
-                 if any(pair.startswith("rl_sync_greedy__") and s["tasks"] for pair, s in entries.items()))
+                 if any(pair.startswith(f"{SYNC_POLICY_METHODS[0]}__") and s["tasks"] for pair, s in entries.items()))
 
 
 def synchronized_answer(pairs_sync: dict, quality: dict) -> list[str]:
@@ -155,8 +155,8 @@ def synchronized_answer(pairs_sync: dict, quality: dict) -> list[str]:
     baselines that optimise it? Only on the protocols where rl_sync_greedy was planned (those the
     synchronized stages rank)."""
     planned = {protocol: pairs_sync[protocol] for protocol in sync_policy_protocols(pairs_sync)}
-    return plain_answer(planned, quality, (*SYNC_POLICY_METHODS, "rl_greedy"),
-                        (*SYNC_REFERENCES, "cost_greedy", "best_heuristic"), regime="synchronized stages")
+    return plain_answer(planned, quality, (*SYNC_POLICY_METHODS, POLICY),
+                        (*SYNC_REFERENCES, GREEDY, BEST_HEURISTIC), regime="synchronized stages")
 
 
 def verdict(s: dict) -> str:
@@ -174,8 +174,8 @@ def verdict(s: dict) -> str:
 def per_task_ratios(ratios: pd.DataFrame, pairs: list[tuple[str, str]]) -> pd.DataFrame:
     """Per task and (method, reference) pair, the measured bottleneck ratio: what the paired
     statistics summarise, for a figure of every task's difference."""
-    frame = paired.with_best(ratios[["task", "protocol", "method", "measured_ms"]], ids("heuristic"),
-                             "best_heuristic")
+    frame = paired.with_best(ratios[["task", "protocol", "method", "measured_ms"]], ids(kind="heuristic"),
+                             BEST_HEURISTIC)
     table = frame.pivot_table(index=["protocol", "task"], columns="method", values="measured_ms")
     rows = [pd.DataFrame({"pair": f"{m} / {r}", "ratio": table[m] / table[r]}).reset_index()
             for m, r in pairs if m in table and r in table]
@@ -183,7 +183,7 @@ def per_task_ratios(ratios: pd.DataFrame, pairs: list[tuple[str, str]]) -> pd.Da
 
 
 def replicate_summary(ratios: pd.DataFrame, replicates: list[pd.DataFrame],
-                      methods: tuple[str, ...] = ("cost_greedy", "rl_greedy")) -> dict:
+                      methods: tuple[str, ...] = ids("replicate")) -> dict:
     """`replicates.<protocol>.<method>`: the median measured ratio to the best heuristic in each
     replicate (0: the stage's own models; then each frame of (task, method, measured_ms) measured
     for the other replicates' models), its mean across replicates, standard deviation and count;
@@ -203,9 +203,8 @@ def replicate_summary(ratios: pd.DataFrame, replicates: list[pd.DataFrame],
             for method in methods:
                 if method in tasks:
                     entry.setdefault(method, []).append(float((tasks[method] / best[tasks.index]).median()))
-            if {"rl_greedy", "cost_greedy"} <= set(tasks):
-                entry.setdefault("rl_greedy__vs__cost_greedy", []).append(
-                    float((tasks["rl_greedy"] / tasks["cost_greedy"]).median()))
+            if {POLICY, GREEDY} <= set(tasks):
+                entry.setdefault(REPLICATED, []).append(float((tasks[POLICY] / tasks[GREEDY]).median()))
     return {proto: {name: {"mean_ratio": float(np.mean(v)), "std": float(np.std(v, ddof=1)) if len(v) > 1 else None,
                            "n": len(v), "values": v} for name, v in entry.items()}
             for proto, entry in medians.items() if proto != "small"}

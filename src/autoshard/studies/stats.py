@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 
 from autoshard.core.seeding import rng
-from autoshard.placement.registry import KIND, METHODS
+from autoshard.methods.registry import KIND, MAX_DEVICE, METHODS, OPTIMUM, POLICY, REFINED, ids
 from autoshard.studies import memory, paired
 from autoshard.studies.evaluate import Targets
 
@@ -31,7 +31,7 @@ def with_ratios(plans: pd.DataFrame) -> pd.DataFrame:
     for column, name in [("measured_ms", "ratio"), ("with_comm_ms", "ratio_with_comm"),
                          ("predicted_ms", "predicted_ratio")]:
         out[name] = out[column] / out["task"].map(heuristic[column].min())
-    optimum = out[out["method"] == "exact"].set_index("task")
+    optimum = out[out["method"] == OPTIMUM].set_index("task")
     out["measured_vs_optimum"] = out["measured_ms"] / out["task"].map(optimum["measured_ms"])
     out["predicted_gap"] = out["predicted_ms"] / out["task"].map(optimum["predicted_ms"]) - 1
     return out
@@ -65,11 +65,11 @@ def targets(table: pd.DataFrame, goal: Targets) -> pd.DataFrame:
     rows = []
     for protocol, g in table.groupby("protocol", sort=False):
         by = g.set_index("method")
-        checks = [("rl_greedy", "ratio_median", goal.rl, "measured median ratio to the best heuristic"),
-                  ("rl_local_search", "ratio_median", goal.refined, "measured median ratio to the best heuristic")]
+        checks = [(POLICY, "ratio_median", goal.rl, "measured median ratio to the best heuristic"),
+                  (REFINED, "ratio_median", goal.refined, "measured median ratio to the best heuristic")]
         if protocol == "small":  # tiny tasks: the goal is the optimum, not the heuristics
             checks = [(m, "predicted_gap_median", goal.optimum_gap, "predicted median gap to the optimum")
-                       for m in ("rl_greedy", "rl_best_of_n", "rl_local_search")]
+                       for m in ids(kind="rl", objective=MAX_DEVICE)]
         for method, column, target, what in checks:
             if method in by.index:
                 value = float(by.loc[method, column])
@@ -89,8 +89,8 @@ def noise(first: pd.DataFrame, again: pd.DataFrame, value: str = "measured_ms") 
     both["relative_change"] = both["measured_ms_again"] / both["measured_ms"] - 1
     if {"calibrated", "calibrated_again"} <= set(both):  # the same change with the machine's speed divided out
         both["calibrated_change"] = both["calibrated_again"] / both["calibrated"] - 1
-    rl = both[both["method"] == "rl_greedy"].set_index("task")
-    other = both[both["method"] != "rl_greedy"].set_index("task")
+    rl = both[both["method"] == POLICY].set_index("task")
+    other = both[both["method"] != POLICY].set_index("task")
     ratio = (rl["measured_ms"] / other["measured_ms"]).rename("ratio")
     ratio_again = (rl["measured_ms_again"] / other["measured_ms_again"]).rename("ratio_again")
     both = both.merge(pd.concat([ratio, ratio_again], axis=1), left_on="task", right_index=True, how="left")

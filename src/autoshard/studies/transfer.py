@@ -20,12 +20,13 @@ from autoshard.core.schema import TransferMetrics
 from autoshard.core.seeding import rng
 from autoshard.data.tasks import GIB, ProtocolConfig, Task, draw_feasible
 from autoshard.measure.backends import BackendConfig
+from autoshard.methods.registry import GREEDY, POLICY, ids
 from autoshard.placement.heuristics import HEURISTICS
 from autoshard.studies.evaluate import measuring_backend
 from autoshard.studies.stats import bootstrap_median
 
-METHODS = (*HEURISTICS, "cost_greedy", "rl_greedy")
-COMPARED = ("rl_greedy", "cost_greedy")  # the methods whose ratios the study reports
+METHODS = ids("transfer")
+COMPARED = (POLICY, GREEDY)  # the methods whose ratios the study reports
 AXES = ("tables", "devices", "unseen_ratio")
 
 
@@ -164,7 +165,7 @@ def transfer_metrics(table: pd.DataFrame, tasks_measured: int, shards_measured: 
     for (axis, method), g in table.groupby(["axis", "method"]):
         points = g.set_index("value").drop(columns=["axis", "method"]).rename(index=lambda v: f"{v:g}")
         axes.setdefault(axis, {})[method] = points.to_dict("index")
-    rl = table[table["method"] == "rl_greedy"]
+    rl = table[table["method"] == POLICY]
     scored = rl.dropna(subset=["ratio_median"])
     worst = scored.loc[scored["ratio_median"].idxmax()] if len(scored) else None
     return {
