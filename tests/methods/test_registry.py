@@ -78,3 +78,26 @@ def test_method_ids_are_spelt_only_in_the_registry_and_the_modules_that_implemen
                "random": {"measure/collect.py"},  # a kind of profiled shard
                "milp": {"studies/evaluate.py", "studies/stats.py"}}  # a params section, a metrics section
     assert {m: files - allowed.get(m, set()) for m, files in spelt.items() if files - allowed.get(m, set())} == {}
+
+
+def test_the_readmes_example_method_builds_and_places(pool):
+    """The README's "Adding a method" block, run as written: one function and one entry."""
+    import torch
+
+    from autoshard.costmodel.model import CostModel, CostModelConfig
+    from autoshard.data.features import feature_matrix
+    from autoshard.methods import registry
+
+    readme = (PACKAGE.parents[1] / "README.md").read_text()
+    block = readme.split("## Adding a method", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    namespace = {**vars(registry), "np": np}
+    exec(compile(block.replace("# in METHODS_LIST:\n", "entry = "), "README.md", "exec"), namespace)
+    torch.manual_seed(0)
+    features = feature_matrix(pool.features)
+    artifacts = Artifacts(pool_features=pool.features, features=features,
+                          cost_model=CostModel.fitted_to(CostModelConfig(), features))
+    entry = namespace["entry"]
+    assert entry.missing(bare()) == ("cost_model",) and entry.missing(artifacts) is None
+    task = Task("t", "user", "test", tuple(range(12)), 3, int(pool.features["size_bytes"].sum()), 1.0)
+    planner = entry.build(artifacts, Settings(seed=0, batch_size=64), None)
+    assert sorted(set(planner(task).tolist())) == [0, 1, 2]

@@ -3,15 +3,9 @@
 An entry names the method (`id`, the same everywhere), what it is compared as (`kind`), the
 objective it optimises, its tags (which studies and views use it), what it needs from the
 `Artifacts`, and a `build` function that makes its planner. Every caller (the stages, the command,
-the findings and the report) asks `build`/`planners` for planners and `ids` for lists of ids, so a
-new method is one entry and one function:
-
-    def _lpt_on_analytic(a: Artifacts, s: Settings, ctx: Context) -> Planner:
-        costs = analytic_costs(a.pool_features)
-        return lambda t: lpt(costs[list(t.tables)], a.sizes[list(t.tables)], t.devices, t.memory_bytes)
-
-    Method("lpt_analytic", "baseline", _lpt_on_analytic, tags=frozenset({"compared"}),
-           summary="LPT on TorchRec-style analytic single-table costs")
+the findings and the report) ask `build` for planners and `ids` for lists of ids, so a
+new method is one entry in `METHODS_LIST` and one build function (the README's "Adding a method"
+shows one).
 
 A build may start from another method's placement (`ctx.plan(id, task)`) or share an input with
 it (`ctx.once`): each is made once per task and timed once (`chain.Steps`).
