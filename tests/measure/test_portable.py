@@ -18,7 +18,7 @@ from autoshard.measure import portable
 from autoshard.measure.store import space
 from autoshard.measure.worker import parse_job
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BLOCKED = ("pandas", "yaml", "tqdm", "scipy", "sklearn", "torchrec", "matplotlib", "pyarrow")
 
 

@@ -23,7 +23,7 @@ from autoshard.pipeline.stage import main, select, stage_spec
 from autoshard.rl.ppo import load_policy
 from autoshard.studies.measured import MEASURED_SOURCES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 

@@ -90,7 +90,7 @@ def test_paper_scale_parameters_are_valid():
     from autoshard.pipeline.stage import select, stage_spec
     from autoshard.studies.evaluate import EvaluateConfig
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     paper = merge(load_params(root / "params.yaml"), load_params(root / "configs" / "paper.yaml"))
     pool = PoolConfig.from_params(paper["pool"])
     tasks = TaskConfig.from_params(paper["tasks"])

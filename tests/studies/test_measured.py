@@ -22,7 +22,7 @@ from autoshard.studies import measured
 from autoshard.studies.evaluate import EvaluateConfig
 from autoshard.studies.measured import MeasuredComm, bottlenecks, device_widths, score
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TIMING = CommTiming(rounds=2, warmup=1, runs=2)
 
 

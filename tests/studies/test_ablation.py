@@ -140,7 +140,7 @@ def test_paper_scale_transfer_and_ablation_parameters_are_valid():
     from autoshard.core.params import merge
     from autoshard.pipeline.stage import select, stage_spec
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     paper = merge(load_params(root / "params.yaml"), load_params(root / "configs" / "paper.yaml"))
     chosen = select(paper, stage_spec("transfer", root / "dvc.yaml")[1], "paper")
     cfg = transfer.TransferConfig.from_params(chosen["transfer"], chosen["evaluate"],

@@ -12,7 +12,7 @@ from autoshard.measure.timing import TimingConfig
 from autoshard.rl.policy import PolicyConfig
 from autoshard.rl.ppo import RLConfig, RLStageConfig, SyncPolicyConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PARAMS = load_params(ROOT / "params.yaml")
 
 

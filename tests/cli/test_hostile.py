@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from autoshard.cli.main import main
 
-CORPUS = Path(__file__).parent / "corpus"
+CORPUS = Path(__file__).parents[1] / "corpus"
 MANIFEST = yaml.safe_load((CORPUS / "cases.yaml").read_text())
 TABLES = (CORPUS / "tables.csv").read_text()
 FUZZ = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -349,7 +349,7 @@ def test_a_policy_given_to_a_heuristic_is_checked(corpus, models):
 def test_models_are_found_from_the_project_not_the_current_folder(corpus, models, monkeypatch, tmp_path):
     from autoshard.cli import service as planning
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     monkeypatch.delenv("AUTOSHARD_MODELS")
     monkeypatch.chdir(tmp_path)
     assert planning.project_root() == root and planning.models_folder() == root / "data" / "rl"

@@ -42,7 +42,7 @@ from autoshard.studies.evaluate import (
 from autoshard.studies.measured import measurement_store, plan_frame, predict_devices, score
 from autoshard.studies.stats import bootstrap_median, summary, targets, with_ratios
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GOALS = Targets(rl=0.9, refined=0.85, optimum_gap=0.03, device_error=0.03)
 
 

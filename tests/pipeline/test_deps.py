@@ -7,7 +7,7 @@ import yaml
 
 from autoshard.pipeline import deps
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "autoshard"
 STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 

@@ -34,7 +34,7 @@ from autoshard.studies.memory import failed_counts, placement_failed
 PAPERS_TASKS = {("smoke", 0): "14da66b596f5168ef11229dd97522d68dee7737f8fe5fd953d3c2a9093a12883",
                 ("smoke", 7): "e08c41d551ec0d5b34fc65f02d4383891ed80d74e764702a5961a239b8283b1c",
                 ("params.yaml", 0): "dd881f68005b58a8375bf2e6430ef2ad0826b0e340d7fecab81b0fcc83601204"}
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def tight_of(pool, n: int, tables: int, devices: int, slack: float, seed: int) -> list[Task]:

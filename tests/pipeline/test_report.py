@@ -24,7 +24,7 @@ from autoshard.pipeline.report import (
     targets,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def method(ratio, lo, hi, wins, plans=4, gap=None):
