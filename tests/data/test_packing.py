@@ -1,5 +1,5 @@
 """The tight-memory protocol: caps near the bin-packing bound, the packing guard that keeps every
-method from dead-ending, the papers' tasks unchanged, and the count of failed placements."""
+method from dead-ending, and the papers' tasks unchanged."""
 
 import copy
 import hashlib
@@ -9,7 +9,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 import torch
 from hypothesis import given, settings
@@ -17,7 +16,6 @@ from hypothesis import strategies as st
 
 from autoshard.core.errors import ConfigError
 from autoshard.core.params import load_params
-from autoshard.core.schema import FailedPlacements, check
 from autoshard.data.packing import PackingGuard, first_fit_decreasing, memory_bounds
 from autoshard.data.pool import build_pool
 from autoshard.data.tasks import Task, make_tasks, split_pool, tight_tasks
@@ -27,8 +25,7 @@ from autoshard.placement.shards import memory_ok
 from autoshard.rl.env import ShardingEnv, make_batch
 from autoshard.rl.infer import cost_greedy, policy_plans
 from autoshard.rl.policy import Policy, PolicyConfig
-from autoshard.studies.evaluate import plan_all
-from autoshard.studies.memory import failed_counts, placement_failed
+from autoshard.studies.memory import placement_failed
 
 # make_tasks before the tight protocol existed (commit 72bf472): (config, seed) -> digest
 PAPERS_TASKS = {("smoke", 0): "14da66b596f5168ef11229dd97522d68dee7737f8fe5fd953d3c2a9093a12883",
@@ -202,35 +199,3 @@ def test_heuristics_and_lpt_place_tight_tasks(world):
             assert not placement_failed(t, heuristic_plan(name, pool.features, t, seed=0), sizes)
         plan = lpt(g.uniform(0.1, 1.0, len(t.tables)), sizes[list(t.tables)], t.devices, t.memory_bytes)
         assert not placement_failed(t, plan, sizes)
-
-
-def test_failed_placements_are_counted_per_protocol_and_method():
-    sizes = np.array([4, 4, 4, 4])
-    tasks = [Task("tight/0", "tight", "test", (0, 1, 2, 3), 2, 8, 1.0),
-             Task("tight/1", "tight", "test", (0, 1, 2, 3), 2, 8, 1.0),
-             Task("dreamshard/0", "dreamshard", "test", (0, 1), 2, 8, 1.0)]
-    fine = np.array([0, 0, 1, 1])
-    plans = {"cost_greedy": [fine, None, np.array([0, 1])],
-             "naive": [np.array([0, 0, 0, 1]), np.array([0, 1, 2, 1]), np.array([0, 1, 1])],
-             "exact": [None, None, np.array([1, 1])]}
-    status = pd.DataFrame([{"task": t.name, "method": "exact", "status": "not run (small tasks only)"}
-                           for t in tasks[:2]])
-    counts = failed_counts(tasks, plans, sizes, status)
-    assert counts == {"tight": {"cost_greedy": 1, "naive": 2, "exact": 0},
-                      "dreamshard": {"cost_greedy": 0, "naive": 1, "exact": 0}}
-    assert failed_counts(tasks, plans, sizes)["tight"]["exact"] == 2
-    assert check({"failed": counts}, FailedPlacements, "evaluate.json") == {"failed": counts}
-    with pytest.raises(ConfigError, match="failed.tight.naive"):
-        check({"failed": {"tight": {"naive": "2"}}}, FailedPlacements, "evaluate.json")
-    with pytest.raises(ValueError, match="2 plans for 3 tasks"):
-        failed_counts(tasks, {"naive": plans["naive"][:2]}, sizes)
-
-
-def test_a_plan_over_the_cap_is_recorded_as_no_plan_and_counted():
-    sizes = np.array([4, 4, 4, 4])
-    tasks = [Task("tight/0", "tight", "test", (0, 1, 2, 3), 2, 8, 1.0)]
-    methods = {"overflow": lambda t: np.array([0, 0, 0, 1]), "fine": lambda t: np.array([0, 0, 1, 1])}
-    plans, status = plan_all(methods, tasks, sizes, progress=False)
-    assert plans["overflow"] == [None] and plans["fine"][0].tolist() == [0, 0, 1, 1]
-    assert status.set_index("method").loc["overflow", "status"].startswith("no plan: ")
-    assert failed_counts(tasks, plans, sizes, status) == {"tight": {"overflow": 1, "fine": 0}}

@@ -1,29 +1,19 @@
-"""The profile data set: the plan of shards, resumable chunked collection, the stage's CLI."""
+"""The profile data set: the plan of shards, resumable chunked collection, and the key that says
+when a measurement may be reused."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 
-from autoshard.data.pool import build_pool, save_pool
-from autoshard.data.tasks import make_tasks, save_tasks
-from autoshard.measure.analysis import fusion_gap, repeatability, rounds_needed
+from autoshard.data.pool import build_pool
+from autoshard.data.tasks import make_tasks
 from autoshard.measure.analytic import AnalyticBackend
-from autoshard.measure.collect import ProfileConfig, chunks, collect, load_profile, plan_jobs
+from autoshard.measure.collect import ProfileConfig, chunks, collect, plan_jobs
 from autoshard.measure.store import space
-from autoshard.placement.heuristics import every_plan
 
-
-def every(pool, seed=0):
-    """The study's heuristic plans, as the profile stage passes them."""
-    return lambda task: every_plan(pool.features, task, seed)
+from helpers import batch_files, every
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +70,6 @@ def chunk_calls(cfg, jobs) -> list[int]:
     return [len(ids) * rounds + rounds + 1 for ids in chunks(jobs, cfg.chunk_size)]
 
 
-def batch_files(root):
-    return sorted(root.glob("*/batch-*.json"))
-
-
 def test_chunks_are_interleaved_batches_with_their_noise_recorded(tmp_path, setup):
     pool, _, _, _, cfg, jobs = setup
     assert cfg.backend.timing.rounds > 1, "the smoke profile measures in interleaved rounds"
@@ -134,70 +120,6 @@ def test_unmeasurable_shard_is_recorded(tmp_path, setup, smoke_params):
     table = collect(pool, jobs, make_backend(pool, cfg.backend), cfg, tmp_path, progress=False)
     assert table["status"].str.startswith("too large").all()
     assert table["total_ms"].isna().all()
-
-
-def test_stats_on_synthetic_table():
-    table = pd.DataFrame({
-        "shard_id": range(5), "kind": ["single", "single", "heuristic", "repeat", "repeat"],
-        "round": [0, 0, 0, 1, 2], "tables": [[0], [1], [0, 1], [0, 1], [0, 1]],
-        "num_tables": [1, 1, 2, 2, 2], "status": ["ok"] * 5,
-        "total_ms": [1.0, 2.0, 2.4, 2.6, 2.5]})
-    gap = fusion_gap(table)
-    assert gap["sum_of_singles_ms"].tolist() == [3.0]
-    assert gap["fused_over_sum"].tolist() == pytest.approx([0.8])
-    rep = repeatability(table)
-    assert rep["rounds"].tolist() == [3]
-    assert rep["cv"].iloc[0] == pytest.approx(np.std([2.4, 2.6, 2.5], ddof=1) / 2.5)
-    assert rounds_needed(0.02, 0.03) == 1 and rounds_needed(0.06, 0.03) == 4
-
-
-@pytest.mark.slow
-def test_killed_stage_resumes(tmp_path, smoke_params):
-    """Kill the real fbgemm collection mid-way; rerun; nothing lost, nothing measured twice."""
-    pool = build_pool(smoke_params["dataset"], smoke_params["pool"], seed=0, progress=False)
-    tasks, train, test = make_tasks(pool.features, smoke_params["tasks"], seed=0)
-    save_pool(pool, tmp_path / "pool")
-    save_tasks(tmp_path / "tasks.json", tasks, train, test, seed=0)
-    params = smoke_params | {"profile": smoke_params["profile"] | {"runs": 5}}
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    cmd = [sys.executable, "-m", "autoshard.pipeline.profile", "--params", str(tmp_path / "params.yaml"),
-           "--pool", str(tmp_path / "pool"), "--tasks", str(tmp_path / "tasks.json"),
-           "--out", str(tmp_path / "out"), "--store", str(tmp_path / "store")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while len(batch_files(tmp_path / "store")) < 2:
-        assert proc.poll() is None, "the collection finished before it could be interrupted"
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    before = {k: v for path in batch_files(tmp_path / "store")
-              for k, v in json.loads(path.read_text())["records"].items()}
-    assert not (tmp_path / "out").exists()
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    final = load_profile(tmp_path / "out")
-    cfg = ProfileConfig.from_params(params["profile"])
-    planned = plan_jobs(pool, tasks, train, cfg, 0, test_tables=test, placements=every(pool))
-    assert final["shard_id"].tolist() == list(range(len(planned)))
-    first = final[final["round"] == 0].set_index(final.loc[final["round"] == 0, "tables"].map(
-        lambda t: ",".join(map(str, sorted(t)))))
-    kept = [k for k in before if k in first.index]
-    assert kept, "the chunks measured before the kill hold first-round shards"
-    for k in kept:
-        assert first.loc[k, "forward_ms"] == before[k]["forward_ms"], "measured before the kill, kept as measured"
-    assert batch_files(tmp_path / "store"), "the store is kept for the other stages"
-
-
-def test_cli_reports_bad_params(tmp_path, smoke_params, capsys):
-    from autoshard.pipeline.profile import main
-
-    (tmp_path / "p.yaml").write_text(yaml.safe_dump(smoke_params | {
-        "profile": smoke_params["profile"] | {"backend": "tpu"}}))
-    code = main(["--params", str(tmp_path / "p.yaml"), "--pool", str(tmp_path / "nopool"),
-                 "--tasks", str(tmp_path / "none.json")])
-    assert code == 2
-    assert "profile.backend: 'tpu'" in capsys.readouterr().err
 
 
 def _with_trace_changed(pool, table: int):

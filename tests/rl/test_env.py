@@ -1,19 +1,88 @@
-"""The synchronized-stages reward (DreamShard's objective) and a policy trained on it."""
+"""The sharding MDP: memory masking, refused and infeasible steps, batched stepping, the rewards,
+and the synchronized-stages reward (DreamShard's objective) by hand, with the tasks rl_sync_greedy
+is planned for."""
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
 from autoshard.core.errors import ConfigError
-from autoshard.costmodel.model import CostModel, CostModelConfig
+from autoshard.costmodel.model import CostModelConfig
 from autoshard.data.features import FEATURE_COLUMNS
 from autoshard.data.tasks import Task
 from autoshard.measure.commmodel import CommModel
+from autoshard.placement.heuristics import Infeasible
 from autoshard.placement.shards import memory_ok
-from autoshard.rl.env import Batch, ShardingEnv, StageComm
-from autoshard.rl.infer import policy_plans, predicted_synchronized
-from autoshard.rl.ppo import RLConfig, train
+from autoshard.rl.env import Batch, ShardingEnv, StageComm, make_batch
 from autoshard.studies.evaluate import not_run
+
+from helpers import tasks_of
+
+
+def test_masking_keeps_memory(world):
+    pool, features, model = world
+    sizes = pool.features["size_bytes"].to_numpy()
+    task = tasks_of(pool, 1, 6, 3)[0]
+    mine = sizes[list(task.tables)]
+    tight = replace(task, memory_bytes=int(mine.max() * 1.01 + mine.sum() / 3))
+    batch = make_batch(model, features, [tight])
+    env = ShardingEnv(model, batch)
+    while not env.done:
+        mask = env.mask()
+        assert mask.any()
+        env.step(mask.float().argmax(-1))  # first allowed device
+    placement = [env.pool_placement()[0][t] for t in tight.tables]
+    assert memory_ok(tight, placement, sizes)
+
+
+def test_disallowed_action_is_refused(world):
+    pool, features, model = world
+    task = tasks_of(pool, 1, 4, 2)[0]
+    big = int(pool.features["size_bytes"].to_numpy()[list(task.tables)].max())
+    env = ShardingEnv(model, make_batch(model, features, [replace(task, memory_bytes=big)]))
+    env.step(torch.tensor([0]))
+    with pytest.raises((ValueError, Infeasible)):
+        env.step(torch.tensor([0]))
+
+
+def test_infeasible_task_is_an_error(world):
+    pool, features, model = world
+    task = tasks_of(pool, 1, 5, 1)[0]
+    sizes = pool.features["size_bytes"].to_numpy()[list(task.tables)]
+    env = ShardingEnv(model, make_batch(model, features, [replace(task, memory_bytes=int(sizes.max()))]))
+    with pytest.raises(Infeasible, match="fits on no device"):
+        while not env.done:
+            env.step(torch.tensor([0]))
+
+
+def test_batched_and_single_stepping_agree(world):
+    pool, features, model = world
+    tasks = tasks_of(pool, 4, 8, 3)
+    g = np.random.default_rng(1)
+    actions = g.integers(0, 3, size=(4, 8))
+    together = ShardingEnv(model, make_batch(model, features, tasks))
+    for t in range(8):
+        together.step(torch.as_tensor(actions[:, t]))
+    for i, task in enumerate(tasks):
+        alone = ShardingEnv(model, make_batch(model, features, [task]))
+        for t in range(8):
+            alone.step(torch.as_tensor(actions[i:i + 1, t]))
+        torch.testing.assert_close(alone.device_cost[0], together.device_cost[i])
+        assert alone.pool_placement()[0] == together.pool_placement()[i]
+
+
+def test_rewards(world):
+    pool, features, model = world
+    env = ShardingEnv(model, make_batch(model, features, tasks_of(pool, 2, 6, 2)))
+    while not env.done:
+        env.step(torch.tensor([env.t % 2, 0]))
+    balance = env.reward("balance")
+    assert 0 < balance[0] <= 1
+    assert balance[1] == 0  # everything on device 0: the other device costs nothing
+    assert (env.reward("bottleneck") < 0).all()
+
 
 # ms = a + b * sent_mb + c * received_mb; at 2 devices and this batch size one width unit is 1 MB
 COMM = StageComm(CommModel({2: {"forward": [1.0, 0.1, 0.05], "backward": [2.0, 0.02, 0.1]}}, {}),
@@ -83,26 +152,6 @@ def test_the_synchronized_reward_needs_stage_heads_and_a_comm_model(world):
     with_total = ShardingEnv(total_model, batch, COMM)
     with pytest.raises(ConfigError, match="heads: stages"):
         with_total.stages()
-
-
-def test_a_policy_trained_on_the_synchronized_reward_respects_memory(pool, features, tmp_path):
-    torch.manual_seed(0)
-    model = CostModel.fitted_to(CostModelConfig(heads="stages"), features, scale=1.0)
-    comm = StageComm(CommModel({}, {"forward": [0.1, 0.01, 0.01, 0.0], "backward": [0.1, 0.01, 0.01, 0.0]}), 256)
-    sizes = pool.features["size_bytes"].to_numpy()
-    g = np.random.default_rng(0)
-    tasks = []
-    for k in range(3):
-        ids = tuple(sorted(g.choice(pool.num_tables, 6, replace=False).tolist()))
-        cap = int(1.3 * sizes[list(ids)].sum() / 2 + sizes[list(ids)].max())
-        tasks.append(Task(f"s/{k}", "dreamshard", "train", ids, 2, cap, 0.0))
-    cfg = RLConfig(reward="synchronized", iterations=3, tasks_per_batch=4, epochs=1, minibatches=2,
-                   validate_every=3, checkpoint_every=3)
-    policy, history = train(model, features, tasks, cfg, 0, tmp_path / "policy.pt", progress=False, comm=comm)
-    assert len(history) == 3 and (history["reward"] < 0).all()
-    plans = policy_plans(policy, model, features, tasks)
-    assert all(memory_ok(t, p, sizes) for t, p in zip(tasks, plans, strict=True))
-    assert (predicted_synchronized(model, comm, features, tasks, plans) > 0).all()
 
 
 def test_rl_sync_greedy_is_planned_only_where_the_synchronized_stages_rank():

@@ -1,4 +1,5 @@
-"""The sharding MDP, the policy network, PPO training with checkpoints, inference and search."""
+"""The policy network and PPO: one policy for any size, rollouts, seeded training that resumes
+exactly from its checkpoints (on either reward), and the run key that decides what is resumed."""
 
 from dataclasses import replace
 
@@ -8,93 +9,17 @@ import pytest
 import torch
 
 from autoshard.costmodel.model import CostModel, CostModelConfig
-from autoshard.data.features import feature_matrix
-from autoshard.data.pool import build_pool
 from autoshard.data.tasks import Task
-from autoshard.placement.heuristics import Infeasible
-from autoshard.placement.search import local_search
+from autoshard.measure.commmodel import CommModel
 from autoshard.placement.shards import memory_ok, predicted_bottleneck
-from autoshard.placement.speed import synthetic_task
-from autoshard.rl.env import ShardingEnv, make_batch
-from autoshard.rl.infer import cost_greedy, policy_plans
+from autoshard.rl.env import StageComm, make_batch
+from autoshard.rl.infer import policy_plans, predicted_synchronized
 from autoshard.rl.policy import Policy, PolicyConfig
 from autoshard.rl.ppo import RLConfig, load_checkpoint, load_policy, rollout, train
 
+from helpers import tasks_of
+
 FAST = RLConfig(iterations=6, tasks_per_batch=8, validate_every=3, checkpoint_every=3, epochs=2, minibatches=2)
-
-
-def tasks_of(pool, n: int, tables: int, devices: int, memory: int | None = None, seed: int = 0) -> list[Task]:
-    g = np.random.default_rng(seed)
-    sizes = pool.features["size_bytes"].to_numpy()
-    out = []
-    for k in range(n):
-        ids = tuple(sorted(g.choice(pool.num_tables, tables, replace=False).tolist()))
-        cap = memory or int(2 * sizes[list(ids)].sum() / devices + sizes.max())
-        out.append(Task(f"t/{k}", "test", "train", ids, devices, cap, 0.0))
-    return out
-
-
-def test_masking_keeps_memory(world):
-    pool, features, model = world
-    sizes = pool.features["size_bytes"].to_numpy()
-    task = tasks_of(pool, 1, 6, 3)[0]
-    mine = sizes[list(task.tables)]
-    tight = replace(task, memory_bytes=int(mine.max() * 1.01 + mine.sum() / 3))
-    batch = make_batch(model, features, [tight])
-    env = ShardingEnv(model, batch)
-    while not env.done:
-        mask = env.mask()
-        assert mask.any()
-        env.step(mask.float().argmax(-1))  # first allowed device
-    placement = [env.pool_placement()[0][t] for t in tight.tables]
-    assert memory_ok(tight, placement, sizes)
-
-
-def test_disallowed_action_is_refused(world):
-    pool, features, model = world
-    task = tasks_of(pool, 1, 4, 2)[0]
-    big = int(pool.features["size_bytes"].to_numpy()[list(task.tables)].max())
-    env = ShardingEnv(model, make_batch(model, features, [replace(task, memory_bytes=big)]))
-    env.step(torch.tensor([0]))
-    with pytest.raises((ValueError, Infeasible)):
-        env.step(torch.tensor([0]))
-
-
-def test_infeasible_task_is_an_error(world):
-    pool, features, model = world
-    task = tasks_of(pool, 1, 5, 1)[0]
-    sizes = pool.features["size_bytes"].to_numpy()[list(task.tables)]
-    env = ShardingEnv(model, make_batch(model, features, [replace(task, memory_bytes=int(sizes.max()))]))
-    with pytest.raises(Infeasible, match="fits on no device"):
-        while not env.done:
-            env.step(torch.tensor([0]))
-
-
-def test_batched_and_single_stepping_agree(world):
-    pool, features, model = world
-    tasks = tasks_of(pool, 4, 8, 3)
-    g = np.random.default_rng(1)
-    actions = g.integers(0, 3, size=(4, 8))
-    together = ShardingEnv(model, make_batch(model, features, tasks))
-    for t in range(8):
-        together.step(torch.as_tensor(actions[:, t]))
-    for i, task in enumerate(tasks):
-        alone = ShardingEnv(model, make_batch(model, features, [task]))
-        for t in range(8):
-            alone.step(torch.as_tensor(actions[i:i + 1, t]))
-        torch.testing.assert_close(alone.device_cost[0], together.device_cost[i])
-        assert alone.pool_placement()[0] == together.pool_placement()[i]
-
-
-def test_rewards(world):
-    pool, features, model = world
-    env = ShardingEnv(model, make_batch(model, features, tasks_of(pool, 2, 6, 2)))
-    while not env.done:
-        env.step(torch.tensor([env.t % 2, 0]))
-    balance = env.reward("balance")
-    assert 0 < balance[0] <= 1
-    assert balance[1] == 0  # everything on device 0: the other device costs nothing
-    assert (env.reward("bottleneck") < 0).all()
 
 
 @pytest.mark.parametrize("cfg", [PolicyConfig(), PolicyConfig(state_encoder="separate", use_lstm=False)])
@@ -180,104 +105,6 @@ def test_short_training_beats_random_placement(tmp_path, world):
     assert learned < 0.8 * rand
 
 
-def test_inference_and_search_respect_memory_and_improve(world):
-    pool, features, model = world
-    sizes = pool.features["size_bytes"].to_numpy()
-    tasks = tasks_of(pool, 4, 12, 3)
-    torch.manual_seed(0)
-    policy = Policy(PolicyConfig(), model)
-    greedy = policy_plans(policy, model, features, tasks)
-    best = policy_plans(policy, model, features, tasks, best_of=8, seed=0)
-    refined = policy_plans(policy, model, features, tasks, refine=True)
-    baseline = cost_greedy(model, features, tasks)
-    for plans in (greedy, best, refined, baseline):
-        assert all(memory_ok(t, p, sizes) and len(p) == len(t.tables) for t, p in zip(tasks, plans, strict=True))
-    for t, g_, r in zip(tasks, greedy, refined, strict=True):
-        assert predicted_bottleneck(model, features, t, r) <= predicted_bottleneck(model, features, t, g_) + 1e-6
-    again = local_search(model, features, tasks[0], refined[0])
-    assert np.array_equal(again, refined[0]), "local search stops at a local optimum"
-
-
-def test_large_synthetic_task(world):
-    pool, features, model = world
-    task = synthetic_task(pool.features, 40, 16, seed=0)
-    assert len(task.tables) == 40 and task.devices == 16
-    assert task.memory_bytes >= pool.features["size_bytes"].to_numpy()[list(task.tables)].max()
-
-
-def test_refresh_round_measures_plans_and_refits(tmp_path, smoke_params):
-    """One refresh round with the analytic backend: the policy's unmeasured device shards are
-    measured, the cost model is refitted on the grown profile, and the policy trains on."""
-    from autoshard.costmodel.model import save_model
-    from autoshard.data.tasks import make_tasks, save_tasks
-    from autoshard.measure.collect import ProfileConfig, collect, plan_jobs, save_profile
-    from autoshard.rl.ppo import RLStageConfig, split_validation
-    from autoshard.rl.refresh import refresh_rounds
-
-    params = smoke_params | {"profile": smoke_params["profile"] | {"backend": "analytic"}}
-    pool = build_pool(params["dataset"], params["pool"], seed=0, progress=False)
-    tasks, train_tables, test_tables = make_tasks(pool.features, params["tasks"], seed=0)
-    save_tasks(tmp_path / "tasks.json", tasks, train_tables, test_tables, seed=0)
-    cfg = ProfileConfig.from_params(params["profile"])
-    from autoshard.measure.backends import make_backend
-    from autoshard.placement.heuristics import every_plan
-
-    jobs = plan_jobs(pool, tasks, train_tables, cfg, 0, test_tables, lambda task: every_plan(pool.features, task, 0))
-    save_profile(collect(pool, jobs, make_backend(pool, cfg.backend), cfg, tmp_path / "w", progress=False),
-                 tmp_path / "profile")
-    features = feature_matrix(pool.features)
-    torch.manual_seed(0)
-    model = CostModel.fitted_to(CostModelConfig(), features)
-    rl = RLStageConfig.from_params(params["rl"])
-    train_tasks, _ = split_validation(tasks, rl.validation_tasks)
-    policy = Policy(rl.train.policy, model)
-    new_policy, new_model, summary = refresh_rounds(policy, model, pool, train_tasks, params, rl, tmp_path,
-                                                    tmp_path / "refresh", None, seed=0)
-    assert summary["round"].tolist() == [1] and summary["shards_measured"].iloc[0] > 0
-    assert np.isfinite(summary["model_mape_on_them_before_refit"].iloc[0])
-    assert not torch.equal(new_model.head[0].weight, model.head[0].weight)
-    assert (tmp_path / "refresh" / "round_1.pt").exists()
-    save_model(new_model, tmp_path / "m.pt")
-    assert new_policy is not policy
-    assert len(list((tmp_path / "refresh").glob("*/round_1.pt"))) == 1, "the round trains in a keyed folder"
-    torch.manual_seed(1)
-    refresh_rounds(Policy(rl.train.policy, model), model, pool, train_tasks, params, rl, tmp_path,
-                   tmp_path / "refresh", None, seed=0)
-    assert len(list((tmp_path / "refresh").glob("*/round_1.pt"))) == 2, "another start policy is another run"
-
-
-def test_refresh_measures_through_the_store(tmp_path, world, smoke_params):
-    """The plans' new shards are measured once into the measurement store: the same call again
-    measures nothing and returns the same rows, numbered after the profile's last shard."""
-    from autoshard.measure.backends import make_backend
-    from autoshard.measure.collect import ProfileConfig
-    from autoshard.rl.refresh import measure_plans
-
-    pool, _, _ = world
-    cfg = ProfileConfig.from_params(smoke_params["profile"] | {"backend": "analytic"})
-    backend = make_backend(pool, cfg.backend)
-    calls = []
-    measure = backend.measure
-    backend.measure = lambda *args: calls.append(args) or measure(*args)
-    tasks = tasks_of(pool, 3, 6, 2)
-    plans = [np.arange(len(t.tables)) % t.devices for t in tasks]
-    profile = pd.DataFrame({"shard_id": [0, 7], "tables": [[tasks[0].tables[0]], [tasks[0].tables[1]]]})
-
-    def rows() -> pd.DataFrame:
-        return measure_plans(pool, tasks, plans, profile, backend, cfg, tmp_path / "measurements", 1, seed=0)
-
-    first = rows()
-    assert calls and len(first) == 6 and first["shard_id"].tolist() == list(range(8, 14))
-    assert set(first["status"]) == {"ok"} and np.isfinite(first["total_ms"]).all()
-    assert (first["kind"] == "refresh_1").all()
-    calls.clear()
-    again = rows()
-    assert not calls, "a rerun reads the store"
-    pd.testing.assert_frame_equal(first, again)
-    known = pd.concat([profile, first], ignore_index=True)
-    assert measure_plans(pool, tasks, plans, known, backend, cfg, tmp_path / "measurements", 2, seed=0).empty
-
-
 def test_rl_run_not_resumed_after_training_code_change(tmp_path, world, monkeypatch):
     """One line of the GAE code changed (in a copy of the package the digest reads): the run
     gets another key, so the finished checkpoint is not resumed; the unchanged code resumes it."""
@@ -335,3 +162,23 @@ def test_rl_run_key_covers_inputs_and_the_whole_training_path(world):
         assert key != base
     with pytest.raises(ValueError, match="no such module"):
         digest.source_digest("autoshard.no_such_module")
+
+
+def test_a_policy_trained_on_the_synchronized_reward_respects_memory(pool, features, tmp_path):
+    torch.manual_seed(0)
+    model = CostModel.fitted_to(CostModelConfig(heads="stages"), features, scale=1.0)
+    comm = StageComm(CommModel({}, {"forward": [0.1, 0.01, 0.01, 0.0], "backward": [0.1, 0.01, 0.01, 0.0]}), 256)
+    sizes = pool.features["size_bytes"].to_numpy()
+    g = np.random.default_rng(0)
+    tasks = []
+    for k in range(3):
+        ids = tuple(sorted(g.choice(pool.num_tables, 6, replace=False).tolist()))
+        cap = int(1.3 * sizes[list(ids)].sum() / 2 + sizes[list(ids)].max())
+        tasks.append(Task(f"s/{k}", "dreamshard", "train", ids, 2, cap, 0.0))
+    cfg = RLConfig(reward="synchronized", iterations=3, tasks_per_batch=4, epochs=1, minibatches=2,
+                   validate_every=3, checkpoint_every=3)
+    policy, history = train(model, features, tasks, cfg, 0, tmp_path / "policy.pt", progress=False, comm=comm)
+    assert len(history) == 3 and (history["reward"] < 0).all()
+    plans = policy_plans(policy, model, features, tasks)
+    assert all(memory_ok(t, p, sizes) for t, p in zip(tasks, plans, strict=True))
+    assert (predicted_synchronized(model, comm, features, tasks, plans) > 0).all()

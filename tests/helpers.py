@@ -1,0 +1,59 @@
+"""Plain helpers that several test files share (fixtures live in conftest.py)."""
+
+import numpy as np
+import pandas as pd
+
+from autoshard.data.features import FEATURE_COLUMNS
+from autoshard.data.tasks import Task
+from autoshard.measure.analytic import AnalyticBackend
+from autoshard.placement.heuristics import every_plan
+
+# studies/test_transfer.py, studies/test_ablation.py
+
+PROFILE = {"backend": "fbgemm", "device": "cpu", "optimizer": "EXACT_SGD", "batch_size": 64, "threads": 1,
+           "memory_limit_gib": 1.0}
+TIMING = {"timing": {"warmup": 0, "runs": 1, "rounds": 1, "drift_limit": 0.5, "retries": 0}}
+
+
+def pool_features(n=60, seed=0):
+    g = np.random.default_rng(seed)
+    out = pd.DataFrame(g.random((n, len(FEATURE_COLUMNS))), columns=FEATURE_COLUMNS)
+    out["size_bytes"] = g.integers(1000, 100000, n)
+    return out
+
+
+# rl/test_env.py, rl/test_ppo.py, rl/test_infer.py, rl/test_refresh.py
+
+def tasks_of(pool, n: int, tables: int, devices: int, memory: int | None = None, seed: int = 0) -> list[Task]:
+    g = np.random.default_rng(seed)
+    sizes = pool.features["size_bytes"].to_numpy()
+    out = []
+    for k in range(n):
+        ids = tuple(sorted(g.choice(pool.num_tables, tables, replace=False).tolist()))
+        cap = memory or int(2 * sizes[list(ids)].sum() / devices + sizes.max())
+        out.append(Task(f"t/{k}", "test", "train", ids, devices, cap, 0.0))
+    return out
+
+
+# costmodel/test_dataset.py, costmodel/test_train.py
+
+def _profile_table(pool, shards, backend_name="analytic"):
+    backend = AnalyticBackend(pool)
+    rows = []
+    for i, shard in enumerate(shards):
+        cost = backend.measure(shard, 256)
+        rows.append({"shard_id": i, "tables": list(shard), "kind": "random", "status": "ok",
+                     "backend": backend_name, "forward_ms": cost.forward_ms,
+                     "backward_ms": cost.backward_ms, "total_ms": cost.total_ms})
+    return pd.DataFrame(rows)
+
+
+# measure/test_collect.py, pipeline/test_profile.py
+
+def every(pool, seed=0):
+    """The study's heuristic plans, as the profile stage passes them."""
+    return lambda task: every_plan(pool.features, task, seed)
+
+
+def batch_files(root):
+    return sorted(root.glob("*/batch-*.json"))
