@@ -104,6 +104,7 @@ class CommMetrics(TypedDict):
     rounds: NotRequired[int]  # interleaved rounds per placement (`profile.comm.rounds`)
     mape_floor: NotRequired[Number]
     mape_floor_honest: NotRequired[Number]
+    mape_noise_free_honest: NotRequired[Number | None]  # what a noise-free model would score (`noise_free_comm_mape`)
 
 
 class ProtocolScores(TypedDict):
