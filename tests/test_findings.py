@@ -7,8 +7,9 @@ import pandas as pd
 import pytest
 
 from autoshard.core.metrics import _plain
-from autoshard.core.schema import ComputeOnlyPairs, HeadlineObjective, check
+from autoshard.core.schema import ComputeOnlyPairs, EvaluateMetrics, HeadlineObjective, check
 from autoshard.data.tasks import Task
+from autoshard.studies.endpoints import Endpoint, PrimaryConfig, primary
 from autoshard.studies.evaluate import NoiseTargets
 from autoshard.studies.findings import (
     direction,
@@ -104,9 +105,14 @@ def test_evaluate_metrics_are_strict_json_with_the_contract_keys():
                                measured, quality, pairs, plain_answer(pairs, quality), milp, 1.0,
                                plans=plans, sizes=np.ones(3), plan_status=status,
                                objective={"autoshard": "max_device", "dreamshard": "synchronized_stages"},
-                               paired_synchronized={"autoshard": {}}, paired_max_device=pairs)
+                               paired_synchronized={"autoshard": {}}, paired_max_device=pairs,
+                               primary=primary(frame.assign(max_device_ms=frame["measured_ms"], **{"pass": "main"}),
+                                               PrimaryConfig(0.05, 0.05, 999, (Endpoint("rl_greedy", "cost_greedy",
+                                                                                        "autoshard"),)), 0))
     text = json.dumps(_plain(metrics), allow_nan=False)
     loaded = json.loads(text)
+    assert list(loaded)[0] == "primary" and check(loaded, EvaluateMetrics, "evaluate.json")
+    assert loaded["primary"]["rl_greedy__vs__cost_greedy__autoshard"]["pass"] == "main"
     assert {"failed", "objective", "paired_synchronized", "paired_max_device", "comm_source"} <= set(loaded), \
         "readers rely on these keys"
     assert check(loaded, ComputeOnlyPairs, "evaluate.json")["paired_max_device"] == loaded["paired"]

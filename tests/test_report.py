@@ -33,6 +33,11 @@ def method(ratio, lo, hi, wins, plans=4, gap=None):
             "predicted_gap_median": gap}
 
 
+NOISE = {"median_cv": 0.05, "round_drift": 0.02, "remeasured_share": 0.1, "plan_repeat_change": 0.03,
+         "noise_sd": {"autoshard": 0.02}, "targets": {"median_cv": 0.03, "plan_repeat_change": 0.01}, "met": False,
+         "plan_repeat_change_calibrated": 0.02}
+
+
 EVALUATE = {
     "results": {"autoshard": {"size_greedy": method(1.0, 1.0, 1.1, 0.0),
                               "rl_greedy": method(0.8312, 0.75, 0.9, 0.75)},
@@ -43,10 +48,12 @@ EVALUATE = {
                 {"protocol": "small", "method": "rl_greedy", "statistic": "predicted gap", "value": 0.0123,
                  "target": "<= 0.01", "met": False}],
     "objective": {"autoshard": "synchronized_stages", "small": "max_device"},
-    "paired_max_device": {},
+    "paired_max_device": {}, "paired": {}, "paired_synchronized": {}, "answer": [], "replicates": {}, "failed": {},
+    "noise": NOISE | {"median_cv": 0.01, "plan_repeat_change": 0.005, "met": True},
     "primary": {"rl_greedy__vs__cost_greedy__autoshard": {
         "method": "rl_greedy", "reference": "cost_greedy", "protocol": "autoshard", "cost": "max_device_ms",
         "verdict": "equivalent", "median_ratio": 0.9931, "ci_low": 0.981, "ci_high": 1.004, "p_holm": 0.0012,
+        "p_claims": {"better": 1.0, "worse": 1.0, "equivalent": 0.0012},
         "sesoi": 0.05, "alpha": 0.05, "tasks": 40, "pass": "evaluate", "identical_share": 0.25,
         "per_task": {"t0": 0.99}}},
     "seconds": 12.0,
@@ -73,8 +80,6 @@ def test_the_headline_refuses_one_objective_for_all():
         headline(EVALUATE | {"objective": "max_device"})
 
 
-NOISE = {"median_cv": 0.05, "round_drift": 0.02, "remeasured_share": 0.1, "plan_repeat_change": 0.03,
-         "noise_sd": {"autoshard": 0.02}, "targets": {"median_cv": 0.03, "plan_repeat_change": 0.01}, "met": False}
 
 
 def test_a_noisy_run_says_so_in_bold_at_the_top(tmp_path):
@@ -92,7 +97,8 @@ def test_a_noisy_run_says_so_in_bold_at_the_top(tmp_path):
     assert "dreamshard" not in flattered, "a protocol without a figure is left out"
     quiet = quality(EVALUATE | {"noise": NOISE | {"median_cv": 0.01, "plan_repeat_change": 0.005, "met": True}})
     assert quiet[0].startswith("Measurement quality: within the targets") and "**" not in quiet[0]
-    assert quality(EVALUATE)[0].startswith("**The evaluate stage recorded no measurement quality")
+    assert quality({k: v for k, v in EVALUATE.items() if k != "noise"})[0].startswith(
+        "**The evaluate stage recorded no measurement quality")
     answer = ["autoshard, rl_greedy: x."]
     reports, data, dvc_file = fake_reports(tmp_path, EVALUATE | {"noise": NOISE, "answer": answer})
     build(reports, data, dvc_file)

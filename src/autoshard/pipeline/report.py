@@ -26,6 +26,7 @@ from autoshard.core.schema import (
     CommMetrics,
     ComputeOnlyPairs,
     CostModelMetrics,
+    EvaluateMetrics,
     HeadlineObjective,
     StageTime,
     TransferMetrics,
@@ -573,7 +574,7 @@ def readme(reports: Path, stages: list[tuple[str, str]], budget_minutes: float |
              "typed by hand. Ratios compare a method's **measured** bottleneck with a reference's on the same "
              "task, measured in the same pass; lower is better. Predicted numbers are the cost model's and say so.",
              ""]
-    evaluate = read_metrics(metrics / "evaluate.json") if (metrics / "evaluate.json").exists() else {}
+    evaluate = read_checked(metrics / "evaluate.json", EvaluateMetrics) if (metrics / "evaluate.json").exists() else {}
     if evaluate:
         lines += ["## The answer: the primary endpoints", "", primary_intro(evaluate), "", primary_table(evaluate), "",
                   "![every task's ratio per primary endpoint](figures/evaluate/primary.png)", "",
