@@ -241,14 +241,14 @@ def _plain(value):
 
 def _backend_config(tables, args: argparse.Namespace):
     from autoshard.measure.backends import BackendConfig
-    from autoshard.measure.timing import TimingConfig
+    from autoshard.measure.timing import one_round
 
     if args.batch_size < 1 or args.batch_size > tables.traces.batch_size:
         raise ConfigError(f"--batch-size: {args.batch_size} (between 1 and the traces' "
                           f"{tables.traces.batch_size} bags)")
     if args.runs < 1:
         raise ConfigError(f"--runs: {args.runs} (must be at least 1)")
-    timing = TimingConfig(warmup=1, runs=args.runs, rounds=1, retries=0)
+    timing = one_round(1, args.runs)
     return BackendConfig(backend=args.backend, device="cpu", optimizer="EXACT_ROWWISE_ADAGRAD",
                          batch_size=args.batch_size, threads=1, timing=timing, memory_limit_bytes=64 * 2**30)
 

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from autoshard.core.errors import ConfigError
+from autoshard.core.params import bounded
 from autoshard.data.tasks import Task
 from autoshard.placement.lpt import lpt
 from autoshard.placement.milp import MilpResult, solve
@@ -23,7 +24,7 @@ class MilpConfig:
     machine; the time limit only guards against a pathological instance."""
 
     node_limit: int
-    time_limit_s: float
+    time_limit_s: float = bounded(lo=0, lo_open=True)
 
 
 def per_table(singles: pd.Series, num_tables: int) -> np.ndarray:
