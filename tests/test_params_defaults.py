@@ -1,5 +1,6 @@
 """params.yaml is the one source of defaults: every config the study reads holds exactly the
-values of its parameter file, and no config field has a default that is a parameter."""
+values of its parameter file, no config field has a default that is a parameter, and the
+command's defaults are params.yaml's."""
 
 import dataclasses
 import importlib
@@ -11,7 +12,7 @@ import pytest
 from study_configs import PARAMS, ROOT, top_configs
 
 import autoshard
-from autoshard.core.params import _CHECKS, Section, load_params, merge
+from autoshard.core.params import _CHECKS, Section, flatten, load_params, merge
 from autoshard.costmodel.dataset import SEEN_MULTI, UNSEEN_MULTI
 
 GIB = 2**30
@@ -133,6 +134,22 @@ def test_every_config_holds_the_values_of_its_parameter_file(source):
         check(cfg, params[section], section, params, seen)
     missing = _config_classes() - seen
     assert not missing, f"configs the parser reads that no section's config holds: {sorted(missing)}"
+
+
+def test_the_commands_defaults_are_params_yaml(monkeypatch):
+    from autoshard.cli import defaults, service
+
+    assert defaults.PACKAGED == {name: flatten(PARAMS)[name] for name in defaults.PACKAGED}
+    defaults.study_defaults.cache_clear()
+    assert defaults.study_defaults() == defaults.PACKAGED
+    timing = PARAMS["evaluate"]["timing"]
+    assert defaults.timed_runs() == timing["runs"] * timing["rounds"]
+    monkeypatch.setattr(service, "project_root", lambda: None)  # an installed wheel: the packaged copy
+    defaults.study_defaults.cache_clear()
+    try:
+        assert defaults.study_defaults() == defaults.PACKAGED
+    finally:
+        defaults.study_defaults.cache_clear()
 
 
 def test_the_command_builds_a_tables_features_as_the_study_built_the_pools():
