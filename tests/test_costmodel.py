@@ -4,6 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from study_configs import study
 
 from autoshard.core.errors import ConfigError
 from autoshard.costmodel.dataset import measured_shards, single_costs, split_shards
@@ -15,7 +16,7 @@ from autoshard.data.pool import build_pool
 from autoshard.data.tasks import make_tasks
 from autoshard.measure.analytic import AnalyticBackend
 
-SMALL = CostModelConfig(max_epochs=300, patience=60, batch_size=32, learning_rate=3e-3)
+SMALL = study(CostModelConfig, max_epochs=300, patience=60, batch_size=32, learning_rate=3e-3)
 
 
 def model_for(features, cfg=SMALL):
@@ -25,7 +26,7 @@ def model_for(features, cfg=SMALL):
 
 @pytest.mark.parametrize("heads", ["total", "stages"])
 def test_shapes(features, heads):
-    model = model_for(features, CostModelConfig(heads=heads))
+    model = model_for(features, study(CostModelConfig, heads=heads))
     x = torch.as_tensor(features, dtype=torch.float32)
     index = torch.tensor([[0, 1, 2], [3, -1, -1]])
     out = model(x, index)
@@ -57,7 +58,7 @@ def test_constant_feature_is_safe(features):
 
 
 def test_save_load_predicts_identically(tmp_path, features):
-    model = model_for(features, CostModelConfig(heads="stages"))
+    model = model_for(features, study(CostModelConfig, heads="stages"))
     save_model(model, tmp_path / "m.pt")
     back = load_model(tmp_path / "m.pt")
     shards = [[0, 1, 2], [5], list(range(10, 30))]
@@ -132,7 +133,7 @@ def test_training_on_analytic_costs_reaches_low_error(smoke_params):
         shards += [sorted(g.choice(tables, g.integers(2, 12), replace=False).tolist()) for _ in range(300)]
     data = measured_shards(_profile_table(pool, shards), "analytic")
     splits = split_shards(data, train_tables, test_tables, 0.15, 0.15, seed=0)
-    cfg = CostModelConfig(max_epochs=600, patience=100, batch_size=32, learning_rate=1e-2)
+    cfg = study(CostModelConfig, max_epochs=600, patience=100, batch_size=32, learning_rate=1e-2)
     fitted = fit(cfg, features, train_tables, splits["train"], splits["val"], seed=0, progress=False)
     for name, bound in (("test_seen", 0.05), ("test_unseen", 0.12)):
         part = splits[name]

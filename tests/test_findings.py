@@ -27,6 +27,7 @@ from autoshard.studies.findings import (
 from autoshard.studies.memory import failed_counts
 from autoshard.studies.stats import evaluate_metrics, summary, with_ratios
 
+ENDPOINT = Endpoint("rl_greedy", "cost_greedy", "autoshard", "max_device_ms")
 TARGETS = NoiseTargets(median_cv=0.03, plan_repeat_change=0.01)
 
 
@@ -107,8 +108,7 @@ def test_evaluate_metrics_are_strict_json_with_the_contract_keys():
                                objective={"autoshard": "max_device", "dreamshard": "synchronized_stages"},
                                paired_synchronized={"autoshard": {}}, paired_max_device=pairs,
                                primary=primary(frame.assign(max_device_ms=frame["measured_ms"], **{"pass": "main"}),
-                                               PrimaryConfig(0.05, 0.05, 999, (Endpoint("rl_greedy", "cost_greedy",
-                                                                                        "autoshard"),)), 0))
+                                               PrimaryConfig(0.05, 0.05, 999, (ENDPOINT,)), 0))
     text = json.dumps(_plain(metrics), allow_nan=False)
     loaded = json.loads(text)
     assert list(loaded)[0] == "primary" and check(loaded, EvaluateMetrics, "evaluate.json")

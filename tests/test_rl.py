@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from study_configs import study
 
 from autoshard.costmodel.model import CostModel, CostModelConfig
 from autoshard.data.features import feature_matrix
@@ -20,7 +21,7 @@ from autoshard.rl.infer import cost_greedy, policy_plans
 from autoshard.rl.policy import Policy, PolicyConfig
 from autoshard.rl.ppo import RLConfig, load_checkpoint, load_policy, rollout, train
 
-FAST = RLConfig(iterations=6, tasks_per_batch=8, validate_every=3, checkpoint_every=3, epochs=2, minibatches=2)
+FAST = study(RLConfig, iterations=6, tasks_per_batch=8, validate_every=3, checkpoint_every=3, epochs=2, minibatches=2)
 
 
 def tasks_of(pool, n: int, tables: int, devices: int, memory: int | None = None, seed: int = 0) -> list[Task]:
@@ -97,7 +98,7 @@ def test_rewards(world):
     assert (env.reward("bottleneck") < 0).all()
 
 
-@pytest.mark.parametrize("cfg", [PolicyConfig(), PolicyConfig(state_encoder="separate", use_lstm=False)])
+@pytest.mark.parametrize("cfg", [study(PolicyConfig), study(PolicyConfig, state_encoder="separate", use_lstm=False)])
 def test_one_policy_serves_any_size(world, cfg):
     pool, features, model = world
     torch.manual_seed(0)
@@ -113,7 +114,7 @@ def test_an_unrecorded_rollout_places_the_same(world):
     """Inference keeps no per-step tensors (gigabytes at 10,000 tables) and places the same."""
     pool, features, model = world
     torch.manual_seed(0)
-    policy = Policy(PolicyConfig(), model)
+    policy = Policy(study(PolicyConfig), model)
     batch = make_batch(model, features, tasks_of(pool, 3, 30, 4))
     for mode in ("greedy", "sample"):
         full, bare = (rollout(policy, model, batch, mode, generator=torch.Generator().manual_seed(1), record=r)
@@ -167,11 +168,11 @@ def test_short_training_beats_random_placement(tmp_path, world):
                             "forward_ms": [c.forward_ms for c in costs], "backward_ms": [c.backward_ms for c in costs],
                             "total_ms": [c.total_ms for c in costs]})
     data = measured_shards(profile, "analytic").sample(frac=1.0, random_state=0)
-    model = fit(CostModelConfig(max_epochs=150, learning_rate=1e-2), features, np.arange(pool.num_tables),
+    model = fit(study(CostModelConfig, max_epochs=150, learning_rate=1e-2), features, np.arange(pool.num_tables),
                 data.iloc[60:], data.iloc[:60], 0, progress=False).model
     tasks = tasks_of(pool, 24, 10, 4)
-    cfg = RLConfig(iterations=40, tasks_per_batch=16, learning_rate=3e-3, entropy_coef=0.001,
-                   validate_every=100, checkpoint_every=100)
+    cfg = study(RLConfig, iterations=40, tasks_per_batch=16, learning_rate=3e-3, entropy_coef=0.001,
+                validate_every=100, checkpoint_every=100)
     policy, _ = train(model, features, tasks, cfg, 0, tmp_path / "p.pt", progress=False)
     learned = np.mean([predicted_bottleneck(model, features, t, p)
                        for t, p in zip(tasks, policy_plans(policy, model, features, tasks), strict=True)])
@@ -185,7 +186,7 @@ def test_inference_and_search_respect_memory_and_improve(world):
     sizes = pool.features["size_bytes"].to_numpy()
     tasks = tasks_of(pool, 4, 12, 3)
     torch.manual_seed(0)
-    policy = Policy(PolicyConfig(), model)
+    policy = Policy(study(PolicyConfig), model)
     greedy = policy_plans(policy, model, features, tasks)
     best = policy_plans(policy, model, features, tasks, best_of=8, seed=0)
     refined = policy_plans(policy, model, features, tasks, refine=True)
@@ -227,7 +228,7 @@ def test_refresh_round_measures_plans_and_refits(tmp_path, smoke_params):
                  tmp_path / "profile")
     features = feature_matrix(pool.features)
     torch.manual_seed(0)
-    model = CostModel.fitted_to(CostModelConfig(), features)
+    model = CostModel.fitted_to(study(CostModelConfig), features)
     rl = RLStageConfig.from_params(params["rl"])
     train_tasks, _ = split_validation(tasks, rl.validation_tasks)
     policy = Policy(rl.train.policy, model)
@@ -322,7 +323,7 @@ def test_rl_run_key_covers_inputs_and_the_whole_training_path(world):
     pool, features, model = world
     tasks = tasks_of(pool, 4, 8, 2)
     base = run_key(FAST, model, tasks, features, 0)
-    other_model = CostModel.fitted_to(CostModelConfig(), features * 1.01, scale=1.0)
+    other_model = CostModel.fitted_to(study(CostModelConfig), features * 1.01, scale=1.0)
     changed_features = features.copy()
     changed_features[3, 2] += 1
     roomier = [replace(tasks[0], memory_bytes=tasks[0].memory_bytes + 1), *tasks[1:]]

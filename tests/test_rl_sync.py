@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from study_configs import study
 
 from autoshard.core.errors import ConfigError
 from autoshard.costmodel.model import CostModel, CostModelConfig
@@ -23,7 +24,7 @@ COMM = StageComm(CommModel({2: {"forward": [1.0, 0.1, 0.05], "backward": [2.0, 0
 class LinearStages:
     """A stage-head 'cost model' whose two heads are the summed encodings: (forward, backward) ms."""
 
-    cfg = CostModelConfig(heads="stages")
+    cfg = study(CostModelConfig, heads="stages")
 
     def head_ms(self, pooled: torch.Tensor) -> torch.Tensor:
         return pooled
@@ -87,7 +88,7 @@ def test_the_synchronized_reward_needs_stage_heads_and_a_comm_model(world):
 
 def test_a_policy_trained_on_the_synchronized_reward_respects_memory(pool, features, tmp_path):
     torch.manual_seed(0)
-    model = CostModel.fitted_to(CostModelConfig(heads="stages"), features, scale=1.0)
+    model = CostModel.fitted_to(study(CostModelConfig, heads="stages"), features, scale=1.0)
     comm = StageComm(CommModel({}, {"forward": [0.1, 0.01, 0.01, 0.0], "backward": [0.1, 0.01, 0.01, 0.0]}), 256)
     sizes = pool.features["size_bytes"].to_numpy()
     g = np.random.default_rng(0)
@@ -96,8 +97,8 @@ def test_a_policy_trained_on_the_synchronized_reward_respects_memory(pool, featu
         ids = tuple(sorted(g.choice(pool.num_tables, 6, replace=False).tolist()))
         cap = int(1.3 * sizes[list(ids)].sum() / 2 + sizes[list(ids)].max())
         tasks.append(Task(f"s/{k}", "dreamshard", "train", ids, 2, cap, 0.0))
-    cfg = RLConfig(reward="synchronized", iterations=3, tasks_per_batch=4, epochs=1, minibatches=2,
-                   validate_every=3, checkpoint_every=3)
+    cfg = study(RLConfig, reward="synchronized", iterations=3, tasks_per_batch=4, epochs=1, minibatches=2,
+                validate_every=3, checkpoint_every=3)
     policy, history = train(model, features, tasks, cfg, 0, tmp_path / "policy.pt", progress=False, comm=comm)
     assert len(history) == 3 and (history["reward"] < 0).all()
     plans = policy_plans(policy, model, features, tasks)

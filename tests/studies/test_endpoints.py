@@ -25,7 +25,7 @@ def config(*endpoints: Endpoint, sesoi: float = 0.03) -> PrimaryConfig:
     return PrimaryConfig(sesoi=sesoi, alpha=0.05, resamples=999, endpoints=endpoints)
 
 
-ENDPOINT = Endpoint("new", "ref", "autoshard")
+ENDPOINT = Endpoint("new", "ref", "autoshard", "max_device_ms")
 
 
 def test_a_planted_five_percent_gain_is_better():
@@ -79,7 +79,8 @@ def test_the_bca_interval_covers_the_median_and_survives_degenerate_data():
 
 def test_the_family_is_read_from_params_and_bad_entries_are_refused():
     section = {"sesoi": 0.05, "alpha": 0.05, "resamples": 999,
-               "endpoints": [{"method": "rl_greedy", "reference": "cost_greedy", "protocol": "autoshard"}]}
+               "endpoints": [{"method": "rl_greedy", "reference": "cost_greedy", "protocol": "autoshard",
+                              "cost": "max_device_ms"}]}
     cfg = PrimaryConfig.from_params(section, ("rl_greedy", "cost_greedy"), ("autoshard",))
     assert cfg.endpoints == (Endpoint("rl_greedy", "cost_greedy", "autoshard", "max_device_ms"),)
     with pytest.raises(ConfigError, match=r"primary.endpoints\[0\].method: 'nope'"):

@@ -15,7 +15,7 @@ import torch
 
 from autoshard.core.errors import ConfigError
 from autoshard.measure.base import ShardCost, ShardTooLarge, shard_bytes, shard_dims, shard_inputs, table_shapes
-from autoshard.measure.timing import DEFAULT_TIMING, TimingConfig, time_steps
+from autoshard.measure.timing import TimingConfig, time_steps
 
 if TYPE_CHECKING:  # only a type here: the portable worker (no pandas) imports this module
     from autoshard.data.pool import Pool
@@ -26,8 +26,8 @@ OPTIMIZERS = ("EXACT_ROWWISE_ADAGRAD", "EXACT_SGD", "EXACT_ADAGRAD")
 class FbgemmBackend:
     name = "fbgemm"
 
-    def __init__(self, pool: Pool, device: torch.device, optimizer: str = "EXACT_ROWWISE_ADAGRAD",
-                 timing: TimingConfig = DEFAULT_TIMING, memory_limit_bytes: int = 8 * 2**30):
+    def __init__(self, pool: Pool, device: torch.device, optimizer: str, timing: TimingConfig,
+                 memory_limit_bytes: int):
         from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
         if optimizer not in OPTIMIZERS:

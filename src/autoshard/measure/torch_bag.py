@@ -14,7 +14,7 @@ import torch
 
 from autoshard.measure.base import ShardCost, ShardTooLarge, shard_bytes, shard_dims, shard_inputs, table_shapes
 from autoshard.measure.fbgemm import output_grad
-from autoshard.measure.timing import DEFAULT_TIMING, TimingConfig, time_steps
+from autoshard.measure.timing import TimingConfig, time_steps
 
 if TYPE_CHECKING:  # only a type here: the portable worker (no pandas) imports this module
     from autoshard.data.pool import Pool
@@ -23,8 +23,7 @@ if TYPE_CHECKING:  # only a type here: the portable worker (no pandas) imports t
 class TorchBackend:
     name = "torch"
 
-    def __init__(self, pool: Pool, device: torch.device, timing: TimingConfig = DEFAULT_TIMING,
-                 memory_limit_bytes: int = 8 * 2**30):
+    def __init__(self, pool: Pool, device: torch.device, timing: TimingConfig, memory_limit_bytes: int):
         self.pool = pool
         self.torch_device = device
         self.device = device.type

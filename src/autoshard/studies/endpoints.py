@@ -44,7 +44,7 @@ class Endpoint:
     method: str
     reference: str
     protocol: str
-    cost: str = "max_device_ms"
+    cost: str  # one of COSTS
 
     @property
     def name(self) -> str:
@@ -77,7 +77,7 @@ class PrimaryConfig:
             e = Fields(f"primary.endpoints[{i}]", item)
             endpoints.append(Endpoint(method=e.text("method", methods), reference=e.text("reference", methods),
                                       protocol=e.text("protocol", protocols),
-                                      cost=e.text("cost", COSTS, default="max_device_ms")))
+                                      cost=e.text("cost", COSTS)))
             e.done()
         names = [x.name for x in endpoints]
         if len(set(names)) < len(names):
