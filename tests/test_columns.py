@@ -154,7 +154,7 @@ def test_backends_measure_a_column_shard_at_its_width(user_pool):
     assert half.forward_ms < analytic.measure([0, 1], 64).forward_ms
     with pytest.raises(ConfigError, match="shard dims: 128 columns of a table of dim 64"):
         analytic.measure([0], 64, dims=[128])
-    fbgemm = FbgemmBackend(user_pool, torch.device("cpu"), "EXACT_ROWWISE_ADAGRAD", one_round(0, 1), 2**30)
+    fbgemm = FbgemmBackend(user_pool, torch.device("cpu"), "EXACT_ROWWISE_ADAGRAD", one_round(0, 1), 2**30, 1)
     assert fbgemm.measure([0, 2], 64, dims=[16, 16]).total_ms > 0
 
 

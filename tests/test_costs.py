@@ -43,8 +43,8 @@ def test_shard_inputs_layout(pool):
 ])
 def test_bad_shards(pool, tables, batch, message):
     cpu = torch.device("cpu")
-    for backend in (AnalyticBackend(pool), FbgemmBackend(pool, cpu, "EXACT_ROWWISE_ADAGRAD", FAST, LIMIT),
-                    TorchBackend(pool, cpu, FAST, LIMIT)):
+    for backend in (AnalyticBackend(pool), FbgemmBackend(pool, cpu, "EXACT_ROWWISE_ADAGRAD", FAST, LIMIT, 1),
+                    TorchBackend(pool, cpu, FAST, LIMIT, 1)):
         with pytest.raises(ConfigError, match=message):
             backend.measure(tables, batch)
 
@@ -145,3 +145,21 @@ def test_fbgemm_harness_check_runs():
 def test_bad_crosscheck_and_comm_params(smoke_params, section, value, message):
     with pytest.raises(ConfigError, match=message):
         ProfileConfig.from_params(smoke_params["profile"] | {section: value})
+
+
+def test_a_backend_measures_on_its_own_thread_count_whatever_the_caller_set(pool):
+    """The store files a shard under `profile.threads`: the backend pins that count itself, so a
+    caller that forgot to set it (the column study once did) still measures as the key says."""
+    seen = []
+
+    class Watching(TorchBackend):
+        def _time(self, *args):
+            seen.append(torch.get_num_threads())
+            return super()._time(*args)
+
+    torch.set_num_threads(2)
+    try:
+        Watching(pool, torch.device("cpu"), FAST, LIMIT, 1).measure([0], 16)
+        assert seen == [1] and torch.get_num_threads() == 2, "pinned inside, restored after"
+    finally:
+        torch.set_num_threads(1)

@@ -68,9 +68,9 @@ def make_backend(pool: Pool, cfg: BackendConfig) -> CostBackend:
     """The backend named by `cfg.backend`, on `cfg.device`."""
     device = torch.device(cfg.device)
     if cfg.backend == "fbgemm":
-        return FbgemmBackend(pool, device, cfg.optimizer, cfg.timing, cfg.memory_limit_bytes)
+        return FbgemmBackend(pool, device, cfg.optimizer, cfg.timing, cfg.memory_limit_bytes, cfg.threads)
     if cfg.backend == "torch":
-        return TorchBackend(pool, device, cfg.timing, cfg.memory_limit_bytes)
+        return TorchBackend(pool, device, cfg.timing, cfg.memory_limit_bytes, cfg.threads)
     if cfg.backend == "analytic":
         return AnalyticBackend(pool, cfg.device)
     raise invalid("profile.backend", cfg.backend, f"expected one of {', '.join(BACKENDS)}")
