@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from study_configs import study
 
 from autoshard.core.params import load_params, merge
 
@@ -45,7 +46,7 @@ def world(pool, features):
     from autoshard.costmodel.model import CostModel, CostModelConfig
 
     torch.manual_seed(0)
-    return pool, features, CostModel.fitted_to(CostModelConfig(), features, scale=1.0)
+    return pool, features, CostModel.fitted_to(study(CostModelConfig), features, scale=1.0)
 
 
 @pytest.fixture

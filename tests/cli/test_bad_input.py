@@ -101,7 +101,7 @@ def test_paper_scale_parameters_are_valid():
     chosen = select(paper, stage_spec("evaluate", root / "dvc.yaml")[1], "paper")
     evaluate = EvaluateConfig.from_params(chosen["evaluate"], chosen["profile"] | {"device": "cpu"}, chosen["rl"])
     by_name = {p.name: p for p in tasks.protocols}
-    assert evaluate.autoshard_per_ratio == by_name["autoshard"].test_tasks
+    assert evaluate.autoshard_tasks_per_ratio == by_name["autoshard"].test_tasks
     assert evaluate.dreamshard_tasks == by_name["dreamshard"].test_tasks
 
 

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from study_configs import study
 
 from autoshard.cli.main import main
 
@@ -303,11 +304,11 @@ def models(tmp_path_factory) -> Path:
 
     folder = tmp_path_factory.mktemp("models")
     x = feature_matrix(read_tables(CORPUS / "tables.csv").features)
-    model = CostModel.fitted_to(CostModelConfig(hidden=16, encoding=8, head_hidden=8), x, scale=1.0)
+    model = CostModel.fitted_to(study(CostModelConfig, hidden=16, encoding=8, head_hidden=8), x, scale=1.0)
     save_model(model, folder / "cost_model.pt")
     tasks = [Task(f"t{k}", "user", "train", (0, 1, 2), 2, 2**30, 0.0) for k in range(2)]
-    train(model, x, tasks, RLConfig(policy=PolicyConfig(hidden=8, lstm_layers=1), iterations=1, tasks_per_batch=2),
-          0, folder / "policy.pt", progress=False)
+    cfg = study(RLConfig, policy=study(PolicyConfig, hidden=8, lstm_layers=1), iterations=1, tasks_per_batch=2)
+    train(model, x, tasks, cfg, 0, folder / "policy.pt", progress=False)
     return folder
 
 
@@ -377,7 +378,7 @@ def test_refine_gives_the_same_plan_whatever_the_thread_count(models, corpus):
     rows, dims = g.integers(100, 10**6, n), g.choice([8, 16, 64], n)
     x = np.column_stack([dims, rows, g.uniform(1, 50, n), rows * dims * 4, g.dirichlet(np.ones(17), n)])
     torch.manual_seed(0)
-    model = CostModel.fitted_to(CostModelConfig(hidden=32, encoding=16, head_hidden=16), x)
+    model = CostModel.fitted_to(study(CostModelConfig, hidden=32, encoding=16, head_hidden=16), x)
     import pandas as pd
 
     sizes = x[:, 3]

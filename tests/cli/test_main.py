@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from study_configs import study
 
 from autoshard.cli.main import main
 from autoshard.cli.user_tables import BINS, parse_memory, read_tables
@@ -37,10 +38,10 @@ def files(tmp_path_factory) -> dict[str, Path]:
     tables_csv.write_text(TABLES)
     tables = read_tables(tables_csv)
     x = feature_matrix(tables.features)
-    model = CostModel.fitted_to(CostModelConfig(hidden=16, encoding=8, head_hidden=8), x, scale=1.0)
+    model = CostModel.fitted_to(study(CostModelConfig, hidden=16, encoding=8, head_hidden=8), x, scale=1.0)
     save_model(model, root / "cost_model.pt")
     tasks = [Task(f"t{k}", "user", "train", tuple(range(8)), 2, 2**30, 0.0) for k in range(4)]
-    cfg = RLConfig(policy=PolicyConfig(hidden=8, lstm_layers=1), iterations=2, tasks_per_batch=2)
+    cfg = study(RLConfig, policy=study(PolicyConfig, hidden=8, lstm_layers=1), iterations=2, tasks_per_batch=2)
     train(model, x, tasks, cfg, 0, root / "policy.pt", progress=False)
     return {"root": root, "tables": tables_csv, "model": root / "cost_model.pt", "policy": root / "policy.pt"}
 
@@ -355,7 +356,7 @@ def test_plan_runs_without_torch_when_the_numpy_planner_matches(files, tmp_path)
     out = tmp_path / "sampled.json"
     assert plan({**files, **models}, out, "--best-of", "2", method="rl_best_of_n") == 0
     assert json.loads(out.read_text())["engine"] == "torch"
-    save_model(CostModel.fitted_to(CostModelConfig(hidden=4, encoding=4, head_hidden=4),
+    save_model(CostModel.fitted_to(study(CostModelConfig, hidden=4, encoding=4, head_hidden=4),
                                    feature_matrix(read_tables(files["tables"]).features)), models["model"])
     assert plan({**files, **models}, out, method="cost_greedy") == 0  # the export is stale now
     assert json.loads(out.read_text())["engine"] == "torch"

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from study_configs import study
 
 from autoshard.core.compute import ComputeConfig, LocalEngine, RayEngine, make_engine, measuring_engine
 from autoshard.core.errors import ConfigError
@@ -17,7 +18,7 @@ from autoshard.data.tasks import Task
 from autoshard.rl.ppo import RLConfig
 from autoshard.studies.ablation import Job, run_job
 
-TOY = RLConfig(iterations=2, tasks_per_batch=4, validate_every=2, checkpoint_every=2, epochs=1, minibatches=1)
+TOY = study(RLConfig, iterations=2, tasks_per_batch=4, validate_every=2, checkpoint_every=2, epochs=1, minibatches=1)
 COMPUTE = {"engine": "local", "workers": 2, "address": None, "gpus_per_job": 0, "measure_workers": 1}
 
 
@@ -28,7 +29,7 @@ def world(smoke_params, tmp_path_factory):
     features = feature_matrix(pool.features)
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("compute") / "cost_model.pt"
-    save_model(CostModel.fitted_to(CostModelConfig(), features, scale=1.0), path)
+    save_model(CostModel.fitted_to(study(CostModelConfig), features, scale=1.0), path)
     g = np.random.default_rng(0)
     sizes = pool.features["size_bytes"].to_numpy()
     tasks = []

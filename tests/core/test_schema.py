@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
+from study_configs import study
 
 from autoshard.core import schema
 from autoshard.core.errors import ConfigError
@@ -161,7 +162,8 @@ def test_speed_benchmark_sizes_do_not_change_the_run_key(smoke_params):
     from autoshard.data.features import FEATURE_COLUMNS
     from autoshard.rl.ppo import RLStageConfig, run_key
 
-    model = CostModel.fitted_to(CostModelConfig(), np.random.default_rng(0).uniform(1, 2, (4, len(FEATURE_COLUMNS))))
+    x = np.random.default_rng(0).uniform(1, 2, (4, len(FEATURE_COLUMNS)))
+    model = CostModel.fitted_to(study(CostModelConfig), x)
     rl = RLStageConfig.from_params(smoke_params["rl"])
     features = np.zeros((4, len(FEATURE_COLUMNS)))
     assert run_key(replace(rl, speed_tables=10, speed_devices=2), model, [], features, 0) == run_key(

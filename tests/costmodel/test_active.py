@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from study_configs import study
 
 from autoshard.core import schema
 from autoshard.core.metrics import _plain
@@ -19,8 +20,8 @@ from autoshard.measure.backends import make_backend
 from autoshard.measure.collect import ProfileConfig
 from autoshard.placement.profile_shards import SOURCES, candidate_shards
 
-SMALL = HybridConfig(hidden=16, encoding=5, head_hidden=8, max_epochs=40, patience=10, batch_size=32,
-                     learning_rate=1e-2)
+SMALL = study(HybridConfig, hidden=16, encoding=5, head_hidden=8, max_epochs=40, patience=10, batch_size=32,
+              learning_rate=1e-2)
 CFG = ActiveConfig(rounds=2, shards_per_round=5, ensemble=2, candidates=60, seeds=2)
 
 

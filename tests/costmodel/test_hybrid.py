@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from study_configs import study
 
 from autoshard.core import schema
 from autoshard.core.errors import ConfigError
@@ -25,8 +26,8 @@ from autoshard.rl.infer import cost_greedy
 from autoshard.rl.policy import Policy, PolicyConfig
 from autoshard.rl.ppo import rollout
 
-SMALL = HybridConfig(hidden=32, encoding=9, head_hidden=16, max_epochs=300, patience=60, batch_size=32,
-                     learning_rate=1e-2)
+SMALL = study(HybridConfig, hidden=32, encoding=9, head_hidden=16, max_epochs=300, patience=60, batch_size=32,
+              learning_rate=1e-2)
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +90,7 @@ def test_save_load_round_trip(tmp_path, hybrid_features, features):
     shards = [[0, 1], [2], [3, 4, 5, 6]]
     assert np.array_equal(loaded.predict_ms(hybrid_features, shards), model.predict_ms(hybrid_features, shards))
     assert loaded.cfg == model.cfg
-    save_model(CostModel.fitted_to(CostModelConfig(), features), tmp_path / "feature_only.pt")
+    save_model(CostModel.fitted_to(study(CostModelConfig), features), tmp_path / "feature_only.pt")
     with pytest.raises(ConfigError, match="not an autoshard hybrid cost model"):
         load_hybrid(tmp_path / "feature_only.pt")
 
@@ -108,7 +109,7 @@ def test_bad_single_costs(features, hybrid_features, single_ms):
 
 def test_feature_only_model_ignores_the_single_cost_column(features, hybrid_features):
     torch.manual_seed(0)
-    model = CostModel.fitted_to(CostModelConfig(), hybrid_features)
+    model = CostModel.fitted_to(study(CostModelConfig), hybrid_features)
     shards = [[0, 1], [2, 7]]
     assert np.array_equal(model.predict_ms(hybrid_features, shards), model.predict_ms(features, shards))
 
@@ -136,7 +137,7 @@ def test_planners_take_the_hybrid(smoke_params, pool, hybrid_features, single_ms
     assert predicted_bottleneck(model, hybrid_features, task, placement) == pytest.approx(
         float(env.bottleneck()[0]), rel=1e-5)
     for encoder in ("cost_model", "separate"):
-        policy = Policy(PolicyConfig(state_encoder=encoder), model)
+        policy = Policy(study(PolicyConfig, state_encoder=encoder), model)
         traj = rollout(policy, model, batch, "sample", generator=torch.Generator().manual_seed(0))
         assert traj.logp.shape == (1, len(task.tables)) and torch.isfinite(traj.reward).all()
     plan = cost_greedy(model, hybrid_features, [task])[0]
@@ -169,7 +170,7 @@ def test_comparison_and_metrics(features, hybrid_features, single_ms):
                           f"{UNSEEN_MULTI} (test_random)"]
     assert len(sets[UNSEEN_MULTI]) == 9 and len(sets[f"{UNSEEN_MULTI} (test_heuristic)"]) == 4
     torch.manual_seed(0)
-    feature_only = CostModel.fitted_to(CostModelConfig(), features)
+    feature_only = CostModel.fitted_to(study(CostModelConfig), features)
     table = cost_eval.compare_models(feature_only, fresh(hybrid_features), features, single_ms, train, sets)
     assert len(table) == 3 * len(sets)
     metrics = cost_eval.hybrid_metrics(table, 0.05, best_epoch=7)

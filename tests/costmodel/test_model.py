@@ -3,12 +3,13 @@
 import numpy as np
 import pytest
 import torch
+from study_configs import study
 
 from autoshard.core.errors import ConfigError
 from autoshard.costmodel.model import CostModel, CostModelConfig, load_model, save_model
 from autoshard.data.features import FEATURE_COLUMNS
 
-SMALL = CostModelConfig(max_epochs=300, patience=60, batch_size=32, learning_rate=3e-3)
+SMALL = study(CostModelConfig, max_epochs=300, patience=60, batch_size=32, learning_rate=3e-3)
 
 
 def model_for(features, cfg=SMALL):
@@ -18,7 +19,7 @@ def model_for(features, cfg=SMALL):
 
 @pytest.mark.parametrize("heads", ["total", "stages"])
 def test_shapes(features, heads):
-    model = model_for(features, CostModelConfig(heads=heads))
+    model = model_for(features, study(CostModelConfig, heads=heads))
     x = torch.as_tensor(features, dtype=torch.float32)
     index = torch.tensor([[0, 1, 2], [3, -1, -1]])
     out = model(x, index)
@@ -50,7 +51,7 @@ def test_constant_feature_is_safe(features):
 
 
 def test_save_load_predicts_identically(tmp_path, features):
-    model = model_for(features, CostModelConfig(heads="stages"))
+    model = model_for(features, study(CostModelConfig, heads="stages"))
     save_model(model, tmp_path / "m.pt")
     back = load_model(tmp_path / "m.pt")
     shards = [[0, 1, 2], [5], list(range(10, 30))]

@@ -3,6 +3,7 @@ parameters."""
 
 import numpy as np
 import pytest
+from study_configs import study
 
 from autoshard.core.errors import ConfigError
 from autoshard.costmodel.dataset import measured_shards, split_shards
@@ -29,7 +30,7 @@ def test_training_on_analytic_costs_reaches_low_error(smoke_params):
         shards += [sorted(g.choice(tables, g.integers(2, 12), replace=False).tolist()) for _ in range(300)]
     data = measured_shards(_profile_table(pool, shards), "analytic")
     splits = split_shards(data, train_tables, test_tables, 0.15, 0.15, seed=0)
-    cfg = CostModelConfig(max_epochs=600, patience=100, batch_size=32, learning_rate=1e-2)
+    cfg = study(CostModelConfig, max_epochs=600, patience=100, batch_size=32, learning_rate=1e-2)
     fitted = fit(cfg, features, train_tables, splits["train"], splits["val"], seed=0, progress=False)
     for name, bound in (("test_seen", 0.05), ("test_unseen", 0.12)):
         part = splits[name]

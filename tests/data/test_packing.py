@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from study_configs import study
 
 from autoshard.core.errors import ConfigError
 from autoshard.core.params import load_params
@@ -184,7 +185,7 @@ def test_env_and_cost_greedy_place_tight_tasks_within_memory(world):
     for t, placed in zip(tasks, env.pool_placement(), strict=True):
         assert memory_ok(t, [placed[i] for i in t.tables], sizes)
     torch.manual_seed(0)
-    policy = Policy(PolicyConfig(), model)
+    policy = Policy(study(PolicyConfig), model)
     for plans in (cost_greedy(model, features, tasks), policy_plans(policy, model, features, tasks),
                   policy_plans(policy, model, features, tasks[:2], best_of=4, seed=0)):
         assert all(not placement_failed(t, p, sizes) for t, p in zip(tasks, plans, strict=False))

@@ -1,6 +1,7 @@
 """Cost backends: shard inputs, the three backends, communication, and bad input."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,10 +16,11 @@ from autoshard.measure.collect import ProfileConfig
 from autoshard.measure.comm import analytic_comm, device_stages, measure_comm
 from autoshard.measure.crosscheck import BenchConfig, fbgemm_harness_check
 from autoshard.measure.fbgemm import FbgemmBackend
-from autoshard.measure.timing import TimingConfig
+from autoshard.measure.timing import one_round
 from autoshard.measure.torch_bag import TorchBackend
 
-FAST = TimingConfig(warmup=1, runs=3)
+FAST = one_round(warmup=1, runs=3)
+LIMIT = 8 * 2**30  # bytes a shard may take
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +42,9 @@ def test_shard_inputs_layout(pool):
     ([0], 10_000, r"profile.batch_size: 10000 \(the traces hold 256 bags per table\)"),
 ])
 def test_bad_shards(pool, tables, batch, message):
-    for backend in (AnalyticBackend(pool), FbgemmBackend(pool, torch.device("cpu"), timing=FAST),
-                    TorchBackend(pool, torch.device("cpu"), timing=FAST)):
+    cpu = torch.device("cpu")
+    for backend in (AnalyticBackend(pool), FbgemmBackend(pool, cpu, "EXACT_ROWWISE_ADAGRAD", FAST, LIMIT, 1),
+                    TorchBackend(pool, cpu, FAST, LIMIT, 1)):
         with pytest.raises(ConfigError, match=message):
             backend.measure(tables, batch)
 
@@ -62,8 +65,9 @@ def test_analytic_matches_torchrec_formula(pool):
 
 
 @pytest.mark.parametrize("backend_cls", [FbgemmBackend, TorchBackend])
-def test_measured_backends_on_cpu(pool, backend_cls):
-    backend = backend_cls(pool, torch.device("cpu"), timing=FAST)
+def test_measured_backends_on_cpu(pool, smoke_params, backend_cls):
+    cfg = ProfileConfig.from_params(smoke_params["profile"] | {"device": "cpu"}).backend
+    backend = make_backend(pool, replace(cfg, backend=backend_cls.name, timing=FAST))
     busiest = pool.features["lookups"].nlargest(8).index.tolist()
     quietest = int(pool.features["lookups"].idxmin())
     big, small = backend.measure(busiest, 256), backend.measure([quietest], 256)
@@ -103,7 +107,7 @@ def test_bad_profile_params(smoke_params, key, value, message):
 
 
 def test_two_process_all_to_all_on_cpu():
-    measured = measure_comm([[16, 32], [16]], batch_size=64, timing=FAST)
+    measured = measure_comm([[16, 32], [16]], 64, "cpu", FAST)
     assert len(measured) == 2
     assert all(f > 0 and b > 0 for f, b in measured)
 
@@ -119,7 +123,7 @@ def test_analytic_comm_and_stages():
 
 def test_one_process_cannot_measure_comm():
     with pytest.raises(ConfigError, match="comm.processes: 1"):
-        measure_comm([[16]], batch_size=64)
+        measure_comm([[16]], 64, "cpu", FAST)
 
 
 def test_fbgemm_harness_check_runs():
@@ -141,3 +145,21 @@ def test_fbgemm_harness_check_runs():
 def test_bad_crosscheck_and_comm_params(smoke_params, section, value, message):
     with pytest.raises(ConfigError, match=message):
         ProfileConfig.from_params(smoke_params["profile"] | {section: value})
+
+
+def test_a_backend_measures_on_its_own_thread_count_whatever_the_caller_set(pool):
+    """The store files a shard under `profile.threads`: the backend pins that count itself, so a
+    caller that forgot to set it (the column study once did) still measures as the key says."""
+    seen = []
+
+    class Watching(TorchBackend):
+        def _time(self, *args):
+            seen.append(torch.get_num_threads())
+            return super()._time(*args)
+
+    torch.set_num_threads(2)
+    try:
+        Watching(pool, torch.device("cpu"), FAST, LIMIT, 1).measure([0], 16)
+        assert seen == [1] and torch.get_num_threads() == 2, "pinned inside, restored after"
+    finally:
+        torch.set_num_threads(1)

@@ -14,7 +14,7 @@ from autoshard.measure.commmodel import (
     random_placements,
     traffic,
 )
-from autoshard.measure.timing import TimingConfig
+from autoshard.measure.timing import one_round
 
 TRUE = {2: {"forward": (0.5, 0.3, 0.2), "backward": (0.4, 0.1, 0.6)},
         4: {"forward": (0.9, 0.25, 0.35), "backward": (1.1, 0.15, 0.5)}}
@@ -72,7 +72,7 @@ def test_fit_on_a_small_measured_set():
     from autoshard.measure.comm import measure_comm_many
 
     widths = [[16, 64], [128, 32], [256, 256]]
-    measured = measure_comm_many(widths, 256, timing=TimingConfig(warmup=1, runs=3))
+    measured = measure_comm_many(widths, 256, "cpu", one_round(warmup=1, runs=3))
     rows = comm_rows(widths, measured, 256)
     assert len(rows) == 3 * 2 * 2 and (rows["ms"] > 0).all()
     model = fit_comm_model(rows)
@@ -210,7 +210,7 @@ def test_profile_comm_measures_in_seeded_interleaved_rounds(monkeypatch):
 
     monkeypatch.setattr(commmodel, "measure_rounds", fake)
     monkeypatch.setattr(commmodel, "honest_limit", lambda device: 2)
-    args = (list(range(8, 200, 8)), [2, 4], 20, 1024, TimingConfig(warmup=2, runs=5), 7)
+    args = (list(range(8, 200, 8)), [2, 4], 20, 1024, one_round(warmup=2, runs=5), 7)
     rows, _, metrics = commmodel.profile_comm(*args, rounds=3)
     assert [c[1] for c in calls] == [CommTiming(rounds=3, warmup=2, runs=5)] * 2
     assert metrics["rounds"] == 3 and metrics["mape_heldout_honest"] < 1e-9

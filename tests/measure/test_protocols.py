@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from autoshard.core.errors import ConfigError
-from autoshard.core.params import Fields
+from autoshard.core.params import parse
 from autoshard.core.schema import ProtocolScores, check
 from autoshard.measure.base import ShardCost, ShardTooLarge
 from autoshard.measure.protocols import (
@@ -18,7 +18,7 @@ from autoshard.measure.protocols import (
 )
 from autoshard.measure.timing import TimingConfig
 
-TIMING = TimingConfig(warmup=0, runs=1, rounds=3)
+TIMING = TimingConfig(warmup=0, runs=1, rounds=3, drift_limit=0.25, retries=1)
 
 
 class Clock:
@@ -72,8 +72,8 @@ def test_scores_are_the_median_pass_change_and_the_median_within_pass_cv():
 
 
 def test_the_check_needs_two_passes():
-    assert ProtocolCheck.from_fields(Fields("profile.protocol_check", {"shards": 8, "passes": 2})).passes == 2
+    assert parse(ProtocolCheck, "profile.protocol_check", {"shards": 8, "passes": 2}).passes == 2
     with pytest.raises(ConfigError, match=r"profile\.protocol_check\.passes: 1 "):
-        ProtocolCheck.from_fields(Fields("profile.protocol_check", {"shards": 8, "passes": 1}))
+        parse(ProtocolCheck, "profile.protocol_check", {"shards": 8, "passes": 1})
     with pytest.raises(ConfigError, match=r"profile\.protocol_check\.runs"):
-        ProtocolCheck.from_fields(Fields("profile.protocol_check", {"shards": 8, "passes": 2, "runs": 3}))
+        parse(ProtocolCheck, "profile.protocol_check", {"shards": 8, "passes": 2, "runs": 3})

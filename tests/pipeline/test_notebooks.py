@@ -181,10 +181,16 @@ def test_evaluate_notebook(profiled, smoke_params, monkeypatch):
     optimum = small[small["method"] == "exact"].set_index("task")["predicted_ms"]
     assert (small["predicted_ms"] >= small["task"].map(optimum) * (1 - 1e-5)).all(), "nothing beats the optimum"
     figures = sorted(p.name for p in (tmp_path / "reports" / "figures" / "evaluate").iterdir())
-    assert figures == ["device_breakdown.png", "paired.png", "predicted_vs_measured.png", "ratios.png",
-                       "sharding_time.png"]
+    assert figures == ["device_breakdown.png", "paired.png", "predicted_vs_measured.png", "primary.png",
+                       "ratios.png", "sharding_time.png"]
     _, outputs = executed_outputs(tmp_path / "nb" / "05_evaluate.ipynb")
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == 5
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 6
+    declared = smoke_params["primary"]["endpoints"]
+    assert len(metrics["primary"]) == len(declared) and list(metrics)[0] == "primary", "the answer comes first"
+    for entry in metrics["primary"].values():
+        assert entry["verdict"] in ("better", "worse", "equivalent", "inconclusive") and entry["pass"] == "evaluate"
+        assert entry["tasks"] == len(entry["per_task"]) and entry["sesoi"] == smoke_params["primary"]["sesoi"]
+    assert set(plans["pass"]) == {"evaluate"}, "every plan of the headline measured in the evaluate pass"
     assert {"median_cv", "round_drift", "remeasured_share", "met"} <= set(metrics["noise"])
     pair = metrics["paired"]["dreamshard"]["rl_greedy__vs__cost_greedy"]
     assert set(pair) == {"tasks", "median_ratio", "ci_low", "ci_high", "p_value", "identical_share", "mde"}

@@ -33,6 +33,11 @@ def method(ratio, lo, hi, wins, plans=4, gap=None):
             "predicted_gap_median": gap}
 
 
+NOISE = {"median_cv": 0.05, "round_drift": 0.02, "remeasured_share": 0.1, "plan_repeat_change": 0.03,
+         "noise_sd": {"autoshard": 0.02}, "targets": {"median_cv": 0.03, "plan_repeat_change": 0.01}, "met": False,
+         "plan_repeat_change_calibrated": 0.02}
+
+
 EVALUATE = {
     "results": {"autoshard": {"size_greedy": method(1.0, 1.0, 1.1, 0.0),
                               "rl_greedy": method(0.8312, 0.75, 0.9, 0.75)},
@@ -43,6 +48,14 @@ EVALUATE = {
                 {"protocol": "small", "method": "rl_greedy", "statistic": "predicted gap", "value": 0.0123,
                  "target": "<= 0.01", "met": False}],
     "objective": {"autoshard": "synchronized_stages", "small": "max_device"},
+    "paired_max_device": {}, "paired": {}, "paired_synchronized": {}, "answer": [], "replicates": {}, "failed": {},
+    "noise": NOISE | {"median_cv": 0.01, "plan_repeat_change": 0.005, "met": True},
+    "primary": {"rl_greedy__vs__cost_greedy__autoshard": {
+        "method": "rl_greedy", "reference": "cost_greedy", "protocol": "autoshard", "cost": "max_device_ms",
+        "verdict": "equivalent", "median_ratio": 0.9931, "ci_low": 0.981, "ci_high": 1.004, "p_holm": 0.0012,
+        "p_claims": {"better": 1.0, "worse": 1.0, "equivalent": 0.0012},
+        "sesoi": 0.05, "alpha": 0.05, "tasks": 40, "pass": "evaluate", "identical_share": 0.25,
+        "per_task": {"t0": 0.99}}},
     "seconds": 12.0,
 }
 
@@ -67,8 +80,6 @@ def test_the_headline_refuses_one_objective_for_all():
         headline(EVALUATE | {"objective": "max_device"})
 
 
-NOISE = {"median_cv": 0.05, "round_drift": 0.02, "remeasured_share": 0.1, "plan_repeat_change": 0.03,
-         "noise_sd": {"autoshard": 0.02}, "targets": {"median_cv": 0.03, "plan_repeat_change": 0.01}, "met": False}
 
 
 def test_a_noisy_run_says_so_in_bold_at_the_top(tmp_path):
@@ -86,12 +97,16 @@ def test_a_noisy_run_says_so_in_bold_at_the_top(tmp_path):
     assert "dreamshard" not in flattered, "a protocol without a figure is left out"
     quiet = quality(EVALUATE | {"noise": NOISE | {"median_cv": 0.01, "plan_repeat_change": 0.005, "met": True}})
     assert quiet[0].startswith("Measurement quality: within the targets") and "**" not in quiet[0]
-    assert quality(EVALUATE)[0].startswith("**The evaluate stage recorded no measurement quality")
+    assert quality({k: v for k, v in EVALUATE.items() if k != "noise"})[0].startswith(
+        "**The evaluate stage recorded no measurement quality")
     answer = ["autoshard, rl_greedy: x."]
     reports, data, dvc_file = fake_reports(tmp_path, EVALUATE | {"noise": NOISE, "answer": answer})
     build(reports, data, dvc_file)
-    head = (reports / "README.md").read_text().splitlines()[:4]
-    assert any(line.startswith("**Measurement quality: this run is noisier") for line in head)
+    text = (reports / "README.md").read_text()
+    first = text.split("## Exploratory comparisons")[0]
+    assert "| rl_greedy / cost_greedy | autoshard  | **equivalent** | 0.993 [0.981, 1.004]" in first, first
+    assert "Measurement quality **noisier than its targets**" in first and "[Details](#measurement-quality)" in first
+    assert "## Measurement quality" in text and "**Measurement quality: this run is noisier" in text
 
 
 def test_notebook_stages_follow_dvc_yaml():
@@ -225,7 +240,7 @@ def test_the_profile_noise_opens_the_report_too():
     assert quality(evaluate, profile)[-1].startswith("Profile noise:")
 
 
-def test_the_regime_table_says_where_rl_beats_ties_or_loses():
+def test_the_regime_table_says_where_each_interval_lies_without_verdict_words():
     from autoshard.pipeline.report import regime_table
 
     def pair(median, low, high, mde=0.01):
@@ -236,16 +251,12 @@ def test_the_regime_table_says_where_rl_beats_ties_or_loses():
                            "tight": {"rl_greedy__vs__cost_greedy": pair(1.05, 1.02, 1.08)}},
                 "paired_synchronized": {"dreamshard": {"rl_greedy__vs__cost_greedy": pair(0.995, 0.99, 0.999,
                                                                                            mde=0.02)}}}
+    evaluate["paired_max_device"] = evaluate["paired"]
     text = regime_table(evaluate, references=("cost_greedy",))
     lines = {line.split("|")[1].strip(): line for line in text.splitlines()[2:]}
-    assert "beats" in lines["compute only"] and "loses to" in lines["tight memory"]
-    assert "ties with" in lines["synchronized stages with communication"], "an effect below the detectable one ties"
-    ranked = regime_table(evaluate | {"objective": {"dreamshard": "synchronized_stages", "tight": "max_device"}},
-                          references=("cost_greedy",))
-    lines = {line.split("|")[1].strip(): line for line in ranked.splitlines()[2:]}
-    assert "0.950" not in ranked and "n/a: ranked by synchronized_stages; this run recorded no paired_max_device" \
-        in lines["compute only"], "an older run: its synchronized headline is not shown as compute only"
-    assert "loses to" in lines["tight memory"]
+    assert "below 1" in lines["compute only"] and "above 1" in lines["tight memory"]
+    assert "below 1" in lines["synchronized stages with communication"], "exploratory: the interval, no MDE rule"
+    assert not any(word in text for word in ("beats", "ties", "loses")), "no verdict words outside the primary table"
 
 
 def test_the_compute_only_row_reads_paired_max_device_for_every_protocol():
@@ -263,10 +274,10 @@ def test_the_compute_only_row_reads_paired_max_device_for_every_protocol():
                                       "dreamshard": {"rl_greedy__vs__cost_greedy": pair(0.912, 0.9, 0.93)}}}
     rows = regime_table(evaluate, references=("cost_greedy",)).splitlines()[2:]
     compute = {line.split("|")[2].strip(): line for line in rows if line.split("|")[1].strip() == "compute only"}
-    assert "0.912 [0.900, 0.930] beats" in compute["dreamshard"] and "n/a" not in compute["dreamshard"]
-    assert "0.950 [0.930, 0.970] beats" in compute["autoshard"]
+    assert "0.912 [0.900, 0.930] below 1" in compute["dreamshard"] and "n/a" not in compute["dreamshard"]
+    assert "0.950 [0.930, 0.970] below 1" in compute["autoshard"]
     synced = next(line for line in rows if line.split("|")[1].strip().startswith("synchronized"))
-    assert "1.050 [1.020, 1.080] loses to" in synced, "the synchronized row still reads paired_synchronized"
+    assert "1.050 [1.020, 1.080] above 1" in synced, "the synchronized row still reads paired_synchronized"
     broken = evaluate | {"paired_max_device": {"dreamshard": {"rl_greedy__vs__cost_greedy": {"tasks": 20}}}}
     with pytest.raises(ConfigError, match=r"evaluate\.json: key 'paired_max_device\.dreamshard\..*' is missing"):
         regime_table(broken, references=("cost_greedy",))
@@ -281,7 +292,7 @@ def test_the_synchronized_policy_is_set_against_the_sync_baselines_where_it_ran(
     text = sync_policy_table({"paired_synchronized": {"autoshard": {"rl_greedy__vs__cost_greedy": pair},
                                                       "dreamshard": {"rl_sync_greedy__vs__sync_milp": pair}}})
     rows = text.splitlines()[2:]
-    assert len(rows) == 1 and "dreamshard" in rows[0] and "beats" in rows[0]
+    assert len(rows) == 1 and "dreamshard" in rows[0] and "below 1" in rows[0]
     assert "sync_milp" in text.splitlines()[0]
 
 
@@ -398,7 +409,8 @@ def test_the_comm_verdict_shows_the_measurement_floor_where_recorded():
     from autoshard.pipeline.report import comm_model_lines
 
     floored = "\n".join(comm_model_lines({"device": "cpu", "comm": COMM | {"mape_floor_honest": 0.041,
-                                                                         "mape_floor": 0.052, "rounds": 3}}))
+                                                                         "mape_floor": 0.052, "rounds": 3,
+                                                                         "mape_noise_free_honest": 0.022}}))
     assert ("Held-out MAPE over the honest counts 8.5% (target 10%): met; one round of a held-out placement "
             "against the median of its other rounds scores 4.1%, so a noise-free model would score about 2.2% "
             "against the median of 3 rounds") in floored
@@ -408,7 +420,7 @@ def test_the_comm_verdict_shows_the_measurement_floor_where_recorded():
 
 
 def test_a_noise_free_comm_model_scores_below_the_one_round_floor():
-    from autoshard.pipeline.report import median_variance, noise_free_comm_mape
+    from autoshard.measure.commmodel import median_variance, noise_free_comm_mape
 
     assert median_variance(1) == pytest.approx(1, abs=0.01) and median_variance(2) == pytest.approx(0.5, abs=0.01)
     assert median_variance(3) == pytest.approx(0.449, abs=0.01)  # the median of 3 normals
@@ -417,19 +429,6 @@ def test_a_noise_free_comm_model_scores_below_the_one_round_floor():
     floor = np.mean(np.abs(rounds[:, 0] - np.median(rounds[:, 1:], axis=1)) / np.median(rounds[:, 1:], axis=1))
     truth_error = np.mean(np.abs(np.median(rounds, axis=1) - 1))
     assert noise_free_comm_mape(floor, 3) == pytest.approx(truth_error, rel=0.05)
-
-def test_a_run_before_the_honest_counts_still_renders_its_pooled_verdict(tmp_path):
-    from autoshard.pipeline.report import readme
-
-    old = {k: v for k, v in COMM.items() if k not in ("honest_limit", "honest_device_counts", "mape_heldout_honest",
-                                                      "mape_target_note")} | {"mape_target_met": False}
-    write_metrics(tmp_path / "metrics" / "profile.json", {"device": "cpu", "comm": old})
-    text = readme(tmp_path, [])
-    assert "## Communication model against held-out placements" in text
-    assert "pooled over all counts 10.7% (target 10%): **not met** (this run predates" in text
-    write_metrics(tmp_path / "metrics" / "profile.json", {"device": "cpu", "comm": COMM})
-    assert "over the honest counts 8.5% (target 10%): met." in readme(tmp_path, [])
-
 
 def test_an_oversubscribed_measurement_names_its_processes_and_cores():
     from autoshard.pipeline.report import comm_sources

@@ -145,7 +145,7 @@ def user_pool(tmp_path_factory):
 def test_backends_measure_a_column_shard_at_its_width(user_pool):
     from autoshard.measure.analytic import AnalyticBackend, table_perf
     from autoshard.measure.fbgemm import FbgemmBackend
-    from autoshard.measure.timing import TimingConfig
+    from autoshard.measure.timing import one_round
 
     analytic = AnalyticBackend(user_pool)
     half = analytic.measure([0, 1], 64, dims=[32, 16])
@@ -154,7 +154,7 @@ def test_backends_measure_a_column_shard_at_its_width(user_pool):
     assert half.forward_ms < analytic.measure([0, 1], 64).forward_ms
     with pytest.raises(ConfigError, match="shard dims: 128 columns of a table of dim 64"):
         analytic.measure([0], 64, dims=[128])
-    fbgemm = FbgemmBackend(user_pool, torch.device("cpu"), timing=TimingConfig(warmup=0, runs=1))
+    fbgemm = FbgemmBackend(user_pool, torch.device("cpu"), "EXACT_ROWWISE_ADAGRAD", one_round(0, 1), 2**30, 1)
     assert fbgemm.measure([0, 2], 64, dims=[16, 16]).total_ms > 0
 
 
@@ -190,7 +190,7 @@ def test_the_study_measures_column_plans_against_table_plans(user_pool, tmp_path
     assert any(":" in k for k in study.plan_keys(plans["column_greedy"][0], 2))
     assert study.key_shard("0:16-48,3", dims) == ([0, 3], [32, 32])
     backend = Counting(user_pool)
-    timing = TimingConfig(warmup=0, runs=1, rounds=1)
+    timing = TimingConfig(warmup=0, runs=1, rounds=1, drift_limit=0.25, retries=1)
     store = study.columns_store(MeasurementStore(tmp_path, "space"))
     rows = study.plan_rows(backend, f, tasks, plans, 64, store, 0, timing, progress=False)
     assert len(rows) == 6 and (rows["measured_ms"] > 0).all()

@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from study_configs import study
 
 from autoshard.core.errors import ConfigError
 from autoshard.costmodel.model import CostModelConfig
@@ -92,7 +93,7 @@ COMM = StageComm(CommModel({2: {"forward": [1.0, 0.1, 0.05], "backward": [2.0, 0
 class LinearStages:
     """A stage-head 'cost model' whose two heads are the summed encodings: (forward, backward) ms."""
 
-    cfg = CostModelConfig(heads="stages")
+    cfg = study(CostModelConfig, heads="stages")
 
     def head_ms(self, pooled: torch.Tensor) -> torch.Tensor:
         return pooled

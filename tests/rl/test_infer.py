@@ -3,6 +3,7 @@ and local search only improves."""
 
 import numpy as np
 import torch
+from study_configs import study
 
 from autoshard.placement.search import local_search
 from autoshard.placement.shards import memory_ok, predicted_bottleneck
@@ -17,7 +18,7 @@ def test_inference_and_search_respect_memory_and_improve(world):
     sizes = pool.features["size_bytes"].to_numpy()
     tasks = tasks_of(pool, 4, 12, 3)
     torch.manual_seed(0)
-    policy = Policy(PolicyConfig(), model)
+    policy = Policy(study(PolicyConfig), model)
     greedy = policy_plans(policy, model, features, tasks)
     best = policy_plans(policy, model, features, tasks, best_of=8, seed=0)
     refined = policy_plans(policy, model, features, tasks, refine=True)

@@ -7,6 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from study_configs import study
 
 from autoshard.core.errors import ConfigError
 from autoshard.costmodel import model as costmodel
@@ -35,12 +36,12 @@ def pool_features(smoke_params) -> np.ndarray:
 def save_models(root, features: np.ndarray, policy_cfg: PolicyConfig, heads: str = "total", seed: int = 0):
     """A randomly initialised cost model and policy, saved as the study saves them."""
     torch.manual_seed(seed)
-    model = CostModel.fitted_to(CostModelConfig(heads=heads, hidden=32, encoding=16, head_hidden=16), features,
-                                scale=3.0)
+    cfg = study(CostModelConfig, heads=heads, hidden=32, encoding=16, head_hidden=16)
+    model = CostModel.fitted_to(cfg, features, scale=3.0)
     policy = Policy(policy_cfg, model)
     save_model(model, root / "cost_model.pt")
-    save_checkpoint(root / "policy.pt", policy, torch.optim.Adam(policy.parameters()), RLConfig(policy=policy_cfg),
-                    0, torch.Generator(), [])
+    save_checkpoint(root / "policy.pt", policy, torch.optim.Adam(policy.parameters()),
+                    study(RLConfig, policy=policy_cfg), 0, torch.Generator(), [])
     return root / "cost_model.pt", root / "policy.pt"
 
 
@@ -52,10 +53,10 @@ def task_of(features: np.ndarray, tables: int, devices: int, seed: int) -> tuple
     return x, Task(f"t{seed}", "user", "test", tuple(range(tables)), devices, cap, 1.0)
 
 
-VARIANTS = {"lstm": PolicyConfig(hidden=16, lstm_layers=2),
-            "separate encoder": PolicyConfig(hidden=16, lstm_layers=1, state_encoder="separate"),
-            "no lstm": PolicyConfig(hidden=16, use_lstm=False),
-            "no cost features": PolicyConfig(hidden=16, lstm_layers=1, use_cost_features=False)}
+VARIANTS = {"lstm": study(PolicyConfig, hidden=16, lstm_layers=2),
+            "separate encoder": study(PolicyConfig, hidden=16, lstm_layers=1, state_encoder="separate"),
+            "no lstm": study(PolicyConfig, hidden=16, use_lstm=False),
+            "no cost features": study(PolicyConfig, hidden=16, lstm_layers=1, use_cost_features=False)}
 
 
 @torch.no_grad()

@@ -7,6 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from study_configs import study
 
 from autoshard.costmodel.model import CostModel, CostModelConfig
 from autoshard.data.tasks import Task
@@ -19,10 +20,10 @@ from autoshard.rl.ppo import RLConfig, load_checkpoint, load_policy, rollout, tr
 
 from helpers import tasks_of
 
-FAST = RLConfig(iterations=6, tasks_per_batch=8, validate_every=3, checkpoint_every=3, epochs=2, minibatches=2)
+FAST = study(RLConfig, iterations=6, tasks_per_batch=8, validate_every=3, checkpoint_every=3, epochs=2, minibatches=2)
 
 
-@pytest.mark.parametrize("cfg", [PolicyConfig(), PolicyConfig(state_encoder="separate", use_lstm=False)])
+@pytest.mark.parametrize("cfg", [study(PolicyConfig), study(PolicyConfig, state_encoder="separate", use_lstm=False)])
 def test_one_policy_serves_any_size(world, cfg):
     pool, features, model = world
     torch.manual_seed(0)
@@ -38,7 +39,7 @@ def test_an_unrecorded_rollout_places_the_same(world):
     """Inference keeps no per-step tensors (gigabytes at 10,000 tables) and places the same."""
     pool, features, model = world
     torch.manual_seed(0)
-    policy = Policy(PolicyConfig(), model)
+    policy = Policy(study(PolicyConfig), model)
     batch = make_batch(model, features, tasks_of(pool, 3, 30, 4))
     for mode in ("greedy", "sample"):
         full, bare = (rollout(policy, model, batch, mode, generator=torch.Generator().manual_seed(1), record=r)
@@ -92,11 +93,11 @@ def test_short_training_beats_random_placement(tmp_path, world):
                             "forward_ms": [c.forward_ms for c in costs], "backward_ms": [c.backward_ms for c in costs],
                             "total_ms": [c.total_ms for c in costs]})
     data = measured_shards(profile, "analytic").sample(frac=1.0, random_state=0)
-    model = fit(CostModelConfig(max_epochs=150, learning_rate=1e-2), features, np.arange(pool.num_tables),
+    model = fit(study(CostModelConfig, max_epochs=150, learning_rate=1e-2), features, np.arange(pool.num_tables),
                 data.iloc[60:], data.iloc[:60], 0, progress=False).model
     tasks = tasks_of(pool, 24, 10, 4)
-    cfg = RLConfig(iterations=40, tasks_per_batch=16, learning_rate=3e-3, entropy_coef=0.001,
-                   validate_every=100, checkpoint_every=100)
+    cfg = study(RLConfig, iterations=40, tasks_per_batch=16, learning_rate=3e-3, entropy_coef=0.001,
+                validate_every=100, checkpoint_every=100)
     policy, _ = train(model, features, tasks, cfg, 0, tmp_path / "p.pt", progress=False)
     learned = np.mean([predicted_bottleneck(model, features, t, p)
                        for t, p in zip(tasks, policy_plans(policy, model, features, tasks), strict=True)])
@@ -149,7 +150,7 @@ def test_rl_run_key_covers_inputs_and_the_whole_training_path(world):
     pool, features, model = world
     tasks = tasks_of(pool, 4, 8, 2)
     base = run_key(FAST, model, tasks, features, 0)
-    other_model = CostModel.fitted_to(CostModelConfig(), features * 1.01, scale=1.0)
+    other_model = CostModel.fitted_to(study(CostModelConfig), features * 1.01, scale=1.0)
     changed_features = features.copy()
     changed_features[3, 2] += 1
     roomier = [replace(tasks[0], memory_bytes=tasks[0].memory_bytes + 1), *tasks[1:]]
@@ -166,7 +167,7 @@ def test_rl_run_key_covers_inputs_and_the_whole_training_path(world):
 
 def test_a_policy_trained_on_the_synchronized_reward_respects_memory(pool, features, tmp_path):
     torch.manual_seed(0)
-    model = CostModel.fitted_to(CostModelConfig(heads="stages"), features, scale=1.0)
+    model = CostModel.fitted_to(study(CostModelConfig, heads="stages"), features, scale=1.0)
     comm = StageComm(CommModel({}, {"forward": [0.1, 0.01, 0.01, 0.0], "backward": [0.1, 0.01, 0.01, 0.0]}), 256)
     sizes = pool.features["size_bytes"].to_numpy()
     g = np.random.default_rng(0)
@@ -175,8 +176,8 @@ def test_a_policy_trained_on_the_synchronized_reward_respects_memory(pool, featu
         ids = tuple(sorted(g.choice(pool.num_tables, 6, replace=False).tolist()))
         cap = int(1.3 * sizes[list(ids)].sum() / 2 + sizes[list(ids)].max())
         tasks.append(Task(f"s/{k}", "dreamshard", "train", ids, 2, cap, 0.0))
-    cfg = RLConfig(reward="synchronized", iterations=3, tasks_per_batch=4, epochs=1, minibatches=2,
-                   validate_every=3, checkpoint_every=3)
+    cfg = study(RLConfig, reward="synchronized", iterations=3, tasks_per_batch=4, epochs=1, minibatches=2,
+                validate_every=3, checkpoint_every=3)
     policy, history = train(model, features, tasks, cfg, 0, tmp_path / "policy.pt", progress=False, comm=comm)
     assert len(history) == 3 and (history["reward"] < 0).all()
     plans = policy_plans(policy, model, features, tasks)

@@ -4,6 +4,7 @@ on the grown profile, the policy trained on."""
 import numpy as np
 import pandas as pd
 import torch
+from study_configs import study
 
 from autoshard.costmodel.model import CostModel, CostModelConfig
 from autoshard.data.features import feature_matrix
@@ -35,7 +36,7 @@ def test_refresh_round_measures_plans_and_refits(tmp_path, smoke_params):
                  tmp_path / "profile")
     features = feature_matrix(pool.features)
     torch.manual_seed(0)
-    model = CostModel.fitted_to(CostModelConfig(), features)
+    model = CostModel.fitted_to(study(CostModelConfig), features)
     rl = RLStageConfig.from_params(params["rl"])
     train_tasks, _ = split_validation(tasks, rl.validation_tasks)
     policy = Policy(rl.train.policy, model)

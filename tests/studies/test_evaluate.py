@@ -12,6 +12,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from study_configs import study
 
 from autoshard.core.errors import ConfigError
 from autoshard.costmodel.hybrid import HybridConfig, HybridCostModel, with_single_costs
@@ -108,8 +109,8 @@ def world(smoke_params):
     pool = build_pool(smoke_params["dataset"], smoke_params["pool"], seed=0, progress=False)
     features = feature_matrix(pool.features)
     torch.manual_seed(0)
-    model = CostModel.fitted_to(CostModelConfig(), features, scale=1.0)
-    policy = Policy(PolicyConfig(), model)
+    model = CostModel.fitted_to(study(CostModelConfig), features, scale=1.0)
+    policy = Policy(study(PolicyConfig), model)
     return pool, features, model, policy
 
 
@@ -131,7 +132,7 @@ def test_every_method_respects_memory_on_random_tasks(world):
     sizes = pool.features["size_bytes"].to_numpy()
     singles = np.random.default_rng(0).uniform(0.1, 2.0, pool.num_tables)  # stand-ins for measured single costs
     with_singles = with_single_costs(features, pd.Series(singles))
-    hybrid = HybridCostModel.fitted_to(HybridConfig(), with_singles)  # untrained: the sum of single costs
+    hybrid = HybridCostModel.fitted_to(study(HybridConfig), with_singles)  # untrained: the sum of single costs
     comm = CommModel({}, {"forward": [0.1, 0.0, 0.0, 0.1], "backward": [0.1, 0.0, 0.0, 0.1]})
     artifacts = Artifacts(pool_features=pool.features, features=features, cost_model=model, policy=policy,
                           single_costs=singles, hybrid=hybrid, hybrid_features=with_singles,
@@ -251,7 +252,7 @@ def test_config_and_task_selection(smoke_params, world):
     tasks, _, test = make_tasks(pool.features, smoke_params["tasks"], seed=0)
     chosen = held_out_tasks(tasks, cfg)
     ratios = smoke_params["tasks"]["autoshard"]["unseen_ratios"]
-    assert len(chosen) == len(ratios) * cfg.autoshard_per_ratio + cfg.dreamshard_tasks
+    assert len(chosen) == len(ratios) * cfg.autoshard_tasks_per_ratio + cfg.dreamshard_tasks
     assert all(t.split == "test" for t in chosen)
     small = small_tasks(pool.features, test, SmallConfig(5, (4, 6), (2, 3), 1.2), seed=0)
     assert small == small_tasks(pool.features, test, SmallConfig(5, (4, 6), (2, 3), 1.2), seed=0)
@@ -423,8 +424,8 @@ def test_a_batch_records_its_calibration_time_and_the_task_calibrates_on_its_own
         def measure(self, tables, batch_size, dims=None):
             return ShardCost(forward_ms=len(tables) / 2, backward_ms=len(tables) / 2)
 
-    batch = measure_batch(Clock(), [[1], [1, 2]], [0, 1, 2, 3, 4], 8, TimingConfig(warmup=0, runs=1, rounds=2),
-                          np.random.default_rng(0))
+    timing = TimingConfig(warmup=0, runs=1, rounds=2, drift_limit=0.25, retries=1)
+    batch = measure_batch(Clock(), [[1], [1, 2]], [0, 1, 2, 3, 4], 8, timing, np.random.default_rng(0))
     assert batch.calibration_ms == 5.0 and [c[0] + c[1] for c in batch.costs] == [1.0, 2.0]
     task = Task("t", "dreamshard", "test", (9, 3, 12, 1, 7, 20, 15, 2, 30, 4), 2, 1, 1.0)
     assert calibration_shard(task) == (1, 2, 3, 4, 7, 9, 12, 15)

@@ -7,10 +7,12 @@ import pandas as pd
 import pytest
 
 from autoshard.core.metrics import _plain
-from autoshard.core.schema import ComputeOnlyPairs, HeadlineObjective, check
+from autoshard.core.schema import ComputeOnlyPairs, EvaluateMetrics, HeadlineObjective, check
 from autoshard.data.tasks import Task
+from autoshard.studies.endpoints import Endpoint, PrimaryConfig, primary
 from autoshard.studies.evaluate import NoiseTargets
 from autoshard.studies.findings import (
+    direction,
     measurement_quality,
     paired_comparisons,
     paired_frame,
@@ -21,11 +23,11 @@ from autoshard.studies.findings import (
     repeat_summary,
     replicate_summary,
     synchronized_answer,
-    verdict,
 )
 from autoshard.studies.memory import failed_counts
 from autoshard.studies.stats import evaluate_metrics, summary, with_ratios
 
+ENDPOINT = Endpoint("rl_greedy", "cost_greedy", "autoshard", "max_device_ms")
 TARGETS = NoiseTargets(median_cv=0.03, plan_repeat_change=0.01)
 
 
@@ -77,11 +79,12 @@ def test_paired_comparisons_and_the_answer():
     assert set(s) == {"tasks", "median_ratio", "ci_low", "ci_high", "p_value", "identical_share", "mde"}
     assert s["tasks"] == 12 and abs(s["median_ratio"] - 0.8 / 0.9) < 0.01 and s["ci_high"] < 1
     assert "rl_greedy__vs__best_heuristic" in pairs["autoshard"] and "milp__vs__lpt_measured" in pairs["autoshard"]
-    assert verdict(s) == "beats"
+    assert direction(s) == "below 1"
     answer = plain_answer(pairs, {"met": True})
-    assert answer and answer[0].startswith("autoshard, rl_greedy: beats cost_greedy")
+    assert answer and answer[0].startswith("autoshard, rl_greedy: / cost_greedy 0.88")
+    assert "(below 1, 12 tasks)" in answer[0] and not any(w in answer[0] for w in ("beats", "ties", "loses"))
     tied = paired_comparisons(*ratios_frame(rl_factor=0.9), {"autoshard": 0.05}, resamples=200, seed=0)
-    assert verdict(tied["autoshard"]["rl_greedy__vs__cost_greedy"]) == "ties with", "within the noise: a tie"
+    assert direction(tied["autoshard"]["rl_greedy__vs__cost_greedy"]) == "spans 1"
     assert plain_answer(tied, {"met": False})[0].startswith("The measurements under these results are noisier")
     per_task = per_task_ratios(frame, [("rl_greedy", "cost_greedy"), ("rl_greedy", "best_heuristic")])
     assert len(per_task) == 24 and set(per_task["pair"]) == {"rl_greedy / cost_greedy", "rl_greedy / best_heuristic"}
@@ -103,9 +106,13 @@ def test_evaluate_metrics_are_strict_json_with_the_contract_keys():
                                measured, quality, pairs, plain_answer(pairs, quality), milp, 1.0,
                                plans=plans, sizes=np.ones(3), plan_status=status,
                                objective={"autoshard": "max_device", "dreamshard": "synchronized_stages"},
-                               paired_synchronized={"autoshard": {}}, paired_max_device=pairs)
+                               paired_synchronized={"autoshard": {}}, paired_max_device=pairs,
+                               primary=primary(frame.assign(max_device_ms=frame["measured_ms"], **{"pass": "main"}),
+                                               PrimaryConfig(0.05, 0.05, 999, (ENDPOINT,)), 0))
     text = json.dumps(_plain(metrics), allow_nan=False)
     loaded = json.loads(text)
+    assert list(loaded)[0] == "primary" and check(loaded, EvaluateMetrics, "evaluate.json")
+    assert loaded["primary"]["rl_greedy__vs__cost_greedy__autoshard"]["pass"] == "main"
     assert {"failed", "objective", "paired_synchronized", "paired_max_device", "comm_source"} <= set(loaded), \
         "readers rely on these keys"
     assert check(loaded, ComputeOnlyPairs, "evaluate.json")["paired_max_device"] == loaded["paired"]
@@ -118,31 +125,34 @@ def test_evaluate_metrics_are_strict_json_with_the_contract_keys():
         "tasks", "median_ratio", "ci_low", "ci_high", "p_value", "identical_share", "mde"}
 
 
-def test_replicate_summary_spreads_each_method_over_the_replicates():
+def test_replicate_summary_spreads_the_policy_over_greedy_across_replicates():
     frame, _, _ = ratios_frame(rl_factor=0.8)
-    best = frame[frame["method"].isin(["size_greedy", "lookup_greedy"])].groupby("task")["measured_ms"].min()
-    frame["ratio"] = frame["measured_ms"] / frame["task"].map(best)
     again = [frame[frame["method"].isin(["cost_greedy", "rl_greedy"])][["task", "method", "measured_ms"]]
              .assign(measured_ms=lambda f, k=k: f["measured_ms"] * np.where(f["method"] == "rl_greedy", k, 1.0))
              for k in (1.1, 1.2)]
     spread = replicate_summary(frame, again)["autoshard"]
-    rl = spread["rl_greedy"]
-    assert rl["n"] == 3 and rl["values"][1] > rl["values"][0] and rl["std"] > 0
-    assert spread["cost_greedy"]["std"] < 1e-12, "cost_greedy did not change across these replicates"
     vs = spread["rl_greedy__vs__cost_greedy"]
+    assert vs["n"] == 3 and vs["std"] > 0
     assert np.allclose(vs["values"], [0.8 / 0.9 * k for k in (1.0, 1.1, 1.2)], rtol=0.01)
+    assert set(spread) == {"rl_greedy__vs__cost_greedy"}, "no ratio to another pass's best heuristic"
     line = plain_answer({"autoshard": {}}, {"met": True}, replicates={"autoshard": spread})[0]
     assert line.startswith("autoshard, across 3 replicates") and "±" in line
 
 
 def test_replicates_on_a_subset_of_tasks_are_compared_on_that_subset_only():
     frame, _, _ = ratios_frame(rl_factor=0.8)
-    best = frame[frame["method"].isin(["size_greedy", "lookup_greedy"])].groupby("task")["measured_ms"].min()
-    frame["ratio"] = frame["measured_ms"] / frame["task"].map(best)
     first = sorted(frame["task"].unique())[: frame["task"].nunique() // 2]
     again = frame[frame["task"].isin(first) & frame["method"].isin(["cost_greedy", "rl_greedy"])]
     spread = replicate_summary(frame, [again[["task", "method", "measured_ms"]]])["autoshard"]
-    assert spread["rl_greedy"]["std"] < 1e-12, "same plans on the same tasks must give the same median"
+    assert spread["rl_greedy__vs__cost_greedy"]["std"] < 1e-12, "same plans on the same tasks: the same median"
+
+
+def test_a_replicate_whose_plans_mix_two_passes_is_refused():
+    frame, _, _ = ratios_frame(rl_factor=0.8)
+    again = frame[frame["method"].isin(["cost_greedy", "rl_greedy"])][["task", "method", "measured_ms"]].copy()
+    again["pass"] = np.where(again["method"] == "rl_greedy", "replicate-1", "main")
+    with pytest.raises(ValueError, match="different passes"):
+        replicate_summary(frame, [again])
 
 
 def test_a_machine_that_slowed_down_between_passes_is_divided_out():
@@ -169,8 +179,8 @@ def test_paired_max_device_compares_every_protocol_on_its_compute_bottleneck():
     compute = paired_max_device(both, plans, all_names, noise, 200, 0)
     assert compute["autoshard"] == headline["autoshard"], "the same comparisons where the headline is max_device"
     s = compute["dreamshard"]["rl_greedy__vs__cost_greedy"]
-    assert verdict(s) == "beats" and abs(s["median_ratio"] - 0.8 / 0.9) < 0.01
-    assert verdict(headline["dreamshard"]["rl_greedy__vs__cost_greedy"]) == "loses to"
+    assert direction(s) == "below 1" and abs(s["median_ratio"] - 0.8 / 0.9) < 0.01
+    assert direction(headline["dreamshard"]["rl_greedy__vs__cost_greedy"]) == "above 1"
 
 
 def test_a_method_planned_for_one_protocol_only_is_compared_there_and_absent_elsewhere():
@@ -221,7 +231,7 @@ def test_the_synchronized_answer_sets_rl_sync_greedy_against_the_sync_baselines_
     assert "rl_sync_greedy__vs__sync_greedy" in pairs["dreamshard"]
     lines = synchronized_answer(pairs, {"met": False})
     assert lines and all(line.startswith("dreamshard (synchronized stages), ") for line in lines)
-    assert "rl_sync_greedy: beats sync_greedy" in lines[0], lines
+    assert "rl_sync_greedy: / sync_greedy 0.84" in lines[0] and "(below 1," in lines[0], lines
 
 
 def test_repeat_summary_sees_a_flattered_best_heuristic():

@@ -24,6 +24,7 @@ from autoshard.studies.measured import MeasuredComm, bottlenecks, device_widths,
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMING = CommTiming(rounds=2, warmup=1, runs=2)
+ONE_ROUND = TimingConfig(warmup=1, runs=2, rounds=1, drift_limit=0.25, retries=1)
 
 
 def placements_comm(*args, **kwargs) -> dict[str, list[tuple[float, float]]]:
@@ -102,7 +103,7 @@ def test_score_uses_measured_comm_for_the_protocols_asked_and_sums_stage_maxima(
     tasks, plans = _plans()
     backend = AnalyticBackend(pool)
     cfg = BackendConfig(backend="analytic", device="cpu", optimizer="EXACT_SGD", batch_size=64, threads=1,
-                        timing=TimingConfig(rounds=1), memory_limit_bytes=2**30)
+                        timing=ONE_ROUND, memory_limit_bytes=2**30)
     store = MeasurementStore(tmp_path, "space")
     asked = MeasuredComm(timing=TIMING, device_counts=(2,), protocols=("dreamshard",))
     devices = score(backend, pool.features, tasks, plans, cfg, store, 0, progress=False, measured_comm=asked)
@@ -131,7 +132,7 @@ def test_a_measurement_with_more_ranks_than_cores_is_labelled_oversubscribed(tmp
     monkeypatch.setattr(measured, "honest_limit", lambda device: asks.append(device) or 1)  # 2 ranks on 1 core
     tasks, plans = _plans()
     cfg = BackendConfig(backend="analytic", device="cpu", optimizer="EXACT_SGD", batch_size=64, threads=1,
-                        timing=TimingConfig(rounds=1), memory_limit_bytes=2**30)
+                        timing=ONE_ROUND, memory_limit_bytes=2**30)
     asked = MeasuredComm(timing=TIMING, device_counts=(2,), protocols=("dreamshard",))
     devices = score(AnalyticBackend(pool), pool.features, tasks, plans, cfg, MeasurementStore(tmp_path, "space"), 0,
                     progress=False, measured_comm=asked)

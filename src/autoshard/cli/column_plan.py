@@ -17,7 +17,6 @@ from autoshard.data.tasks import Task
 from autoshard.methods.registry import GREEDY
 from autoshard.placement.columns import ColumnShard, SplitPlan, check_split, shard_features, shard_sizes
 
-DEFAULT_WAYS = "1,2,4"
 CANDIDATES = 16  # tables tried for a split, largest predicted cost first
 
 

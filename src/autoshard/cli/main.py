@@ -21,14 +21,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from autoshard.cli.defaults import study_defaults, timed_runs
 from autoshard.cli.output import Interrupted, check_outputs, interruptible, write_files
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import check_arguments, shown
+from autoshard.measure.names import BACKENDS
 from autoshard.methods.registry import GREEDY, POLICY, SAMPLED, ids
 
-BACKENDS = ("fbgemm", "torch", "analytic")
 METHODS = ids("command")  # what the command offers
-DEFAULT_BEST_OF = 16  # rl_best_of_n's N, as the study's rl.best_of
 
 
 class UsageError(ConfigError):
@@ -46,7 +46,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tables", required=True, type=Path,
                    help="CSV or YAML (name, rows, dim, pooling_factor[, zipf_alpha][, reuse_bin_0..16]) "
                         "or a pool folder")
-    p.add_argument("--weight-bytes", type=int, default=4, choices=(2, 4), help="bytes per weight (4: fp32, 2: fp16)")
+    p.add_argument("--weight-bytes", type=int, default=study_defaults()["pool.weight_bytes"], choices=(2, 4),
+                   help="bytes per weight (4: fp32, 2: fp16; default pool.weight_bytes)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
@@ -61,9 +62,13 @@ def _task_args(p: argparse.ArgumentParser) -> None:
 
 
 def _measure_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default="fbgemm", choices=BACKENDS, help="how device shards are measured")
-    p.add_argument("--batch-size", type=int, default=2048, help="bags per table per measurement")
-    p.add_argument("--runs", type=int, default=5, help="timed runs per shard (median)")
+    study = study_defaults()
+    p.add_argument("--backend", default=study["profile.backend"], choices=BACKENDS,
+                   help="how device shards are measured (default profile.backend)")
+    p.add_argument("--batch-size", type=int, default=study["profile.batch_size"],
+                   help="bags per table per measurement (default profile.batch_size)")
+    p.add_argument("--runs", type=int, default=timed_runs(),
+                   help="timed runs per shard, their median (default evaluate.timing's runs x rounds)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -76,13 +81,14 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("--method", default=None, help=f"one of {', '.join(METHODS)} (default {POLICY}; "
                                                      f"{GREEDY} with --sharding column)")
     plan.add_argument("--best-of", type=int, default=None,
-                      help="rl_best_of_n: the best of N sampled placements by predicted bottleneck (default 16)")
+                      help="rl_best_of_n: the best of N sampled placements by predicted bottleneck "
+                           "(default rl.best_of)")
     plan.add_argument("--sharding", default="table", choices=("table", "column"),
                       help="table: every table whole on one device; column: tables may be split into column "
                            "shards, chosen with the placement (split-then-place on the cost model)")
     plan.add_argument("--column-ways", default=None,
                       help="with --sharding column: the numbers of column shards a table may be split into "
-                           "(default 1,2,4; each shard a multiple of 4 columns)")
+                           "(default columns.ways; each shard a multiple of 4 columns)")
     plan.add_argument("--split", action="append", metavar="NAME=K",
                       help="with --sharding column: split table NAME into K column shards (repeatable)")
     plan.add_argument("--out", required=True, type=Path, help="plan file to write (JSON)")
@@ -102,7 +108,8 @@ def parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="every method on the same tables")
     _common(compare)
     _task_args(compare)
-    compare.add_argument("--best-of", type=int, default=DEFAULT_BEST_OF, help=f"N for the {SAMPLED} row")
+    compare.add_argument("--best-of", type=int, default=study_defaults()["rl.best_of"],
+                         help=f"N for the {SAMPLED} row (default rl.best_of)")
     compare.add_argument("--measure", action="store_true", help="also measure every plan")
     _measure_args(compare)
     worker = sub.add_parser("measure", help="measure the shards of a job file (see autoshard.measure.worker), "
@@ -162,7 +169,7 @@ def _check_plan_options(args: argparse.Namespace) -> None:
     if args.method != SAMPLED and args.best_of is not None:
         raise ConfigError(f"--best-of: only --method rl_best_of_n uses it (not --method {args.method})")
     if args.best_of is None:
-        args.best_of = DEFAULT_BEST_OF
+        args.best_of = study_defaults()["rl.best_of"]
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -215,7 +222,7 @@ def _plan_columns(args: argparse.Namespace, tables, task, folder: Path) -> int:
     from autoshard.cli import column_plan
     from autoshard.cli import service as planning
 
-    ways = column_plan.parse_ways(args.column_ways or column_plan.DEFAULT_WAYS)
+    ways = column_plan.parse_ways(args.column_ways or ",".join(map(str, study_defaults()["columns.ways"])))
     fixed = column_plan.parse_splits(args.split, tables)
     models = planning.load_models(GREEDY, args.policy, args.cost_model, need_torch=True, folder=folder)
     start = time.perf_counter()
@@ -243,16 +250,18 @@ def _plain(value):
 
 def _backend_config(tables, args: argparse.Namespace):
     from autoshard.measure.backends import BackendConfig
-    from autoshard.measure.timing import TimingConfig
+    from autoshard.measure.timing import one_round
 
     if args.batch_size < 1 or args.batch_size > tables.traces.batch_size:
         raise ConfigError(f"--batch-size: {args.batch_size} (between 1 and the traces' "
                           f"{tables.traces.batch_size} bags)")
     if args.runs < 1:
         raise ConfigError(f"--runs: {args.runs} (must be at least 1)")
-    timing = TimingConfig(warmup=1, runs=args.runs, rounds=1, retries=0)
-    return BackendConfig(backend=args.backend, device="cpu", optimizer="EXACT_ROWWISE_ADAGRAD",
-                         batch_size=args.batch_size, threads=1, timing=timing, memory_limit_bytes=64 * 2**30)
+    study = study_defaults()
+    timing = one_round(study["evaluate.timing.warmup"], args.runs)
+    return BackendConfig(backend=args.backend, device="cpu", optimizer=study["profile.optimizer"],
+                         batch_size=args.batch_size, threads=study["profile.threads"], timing=timing,
+                         memory_limit_bytes=64 * 2**30)
 
 
 def _backend(tables, args: argparse.Namespace):

@@ -190,6 +190,8 @@ def place(method: str, tables: UserTables, task: Task, models: Models, best_of: 
     if method in built.left_out:
         raise ConfigError(f"--method {method}: {built.left_out[method]} (load_models gives them)")
     try:
+        if models.cost_model is None:  # heuristics, TorchRec and the NumPy export: no torch model to pin
+            return built.planners[method](task)
         with one_thread():  # the same plan whatever torch's thread count
             return built.planners[method](task)
     except ConfigError as exc:

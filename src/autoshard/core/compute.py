@@ -11,12 +11,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from multiprocessing import get_context
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from tqdm.auto import tqdm
 
 from autoshard.core.errors import ConfigError, invalid
-from autoshard.core.params import Fields
+from autoshard.core.params import Section, bounded, choice
 
 ENGINES = ("local", "ray")
 J = TypeVar("J")
@@ -32,31 +32,25 @@ class Engine(Protocol):
 
 
 @dataclass(frozen=True)
-class ComputeConfig:
+class ComputeConfig(Section):
     """The `compute` section: the engine, the local engine's processes (a local Ray instance's
     CPUs), the Ray cluster's address (null: start a local instance), GPUs per Ray job, and how
-    many measuring jobs run at a time (1 by default: measurements running side by side on a
+    many measuring jobs run at a time (1 in params.yaml: measurements running side by side on a
     small machine contend for its cores and caches and time each other)."""
 
-    engine: str
+    section = "compute"
+    engine: str = choice(ENGINES)
     workers: int
     address: str | None
-    gpus_per_job: float
-    measure_workers: int = 1
+    gpus_per_job: float = bounded(lo=0)
+    measure_workers: int
 
-    @classmethod
-    def from_params(cls, values: Any) -> "ComputeConfig":
-        f = Fields("compute", values)
-        cfg = cls(engine=f.text("engine", ENGINES), workers=f.integer("workers"),
-                  address=f.optional_text("address"), gpus_per_job=f.number("gpus_per_job", lo=0),
-                  measure_workers=f.integer("measure_workers"))
-        f.done()
-        if cfg.engine == "local" and cfg.address is not None:
-            raise invalid("compute.address", cfg.address, "a cluster address needs compute.engine: ray")
-        if cfg.engine == "local" and cfg.gpus_per_job:
-            raise invalid("compute.gpus_per_job", cfg.gpus_per_job,
+    def __post_init__(self):
+        if self.engine == "local" and self.address is not None:
+            raise invalid("compute.address", self.address, "a cluster address needs compute.engine: ray")
+        if self.engine == "local" and self.gpus_per_job:
+            raise invalid("compute.gpus_per_job", self.gpus_per_job,
                           "GPUs are requested per job only with compute.engine: ray")
-        return cfg
 
 
 def _shown(results: Iterable[R], total: int, progress: str | None) -> Iterator[R]:

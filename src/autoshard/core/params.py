@@ -1,13 +1,21 @@
-"""Read and check parameters: every bad value is reported with its full name and the value."""
+"""Read and check parameters: every bad value is reported with its full name and the value.
 
+A config is a dataclass read by `parse`: each field is the parameter of its name, its type says
+how the value is checked, and `bounded`, `choice` and `inline` add what the type cannot say.
+"""
+
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, ClassVar, Self, TypeVar, get_args, get_origin, get_type_hints
 
 from autoshard.core.errors import ConfigError, invalid
 
 _MISSING = object()
+_CHECKS = "autoshard.params"  # the key of a field's checks in its dataclass metadata
+C = TypeVar("C")
 
 
 def load_params(path: str | Path = "params.yaml") -> dict[str, Any]:
@@ -65,6 +73,10 @@ class Fields:
     def sub(self, key: str) -> "Fields":
         return Fields(self.name(key), self._raw(key, _MISSING))
 
+    def config(self, key: str, cls: type[C], **given: Any) -> C:
+        """The config `cls` from the sub-section `key` (see `parse`)."""
+        return parse(cls, self.name(key), self._raw(key, _MISSING), **given)
+
     def integer(self, key: str, lo: int | None = 1, hi: int | None = None,
                 default: Any = _MISSING) -> int:
         value = self._raw(key, default)
@@ -96,14 +108,15 @@ class Fields:
             raise invalid(self.name(key), value, "expected true or false")
         return value
 
-    def integers(self, key: str, lo: int | None = 1, default: Any = _MISSING) -> list[int]:
+    def integers(self, key: str, lo: int | None = 1, hi: int | None = None,
+                 default: Any = _MISSING) -> list[int]:
         values = self._list(key, default)
-        return [_check_int(f"{self.name(key)}[{i}]", v, lo, None) for i, v in enumerate(values)]
+        return [_check_int(f"{self.name(key)}[{i}]", v, lo, hi) for i, v in enumerate(values)]
 
     def numbers(self, key: str, lo: float | None = None, hi: float | None = None,
-                default: Any = _MISSING) -> list[float]:
+                lo_open: bool = False, default: Any = _MISSING) -> list[float]:
         values = self._list(key, default)
-        return [_check_number(f"{self.name(key)}[{i}]", v, lo, hi, False)
+        return [_check_number(f"{self.name(key)}[{i}]", v, lo, hi, lo_open)
                 for i, v in enumerate(values)]
 
     def names(self, key: str, choices: Sequence[str], default: Any = _MISSING) -> list[str]:
@@ -152,6 +165,100 @@ def _check_number(name: str, value: Any, lo: float | None, hi: float | None,
     if hi is not None and value > hi:
         raise invalid(name, value, f"must be at most {hi}")
     return float(value)
+
+
+def bounded(lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> Any:
+    """A config field whose number (or each number of its tuple) lies in [lo, hi], (lo, hi] with
+    `lo_open`. An integer without a `lo` must be at least 1."""
+    limits = {"lo": lo, "hi": hi, "lo_open": lo_open}
+    return dataclasses.field(metadata={_CHECKS: {k: v for k, v in limits.items() if v is not None}})
+
+
+def choice(options: Sequence[str]) -> Any:
+    """A config field whose string (or each string of its tuple, named once) is one of `options`."""
+    return dataclasses.field(metadata={_CHECKS: {"choices": tuple(options)}})
+
+
+def inline() -> Any:
+    """A config field of a nested config read from its parent's own section, not a sub-section."""
+    return dataclasses.field(metadata={_CHECKS: {"inline": True}})
+
+
+class Section:
+    """A config that is a whole section of the parameters, named by its `section`."""
+
+    section: ClassVar[str]
+
+    @classmethod
+    def from_params(cls, values: Any) -> Self:
+        """The config from its section's values (see `parse`)."""
+        return parse(cls, cls.section, values)
+
+
+def parse(cls: type[C], section: str, values: Any, **given: Any) -> C:
+    """The config `cls` from the parameter section named `section`; unknown keys are errors.
+
+    Every field is the parameter of its name, except those `given` (the caller's, from other
+    sections or derived) and those with a default (not parameters). By type: bool, int (at least
+    1 unless `bounded`), float, str, `tuple[T, ...]` (a non-empty list), `tuple[T, T]` (a [low,
+    high] range), `T | None` (null or absent: None) and a nested config (the sub-section of its
+    name, or this section with `inline`).
+
+    >>> @dataclasses.dataclass
+    ... class Pool:
+    ...     num_tables: int
+    ...     share: float = bounded(lo=0, hi=1)
+    >>> parse(Pool, "pool", {"num_tables": 8, "share": 0.5})
+    Pool(num_tables=8, share=0.5)
+    """
+    f = Fields(section, values)
+    cfg = read(cls, f, **given)
+    f.done()
+    return cfg
+
+
+def read(cls: type[C], f: Fields, **given: Any) -> C:
+    """`parse` from the section `f`, leaving its other keys to the caller (no `f.done()`)."""
+    types = get_type_hints(cls)
+    values = dict(given)
+    for field in dataclasses.fields(cls):
+        has_default = field.default is not dataclasses.MISSING or field.default_factory is not dataclasses.MISSING
+        if field.init and field.name not in given and not has_default:
+            values[field.name] = _value(f, field.name, types[field.name], field.metadata.get(_CHECKS, {}))
+    return cls(**values)
+
+
+def _value(f: Fields, key: str, kind: Any, checks: dict) -> Any:
+    """The value of `key` in `f` as a field of type `kind` with `checks` reads it."""
+    lo, hi, lo_open, choices = checks.get("lo"), checks.get("hi"), checks.get("lo_open", False), checks.get("choices")
+    args = get_args(kind)
+    if dataclasses.is_dataclass(kind):
+        return read(kind, f) if checks.get("inline") else f.config(key, kind)
+    if isinstance(kind, UnionType) and type(None) in args:
+        (inner,) = (a for a in args if a is not type(None))
+        if inner is str:
+            return f.optional_text(key)
+        return None if f._raw(key, None) is None else _value(f, key, inner, checks)
+    if kind is bool:
+        return f.boolean(key)
+    if kind is int:
+        return f.integer(key, lo=checks.get("lo", 1), hi=hi)
+    if kind is float:
+        return f.number(key, lo=lo, hi=hi, lo_open=lo_open)
+    if kind is str:
+        return f.text(key, choices)
+    if get_origin(kind) is tuple and (args[0] in (int, float) or args[0] is str and choices):
+        if args[0] is str:
+            items = f.names(key, choices)
+        elif args[0] is int:
+            items = f.integers(key, lo=checks.get("lo", 1), hi=hi)
+        else:
+            items = f.numbers(key, lo=lo, hi=hi, lo_open=lo_open)
+        if args[1:] != (Ellipsis,) and (len(items) != 2 or items[0] > items[1]):
+            low = f"{lo:g} <= low" if lo is not None else "low"
+            raise invalid(f.name(key), items, f"expected [low, high] with {low} <= high")
+        return tuple(items)
+    raise TypeError(f"{f.name(key)}: `parse` reads no {kind}")
 
 
 def flatten(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

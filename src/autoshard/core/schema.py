@@ -76,6 +76,60 @@ class ComputeOnlyPairs(TypedDict):
     paired_max_device: dict[str, dict[str, PairedComparison]]
 
 
+class PrimaryEndpoint(TypedDict):
+    """One `primary.<endpoint>` entry of reports/metrics/evaluate.json (`studies.endpoints.primary`):
+    a pre-registered comparison's verdict (better | worse | equivalent | inconclusive), median ratio
+    with its BCa interval, the Holm-adjusted p of the verdict's claim, the smallest effect of
+    interest, the tasks and the one pass both arms were measured in."""
+
+    method: str
+    reference: str
+    protocol: str
+    cost: str
+    verdict: str
+    median_ratio: Number
+    ci_low: Number
+    ci_high: Number
+    p_holm: Number
+    p_claims: dict[str, Number]
+    sesoi: float
+    alpha: float
+    tasks: int
+    identical_share: Number
+    per_task: dict[str, float]
+    # `pass` (the one pass both arms came from; null when none) is not a Python name: read as a key
+
+
+class MeasurementQuality(TypedDict):
+    """The entry `noise` of reports/metrics/evaluate.json (`studies.findings.measurement_quality`)."""
+
+    median_cv: Number
+    round_drift: Number
+    remeasured_share: float
+    plan_repeat_change: Number
+    plan_repeat_change_calibrated: Number
+    noise_sd: dict[str, Number]
+    targets: dict[str, float]
+    met: bool
+
+
+class EvaluateMetrics(StageTime, HeadlineObjective, ComputeOnlyPairs):
+    """reports/metrics/evaluate.json. Built by `studies.stats.evaluate_metrics`: the primary
+    endpoints first, the measurement quality, the exploratory paired blocks (headline objective,
+    synchronized stages, compute only), the exploratory summary lines, the replicates' spread,
+    the per-method results and targets."""
+
+    primary: dict[str, PrimaryEndpoint]
+    noise: MeasurementQuality
+    paired: dict[str, dict[str, PairedComparison]]
+    paired_synchronized: dict[str, dict[str, PairedComparison]]
+    answer: list[str]
+    replicates: dict[str, dict[str, dict[str, Any]]]
+    results: dict[str, dict[str, dict[str, Any]]]
+    targets: list[dict[str, Any]]
+    failed: dict[str, Any]
+
+
 class CommMetrics(TypedDict):
     """The comm model fitted on measured all-to-alls (`measure.commmodel.profile_comm`): the
     placements measured per device count, the held-out MAPE (a share) pooled, per count and over
@@ -104,6 +158,7 @@ class CommMetrics(TypedDict):
     rounds: NotRequired[int]  # interleaved rounds per placement (`profile.comm.rounds`)
     mape_floor: NotRequired[Number]
     mape_floor_honest: NotRequired[Number]
+    mape_noise_free_honest: NotRequired[Number | None]  # what a noise-free model would score (`noise_free_comm_mape`)
 
 
 class ProtocolScores(TypedDict):

@@ -7,7 +7,7 @@ numbers of another (the pool, the other tasks).
 
 import zlib
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import numpy as np
 
@@ -21,14 +21,19 @@ def rng(seed: int, *keys: str | int) -> np.random.Generator:
 
 
 @contextmanager
-def one_thread() -> Iterator[None]:
-    """Run torch on one thread: multi-threaded CPU reductions change the order of float sums,
-    so training with a fixed seed would not give the same weights twice."""
+def threads(count: int) -> Iterator[None]:
+    """Run torch on `count` threads, and restore the caller's setting after."""
     import torch
 
     before = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(count)
     try:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def one_thread() -> AbstractContextManager[None]:
+    """Run torch on one thread: multi-threaded CPU reductions change the order of float sums,
+    so training with a fixed seed would not give the same weights twice."""
+    return threads(1)

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from autoshard.core.errors import ConfigError
-from autoshard.core.params import Fields
+from autoshard.core.params import bounded
 from autoshard.costmodel.model import (
     SINGLE_COST_COLUMN,
     PooledCostNetwork,
@@ -50,24 +50,15 @@ class HybridConfig:
     switch and target). `encoding` counts the single-cost channel too, so that a policy sized
     by `cfg.encoding` sees the encodings' real width."""
 
-    hidden: int = 64
-    encoding: int = 17
-    head_hidden: int = 32
-    learning_rate: float = 3e-3
-    weight_decay: float = 1e-4
-    batch_size: int = 64
-    max_epochs: int = 300
-    patience: int = 60
-    heuristic_weight: float = 3.0
-
-    @classmethod
-    def from_fields(cls, f: Fields) -> "HybridConfig":
-        return cls(hidden=f.integer("hidden"),
-                   encoding=f.integer("encoding", lo=2), head_hidden=f.integer("head_hidden"),
-                   learning_rate=f.number("learning_rate", lo=0, lo_open=True),
-                   weight_decay=f.number("weight_decay", lo=0), batch_size=f.integer("batch_size"),
-                   max_epochs=f.integer("max_epochs"), patience=f.integer("patience"),
-                   heuristic_weight=f.number("heuristic_weight", lo=0, lo_open=True))
+    hidden: int
+    encoding: int = bounded(lo=2)
+    head_hidden: int
+    learning_rate: float = bounded(lo=0, lo_open=True)
+    weight_decay: float = bounded(lo=0)
+    batch_size: int
+    max_epochs: int
+    patience: int
+    heuristic_weight: float = bounded(lo=0, lo_open=True)
 
 
 @dataclass(frozen=True)
@@ -77,15 +68,9 @@ class ActiveConfig:
 
     rounds: int            # choose, measure, refit
     shards_per_round: int  # per arm and round
-    ensemble: int          # bootstrap hybrids whose spread is the uncertainty
-    candidates: int        # unmeasured shards to choose from
+    ensemble: int = bounded(lo=2)    # bootstrap hybrids whose spread is the uncertainty
+    candidates: int = bounded(lo=3)  # unmeasured shards to choose from
     seeds: int             # fits of each arm's hybrid for the comparison
-
-    @classmethod
-    def from_fields(cls, f: Fields) -> "ActiveConfig":
-        return cls(rounds=f.integer("rounds"), shards_per_round=f.integer("shards_per_round"),
-                   ensemble=f.integer("ensemble", lo=2), candidates=f.integer("candidates", lo=3),
-                   seeds=f.integer("seeds"))
 
 
 def with_single_costs(features: np.ndarray, single_ms: pd.Series) -> np.ndarray:

@@ -20,7 +20,7 @@ from torch import nn
 from autoshard.core.checkpoints import load_tagged, save_tagged
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import check_state
-from autoshard.core.params import Fields
+from autoshard.core.params import bounded, choice
 from autoshard.data.features import FEATURE_COLUMNS, LOG_COLUMNS
 from autoshard.data.features import check_features as check_feature_array
 
@@ -34,25 +34,16 @@ LOSSES = ("mse", "log_mse")
 class CostModelConfig:
     """The network and its training (the `cost_model` section, less the study's own keys)."""
 
-    heads: str = "total"
-    loss: str = "log_mse"
-    hidden: int = 128
-    encoding: int = 32
-    head_hidden: int = 64
-    learning_rate: float = 3e-3
-    weight_decay: float = 1e-4
-    batch_size: int = 64
-    max_epochs: int = 800
-    patience: int = 100
-
-    @classmethod
-    def from_fields(cls, f: Fields) -> "CostModelConfig":
-        return cls(heads=f.text("heads", tuple(HEADS)), loss=f.text("loss", LOSSES),
-                   hidden=f.integer("hidden"), encoding=f.integer("encoding"),
-                   head_hidden=f.integer("head_hidden"),
-                   learning_rate=f.number("learning_rate", lo=0, lo_open=True),
-                   weight_decay=f.number("weight_decay", lo=0), batch_size=f.integer("batch_size"),
-                   max_epochs=f.integer("max_epochs"), patience=f.integer("patience"))
+    heads: str = choice(HEADS)
+    loss: str = choice(LOSSES)
+    hidden: int
+    encoding: int
+    head_hidden: int
+    learning_rate: float = bounded(lo=0, lo_open=True)
+    weight_decay: float = bounded(lo=0)
+    batch_size: int
+    max_epochs: int
+    patience: int
 
 
 def transform(x: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from autoshard.core.params import Fields
+from autoshard.core.params import Fields, Section, bounded, inline, read
 from autoshard.core.seeding import one_thread
 from autoshard.costmodel.dataset import SEEN_MULTI, UNSEEN_MULTI, with_costs
 from autoshard.costmodel.hybrid import ActiveConfig, HybridConfig, HybridCostModel
@@ -15,44 +15,38 @@ from autoshard.costmodel.model import HEADS, CostModel, CostModelConfig, check_f
 
 
 @dataclass(frozen=True)
-class CostStageConfig:
+class CostStageConfig(Section):
     """The `cost_model` section: the network, the data split, the study's extras, the
     neural model's MAPE targets per test set (`mape_targets.seen` / `.unseen`), and the hybrid
     model (None when `hybrid.enabled` is false) with its MAPE target on both test sets, and the
     active selection of more shards for it (`active`, None when off)."""
 
-    model: CostModelConfig
-    val_share: float
-    test_share: float
-    learning_curve: tuple[float, ...]
+    section = "cost_model"
+    model: CostModelConfig = inline()
+    val_share: float = bounded(lo=0, hi=0.5, lo_open=True)
+    test_share: float = bounded(lo=0, hi=0.5, lo_open=True)
+    learning_curve: tuple[float, ...] = bounded(lo=0.01, hi=1.0)
     compare_stage_heads: bool
     mape_targets: dict[str, float]
     hybrid: HybridConfig | None
     hybrid_mape_target: float
-    active: ActiveConfig | None = None  # None: `active.enabled` false, or no hybrid
+    active: ActiveConfig | None  # None: `active.enabled` false, or no hybrid
 
     @classmethod
     def from_params(cls, values: dict) -> "CostStageConfig":
-        f = Fields("cost_model", values)
+        """`parse`, with the MAPE targets by test set, and the hybrid and its active selection
+        read from their sections less their switches (`enabled`) and the hybrid's target."""
+        f = Fields(cls.section, values)
         t = f.sub("mape_targets")
         targets = {SEEN_MULTI: t.number("seen", lo=0, lo_open=True),
                    UNSEEN_MULTI: t.number("unseen", lo=0, lo_open=True)}
-        t.done()
-        h = f.sub("hybrid")
+        h, a = f.sub("hybrid"), f.sub("active")
         enabled, hybrid_target = h.boolean("enabled"), h.number("mape_target", lo=0, lo_open=True)
-        hybrid = HybridConfig.from_fields(h)
-        h.done()
-        a = f.sub("active")
-        active_on, active = a.boolean("enabled"), ActiveConfig.from_fields(a)
-        a.done()
-        cfg = cls(model=CostModelConfig.from_fields(f), mape_targets=targets,
-                  hybrid=hybrid if enabled else None, hybrid_mape_target=hybrid_target,
-                  active=active if enabled and active_on else None,
-                  val_share=f.number("val_share", lo=0, hi=0.5, lo_open=True),
-                  test_share=f.number("test_share", lo=0, hi=0.5, lo_open=True),
-                  learning_curve=tuple(f.numbers("learning_curve", lo=0.01, hi=1.0)),
-                  compare_stage_heads=f.boolean("compare_stage_heads"))
-        f.done()
+        hybrid, active_on, active = read(HybridConfig, h), a.boolean("enabled"), read(ActiveConfig, a)
+        cfg = read(cls, f, mape_targets=targets, hybrid=hybrid if enabled else None,
+                   hybrid_mape_target=hybrid_target, active=active if enabled and active_on else None)
+        for section in (t, h, a, f):
+            section.done()
         return cfg
 
 

@@ -10,7 +10,7 @@ import pandas as pd
 from autoshard.core.atomic import atomic_dir
 from autoshard.core.digest import table_digests, value_digest
 from autoshard.core.errors import ConfigError, invalid
-from autoshard.core.params import Fields
+from autoshard.core.params import Section, choice
 from autoshard.core.seeding import rng
 from autoshard.data.features import table_features
 from autoshard.data.synth import PoolConfig, synthesize
@@ -47,18 +47,12 @@ class Pool:
 
 
 @dataclass(frozen=True)
-class DatasetConfig:
+class DatasetConfig(Section):
     """The `dataset` section: where the pool comes from."""
 
-    source: str
+    section = "dataset"
+    source: str = choice(SOURCES)
     path: str
-
-    @classmethod
-    def from_params(cls, values: dict) -> "DatasetConfig":
-        f = Fields("dataset", values)
-        cfg = cls(source=f.text("source", SOURCES), path=f.text("path"))
-        f.done()
-        return cfg
 
 
 def build_pool(dataset: dict, pool: dict, seed: int, progress: bool = True) -> Pool:

@@ -11,67 +11,45 @@ from dataclasses import dataclass
 import numpy as np
 
 from autoshard.core.errors import invalid
-from autoshard.core.params import Fields
+from autoshard.core.params import Section, bounded
 from autoshard.core.seeding import rng
 from autoshard.data.traces import Traces, from_lengths
 
 
 @dataclass(frozen=True)
-class PoolConfig:
+class PoolConfig(Section):
     """The `pool` section of params.yaml."""
 
+    section = "pool"
     num_tables: int
     batch_size: int
     dims: tuple[int, ...]
     weight_bytes: int
     rows_median: int
-    rows_sigma: float
+    rows_sigma: float = bounded(lo=0)
     rows_min: int
-    rows_max: int
-    pooling_factor_mean: float
-    pooling_factor_sigma: float
-    pooling_factor_max: float
-    bag_dispersion: float
-    uniform_share: float
-    uniform_alpha_max: float
-    zipf_alpha_min: float
-    zipf_alpha_max: float
+    rows_max: int = bounded(hi=2**31 - 1)
+    pooling_factor_mean: float = bounded(lo=0, lo_open=True)
+    pooling_factor_sigma: float = bounded(lo=0)
+    pooling_factor_max: float = bounded(lo=0, lo_open=True)
+    bag_dispersion: float = bounded(lo=0, lo_open=True)
+    uniform_share: float = bounded(lo=0, hi=1)
+    uniform_alpha_max: float = bounded(lo=0)
+    zipf_alpha_min: float = bounded(lo=0)
+    zipf_alpha_max: float = bounded(lo=0)
 
-    @classmethod
-    def from_params(cls, values: dict) -> "PoolConfig":
-        f = Fields("pool", values)
-        dims = f.integers("dims")
-        for i, d in enumerate(dims):
+    def __post_init__(self):
+        for i, d in enumerate(self.dims):
             if d % 4:
                 raise invalid(f"pool.dims[{i}]", d, "not a multiple of 4, which the TBE kernel needs")
-        cfg = cls(
-            num_tables=f.integer("num_tables"),
-            batch_size=f.integer("batch_size"),
-            dims=tuple(dims),
-            weight_bytes=f.integer("weight_bytes"),
-            rows_median=f.integer("rows_median"),
-            rows_sigma=f.number("rows_sigma", lo=0),
-            rows_min=f.integer("rows_min"),
-            rows_max=f.integer("rows_max", hi=2**31 - 1),
-            pooling_factor_mean=f.number("pooling_factor_mean", lo=0, lo_open=True),
-            pooling_factor_sigma=f.number("pooling_factor_sigma", lo=0),
-            pooling_factor_max=f.number("pooling_factor_max", lo=0, lo_open=True),
-            bag_dispersion=f.number("bag_dispersion", lo=0, lo_open=True),
-            uniform_share=f.number("uniform_share", lo=0, hi=1),
-            uniform_alpha_max=f.number("uniform_alpha_max", lo=0),
-            zipf_alpha_min=f.number("zipf_alpha_min", lo=0),
-            zipf_alpha_max=f.number("zipf_alpha_max", lo=0),
-        )
-        f.done()
-        if cfg.rows_min > cfg.rows_max:
-            raise invalid("pool.rows_min", cfg.rows_min, f"above pool.rows_max = {cfg.rows_max}")
-        if cfg.zipf_alpha_min > cfg.zipf_alpha_max:
-            raise invalid("pool.zipf_alpha_min", cfg.zipf_alpha_min,
-                          f"above pool.zipf_alpha_max = {cfg.zipf_alpha_max}")
-        if cfg.pooling_factor_mean > cfg.pooling_factor_max:
-            raise invalid("pool.pooling_factor_mean", cfg.pooling_factor_mean,
-                          f"above pool.pooling_factor_max = {cfg.pooling_factor_max}")
-        return cfg
+        if self.rows_min > self.rows_max:
+            raise invalid("pool.rows_min", self.rows_min, f"above pool.rows_max = {self.rows_max}")
+        if self.zipf_alpha_min > self.zipf_alpha_max:
+            raise invalid("pool.zipf_alpha_min", self.zipf_alpha_min,
+                          f"above pool.zipf_alpha_max = {self.zipf_alpha_max}")
+        if self.pooling_factor_mean > self.pooling_factor_max:
+            raise invalid("pool.pooling_factor_mean", self.pooling_factor_mean,
+                          f"above pool.pooling_factor_max = {self.pooling_factor_max}")
 
 
 @dataclass

@@ -24,7 +24,7 @@ import pandas as pd
 
 from autoshard.core.atomic import atomic_file
 from autoshard.core.errors import ConfigError, invalid
-from autoshard.core.params import Fields
+from autoshard.core.params import Fields, Section, bounded, choice, read
 from autoshard.core.seeding import rng
 from autoshard.data.packing import first_fit_decreasing, memory_bounds
 
@@ -49,13 +49,15 @@ class Task:
 
 @dataclass(frozen=True)
 class ProtocolConfig:
+    """One protocol's task shape and counts (`tasks.autoshard`, `tasks.dreamshard`)."""
+
     name: str
     tables: int
     devices: int
     memory_bytes: int
-    train_tasks: int
-    test_tasks: int
-    unseen_ratios: tuple[float, ...]
+    train_tasks: int = bounded(lo=0)
+    test_tasks: int = bounded(lo=0)
+    unseen_ratios: tuple[float, ...] = bounded(lo=0, hi=1)
 
 
 @dataclass(frozen=True)
@@ -64,45 +66,38 @@ class TightConfig:
 
     tables: int
     devices: int
-    cap_slack: tuple[float, float]
-    base: str
-    test_tasks: int
+    cap_slack: tuple[float, float] = bounded(lo=1.0)
+    base: str = choice(PROTOCOLS)
+    test_tasks: int = bounded(lo=0)
 
 
 @dataclass(frozen=True)
-class TaskConfig:
+class TaskConfig(Section):
     """The `tasks` section of params.yaml."""
 
-    train_share: float
+    section = "tasks"
+    train_share: float = bounded(lo=0, hi=1, lo_open=True)
     max_draws: int
     protocols: tuple[ProtocolConfig, ...]
     tight: TightConfig
 
     @classmethod
     def from_params(cls, values: dict) -> "TaskConfig":
-        f = Fields("tasks", values)
-        train_share = f.number("train_share", lo=0, hi=1, lo_open=True)
-        max_draws = f.integer("max_draws")
-        protocols = []
-        for name in PROTOCOLS:
-            p = f.sub(name)
-            ratios = tuple(p.numbers("unseen_ratios", lo=0, hi=1)) if name == "autoshard" else (1.0,)
-            protocols.append(ProtocolConfig(
-                name=name, tables=p.integer("tables"), devices=p.integer("devices"),
-                memory_bytes=int(p.number("memory_per_device_gib", lo=0, lo_open=True) * GIB),
-                train_tasks=p.integer("train_tasks", lo=0), test_tasks=p.integer("test_tasks", lo=0),
-                unseen_ratios=ratios))
-            p.done()
-        t = f.sub("tight")
-        slack = t.numbers("cap_slack", lo=1.0)
-        if len(slack) != 2 or slack[0] > slack[1]:
-            raise invalid(t.name("cap_slack"), slack, "expected [low, high] with 1 <= low <= high")
-        tight = TightConfig(tables=t.integer("tables"), devices=t.integer("devices"),
-                            cap_slack=(slack[0], slack[1]), base=t.text("base", PROTOCOLS),
-                            test_tasks=t.integer("test_tasks", lo=0))
-        t.done()
+        """`parse`, with one protocol per name of PROTOCOLS from its sub-section."""
+        f = Fields(cls.section, values)
+        cfg = read(cls, f, protocols=tuple(_protocol(f.sub(name), name) for name in PROTOCOLS))
         f.done()
-        return cls(train_share=train_share, max_draws=max_draws, protocols=tuple(protocols), tight=tight)
+        return cfg
+
+
+def _protocol(f: Fields, name: str) -> ProtocolConfig:
+    """A protocol's sub-section: its cap in GiB, and unseen ratios for AutoShard's only
+    (DreamShard's test tasks are all of unseen tables)."""
+    memory_bytes = int(f.number("memory_per_device_gib", lo=0, lo_open=True) * GIB)
+    ratios = {} if name == "autoshard" else {"unseen_ratios": (1.0,)}
+    cfg = read(ProtocolConfig, f, name=name, memory_bytes=memory_bytes, **ratios)
+    f.done()
+    return cfg
 
 
 def split_pool(num_tables: int, train_share: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -9,43 +9,37 @@ import torch
 
 from autoshard.core.digest import machine, source_digest, value_digest
 from autoshard.core.errors import invalid
+from autoshard.core.params import Fields, choice, read
 from autoshard.measure.analytic import AnalyticBackend
 from autoshard.measure.base import CostBackend
 from autoshard.measure.fbgemm import OPTIMIZERS, FbgemmBackend
+from autoshard.measure.names import BACKENDS, DEVICES
 from autoshard.measure.timing import TimingConfig
 from autoshard.measure.torch_bag import TorchBackend
 
 if TYPE_CHECKING:  # only a type here: the portable worker (no pandas) imports this module
-    from autoshard.core.params import Fields
     from autoshard.data.pool import Pool
-
-BACKENDS = ("fbgemm", "torch", "analytic")
-DEVICES = ("auto", "cpu", "cuda")
 
 
 @dataclass(frozen=True)
 class BackendConfig:
     """How shards are measured: backend, device, batch, threads and the timing protocol."""
 
-    backend: str
+    backend: str = choice(BACKENDS)
     device: str
-    optimizer: str
+    optimizer: str = choice(OPTIMIZERS)
     batch_size: int
     threads: int
     timing: TimingConfig
     memory_limit_bytes: int
 
     @classmethod
-    def from_fields(cls, f: Fields) -> BackendConfig:
-        return cls(
-            backend=f.text("backend", BACKENDS),
-            device=resolve_device(f.text("device", DEVICES), f.name("device")),
-            optimizer=f.text("optimizer", OPTIMIZERS),
-            batch_size=f.integer("batch_size"),
-            threads=f.integer("threads"),
-            timing=TimingConfig(warmup=f.integer("warmup", lo=0), runs=f.integer("runs")),
-            memory_limit_bytes=int(f.number("memory_limit_gib", lo=0, lo_open=True) * 2**30),
-        )
+    def from_fields(cls, f: Fields, timing: TimingConfig) -> BackendConfig:
+        """The backend settings of a section (`profile`, a job's `backend`) with `timing`: its
+        `device` resolved here, its memory limit given in GiB."""
+        device = resolve_device(f.text("device", DEVICES), f.name("device"))
+        memory_limit_bytes = int(f.number("memory_limit_gib", lo=0, lo_open=True) * 2**30)
+        return read(cls, f, device=device, timing=timing, memory_limit_bytes=memory_limit_bytes)
 
 
 # what a stored measurement depends on: the backends and what they import, and the interleaved
@@ -74,9 +68,9 @@ def make_backend(pool: Pool, cfg: BackendConfig) -> CostBackend:
     """The backend named by `cfg.backend`, on `cfg.device`."""
     device = torch.device(cfg.device)
     if cfg.backend == "fbgemm":
-        return FbgemmBackend(pool, device, cfg.optimizer, cfg.timing, cfg.memory_limit_bytes)
+        return FbgemmBackend(pool, device, cfg.optimizer, cfg.timing, cfg.memory_limit_bytes, cfg.threads)
     if cfg.backend == "torch":
-        return TorchBackend(pool, device, cfg.timing, cfg.memory_limit_bytes)
+        return TorchBackend(pool, device, cfg.timing, cfg.memory_limit_bytes, cfg.threads)
     if cfg.backend == "analytic":
         return AnalyticBackend(pool, cfg.device)
     raise invalid("profile.backend", cfg.backend, f"expected one of {', '.join(BACKENDS)}")

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from autoshard.core.atomic import atomic_dir
 from autoshard.core.compute import Engine
 from autoshard.core.errors import ConfigError
-from autoshard.core.params import Fields
+from autoshard.core.params import Fields, Section, bounded, read
 from autoshard.core.seeding import rng
 from autoshard.data.pool import Pool
 from autoshard.data.tasks import Task, shards
@@ -51,11 +51,12 @@ class Job:
 
 
 @dataclass(frozen=True)
-class ProfileConfig:
+class ProfileConfig(Section):
     """The `profile` section: the backend, its timing protocol (`warmup` and `runs` per
     round, `rounds` interleaved rounds per chunk, `drift_limit` and `retries`), what to collect and the
     protocol check (the evidence for that timing protocol)."""
 
+    section = "profile"
     backend: BackendConfig
     random_shards: int
     heuristic_tasks: int
@@ -65,7 +66,7 @@ class ProfileConfig:
     repeat_rounds: int
     chunk_size: int
     torch_shards: int       # cross-check: shards measured by both fbgemm and torch
-    bench: "BenchConfig"    # cross-check against FBGEMM's harness
+    bench: BenchConfig      # cross-check against FBGEMM's harness
     comm_processes: int     # torchrun processes for the all-to-all check (1: analytic only)
     comm_tasks: int         # DreamShard train tasks whose plan's four stages are shown
     comm_device_counts: tuple[int, ...]  # device counts whose all-to-alls the comm model is fitted on
@@ -73,36 +74,31 @@ class ProfileConfig:
     comm_rounds: int        # interleaved rounds each placement is measured in (median over them)
     comm_heldout_share: float  # of those, held out to score the fitted comm model
     comm_mape_target: float  # the comm model's goal: held-out MAPE
-    cv_target: float        # repeatability goal: median coefficient of variation across rounds
+    cv_target: float = bounded(lo=0, lo_open=True)  # repeatability goal: median CV across rounds
     remeasure: bool         # measure the train-pool shards again in an independent pass (a replicate's data)
     protocol_check: ProtocolCheck  # the timing protocols compared on a few shards (measure/protocols.py)
-    measurements_space: str | None = None  # read shards from this imported space (measured elsewhere), measure none
+    measurements_space: str | None  # read shards from this imported space (measured elsewhere), measure none
 
     @classmethod
     def from_params(cls, values: dict) -> "ProfileConfig":
-        f = Fields("profile", values)
-        backend = BackendConfig.from_fields(f)
-        backend = replace(backend, timing=TimingConfig(
-            warmup=backend.timing.warmup, runs=backend.timing.runs, rounds=f.integer("rounds"),
-            drift_limit=f.number("drift_limit", lo=0, lo_open=True), retries=f.integer("retries", lo=0)))
-        c = f.sub("collect")
-        x, m = f.sub("crosscheck"), f.sub("comm")
-        cfg = cls(backend=backend, torch_shards=x.integer("torch_shards", lo=0),
-                  bench=BenchConfig.from_params(x.sub("bench").values),
-                  comm_processes=m.integer("processes"), comm_tasks=m.integer("tasks", lo=0),
-                  comm_device_counts=tuple(m.integers("device_counts", lo=2)),
-                  comm_placements=m.integer("placements", lo=2), comm_rounds=m.integer("rounds"),
-                  comm_heldout_share=m.number("heldout_share", lo=0, hi=1, lo_open=True),
-                  comm_mape_target=m.number("mape_target", lo=0, lo_open=True),
-                  random_shards=c.integer("random_shards", lo=0),
-                  heuristic_tasks=c.integer("heuristic_tasks", lo=0),
-                  test_random_shards=c.integer("test_random_shards", lo=0),
-                  test_heuristic_tasks=c.integer("test_heuristic_tasks", lo=0),
-                  repeat_shards=c.integer("repeat_shards", lo=0),
-                  repeat_rounds=c.integer("repeat_rounds", lo=0), chunk_size=c.integer("chunk_size"),
-                  cv_target=f.number("cv_target", lo=0, lo_open=True), remeasure=c.boolean("remeasure"),
-                  protocol_check=ProtocolCheck.from_fields(f.sub("protocol_check")),
-                  measurements_space=f.optional_text("measurements_space"))
+        """`parse`, with the backend and its timing from the profile's own keys, and the keys of
+        the `collect`, `crosscheck` and `comm` sub-sections as fields (`comm.tasks`: `comm_tasks`)."""
+        f = Fields(cls.section, values)
+        c, x, m = f.sub("collect"), f.sub("crosscheck"), f.sub("comm")
+        cfg = read(cls, f, backend=BackendConfig.from_fields(f, read(TimingConfig, f)),
+                   torch_shards=x.integer("torch_shards", lo=0), bench=x.config("bench", BenchConfig),
+                   comm_processes=m.integer("processes"), comm_tasks=m.integer("tasks", lo=0),
+                   comm_device_counts=tuple(m.integers("device_counts", lo=2)),
+                   comm_placements=m.integer("placements", lo=2), comm_rounds=m.integer("rounds"),
+                   comm_heldout_share=m.number("heldout_share", lo=0, hi=1, lo_open=True),
+                   comm_mape_target=m.number("mape_target", lo=0, lo_open=True),
+                   random_shards=c.integer("random_shards", lo=0),
+                   heuristic_tasks=c.integer("heuristic_tasks", lo=0),
+                   test_random_shards=c.integer("test_random_shards", lo=0),
+                   test_heuristic_tasks=c.integer("test_heuristic_tasks", lo=0),
+                   repeat_shards=c.integer("repeat_shards", lo=0),
+                   repeat_rounds=c.integer("repeat_rounds", lo=0), chunk_size=c.integer("chunk_size"),
+                   remeasure=c.boolean("remeasure"))
         for section in (c, x, m, f):
             section.done()
         return cfg
@@ -112,7 +108,7 @@ class ProfileConfig:
         """One pass with as many timed runs as a shard gets over all its rounds: for the
         cross-checks, which time an operator once rather than in interleaved rounds."""
         t = self.backend.timing
-        return TimingConfig(warmup=t.warmup, runs=t.runs * t.rounds, flush_mb=t.flush_mb)
+        return replace(t, runs=t.runs * t.rounds, rounds=1, retries=0)
 
 
 def plan_jobs(pool: Pool, tasks: list[Task], train_tables: np.ndarray, cfg: ProfileConfig,

@@ -30,7 +30,7 @@ import torch
 from autoshard.core.errors import ConfigError
 from autoshard.measure.analytic import table_perf
 from autoshard.measure.base import ShardCost
-from autoshard.measure.timing import DEFAULT_TIMING, TimingConfig
+from autoshard.measure.timing import TimingConfig
 
 STAGES = ["forward_compute_ms", "forward_comm_ms", "backward_comm_ms", "backward_compute_ms"]
 
@@ -72,15 +72,14 @@ def honest_limit(device: str = "cpu") -> int:
     return cpus if quota is None else min(cpus, quota)
 
 
-def measure_comm(dims_per_device: Sequence[Sequence[int]], batch_size: int, device: str = "cpu",
-                 timing: TimingConfig = DEFAULT_TIMING, timeout_s: float = 600) -> list[tuple[float, float]]:
+def measure_comm(dims_per_device: Sequence[Sequence[int]], batch_size: int, device: str, timing: TimingConfig,
+                 timeout_s: float = 600) -> list[tuple[float, float]]:
     """(forward, backward) all-to-all ms per device, measured across D torchrun processes."""
     widths = [int(sum(d)) for d in dims_per_device]
     return measure_comm_many([widths], batch_size, device, timing, timeout_s)[0]
 
 
-def measure_comm_many(placements: Sequence[Sequence[int]], batch_size: int, device: str = "cpu",
-                      timing: TimingConfig = DEFAULT_TIMING,
+def measure_comm_many(placements: Sequence[Sequence[int]], batch_size: int, device: str, timing: TimingConfig,
                       timeout_s: float = 600) -> list[list[tuple[float, float]]]:
     """(forward, backward) all-to-all ms per device of many placements, given as the summed
     embedding width of every device, all with the same device count D: one torchrun launch of
@@ -189,7 +188,7 @@ if __name__ == "__main__":
 
 
 def plan_stages(backend, features: pd.DataFrame, shards: Sequence[Sequence[int]], batch_size: int,
-                measure: bool, timing: TimingConfig = DEFAULT_TIMING) -> pd.DataFrame:
+                measure: bool, timing: TimingConfig) -> pd.DataFrame:
     """Four stages per device of a placement given as pool table ids per device.
 
     Compute comes from `backend`; communication is measured across one process per device

@@ -23,11 +23,12 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from autoshard.core.digest import key, machine, source_digest
+from autoshard.core.params import bounded
 from autoshard.core.seeding import rng
 from autoshard.measure.comm import measure_comm_many
 from autoshard.measure.interleaved import round_cv
 from autoshard.measure.store import MeasurementStore
-from autoshard.measure.timing import TimingConfig
+from autoshard.measure.timing import one_round
 
 MEASURING_CODE = ("autoshard.measure.comm", "autoshard.measure.comm_store")
 SECONDS_PER_PLACEMENT_ROUND = 2.0  # the launch's timeout: a guard only (~0.1 s each on 2 CPU cores)
@@ -40,7 +41,7 @@ class CommTiming:
     timed all-to-alls per placement and round, `rounds` interleaved rounds in one launch."""
 
     rounds: int
-    warmup: int
+    warmup: int = bounded(lo=0)
     runs: int
 
 
@@ -92,7 +93,7 @@ def measure_rounds(placements: Sequence[Sequence[int]], batch_size: int, device:
     rounds (`forward_ms`, `backward_ms`) and every round's values (`rounds`)."""
     sequence = [int(i) for _ in range(timing.rounds) for i in order.permutation(len(placements))]
     measured = measure_comm_many([placements[i] for i in sequence], batch_size, device,
-                                 TimingConfig(warmup=timing.warmup, runs=timing.runs),
+                                 one_round(timing.warmup, timing.runs),
                                  timeout_s=60 + SECONDS_PER_PLACEMENT_ROUND * len(sequence))
     per: dict[int, list] = {i: [] for i in range(len(placements))}
     for i, values in zip(sequence, measured, strict=True):

@@ -15,7 +15,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from autoshard.core.params import Fields
+from autoshard.core.params import bounded
 from autoshard.data.pool import Pool
 from autoshard.data.tasks import Task, shards
 from autoshard.measure.backends import BackendConfig
@@ -33,17 +33,8 @@ class BenchConfig:
     rows: int
     dim: int
     pooling: int
-    alpha: float
+    alpha: float = bounded(lo=0)
     batch_size: int
-
-    @classmethod
-    def from_params(cls, values: dict) -> "BenchConfig":
-        f = Fields("profile.crosscheck.bench", values)
-        cfg = cls(tables=f.integer("tables"), rows=f.integer("rows"), dim=f.integer("dim"),
-                  pooling=f.integer("pooling"), alpha=f.number("alpha", lo=0),
-                  batch_size=f.integer("batch_size"))
-        f.done()
-        return cfg
 
 
 def compare_backends(a: CostBackend, b: CostBackend, shards: Sequence[Sequence[int]],

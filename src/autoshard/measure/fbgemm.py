@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from autoshard.core.errors import ConfigError
+from autoshard.core.seeding import threads as pinned
 from autoshard.measure.base import ShardCost, ShardTooLarge, shard_bytes, shard_dims, shard_inputs, table_shapes
-from autoshard.measure.timing import DEFAULT_TIMING, TimingConfig, time_steps
+from autoshard.measure.timing import TimingConfig, time_steps
 
 if TYPE_CHECKING:  # only a type here: the portable worker (no pandas) imports this module
     from autoshard.data.pool import Pool
@@ -26,8 +27,8 @@ OPTIMIZERS = ("EXACT_ROWWISE_ADAGRAD", "EXACT_SGD", "EXACT_ADAGRAD")
 class FbgemmBackend:
     name = "fbgemm"
 
-    def __init__(self, pool: Pool, device: torch.device, optimizer: str = "EXACT_ROWWISE_ADAGRAD",
-                 timing: TimingConfig = DEFAULT_TIMING, memory_limit_bytes: int = 8 * 2**30):
+    def __init__(self, pool: Pool, device: torch.device, optimizer: str, timing: TimingConfig,
+                 memory_limit_bytes: int, threads: int):
         from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
         if optimizer not in OPTIMIZERS:
@@ -39,6 +40,7 @@ class FbgemmBackend:
         self.optimizer = getattr(EmbOptimType, optimizer)
         self.timing = timing
         self.memory_limit_bytes = memory_limit_bytes
+        self.threads = threads  # every measurement runs on these, whatever the caller set (the store's key says them)
         self.weight_bytes = 2 if device.type == "cuda" else 4
 
     def _operator(self, rows: list[int], dims: list[int]):
@@ -67,11 +69,12 @@ class FbgemmBackend:
             raise ShardTooLarge(f"shard of {len(rows)} tables needs more than "
                                 f"{self.memory_limit_bytes / 2**30:.1f} GiB")
         try:
-            op = self._operator(rows, dims)
-            indices, offsets = indices.to(self.torch_device), offsets.to(self.torch_device)
-            grad = output_grad(batch_size, sum(dims), self.torch_device)
-            return time_steps(lambda: op(indices, offsets), lambda out: out.backward(grad),
-                              self.timing, self.torch_device)
+            with pinned(self.threads):
+                op = self._operator(rows, dims)
+                indices, offsets = indices.to(self.torch_device), offsets.to(self.torch_device)
+                grad = output_grad(batch_size, sum(dims), self.torch_device)
+                return time_steps(lambda: op(indices, offsets), lambda out: out.backward(grad),
+                                  self.timing, self.torch_device)
         except (torch.OutOfMemoryError, MemoryError) as exc:
             raise ShardTooLarge(str(exc).splitlines()[0]) from None
 

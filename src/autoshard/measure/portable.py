@@ -102,6 +102,15 @@ class TracePool:
         return len(self.tables)
 
 
+def parse_backend(f: Fields) -> BackendConfig:
+    """The job's `backend` section: the settings, each shard timed in one round of its `warmup`
+    and `runs` (`ProfileConfig.check_timing`)."""
+    from autoshard.measure.backends import BackendConfig
+    from autoshard.measure.timing import one_round
+
+    return BackendConfig.from_fields(f, one_round(f.integer("warmup", lo=0), f.integer("runs")))
+
+
 def parse_shards(f: Fields) -> tuple[tuple[int, ...], ...]:
     """The job's `shards`: non-empty lists of table ids (errors name the shard)."""
     shards = f.entries("shards")
@@ -144,8 +153,6 @@ def parse_traces(f: Fields) -> TraceSource:
 
 def parse_job(doc: object) -> PortableJob:
     """A job document for this worker: it needs the `traces` section (its `pool` is not read)."""
-    from autoshard.measure.backends import BackendConfig
-
     f = Fields("job", doc)
     if f.text("format") != JOBS_FORMAT:
         raise ConfigError(f"job.format: {shown(f.values['format'])} (expected {JOBS_FORMAT})")
@@ -155,7 +162,7 @@ def parse_job(doc: object) -> PortableJob:
     traces = parse_traces(f.sub("traces"))
     if "pool" in f.values:
         f.sub("pool")  # the full worker's source of the pool: not needed here
-    backend = BackendConfig.from_fields(f.sub("backend"))
+    backend = parse_backend(f.sub("backend"))
     if backend.backend not in PORTABLE_BACKENDS:
         raise ConfigError(f"job.backend.backend: {shown(backend.backend)} (the portable worker measures with "
                           f"{' or '.join(PORTABLE_BACKENDS)})")

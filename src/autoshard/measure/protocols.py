@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from autoshard.core.params import Fields
+from autoshard.core.params import bounded
 from autoshard.core.schema import ProtocolScores
 from autoshard.core.seeding import rng
 from autoshard.measure.base import CostBackend, ShardTooLarge
@@ -34,14 +34,8 @@ class ProtocolCheck:
     """The `profile.protocol_check` section: how many shards (0: no check) and how many
     independent passes of each protocol (at least 2, to compare passes)."""
 
-    shards: int
-    passes: int
-
-    @classmethod
-    def from_fields(cls, f: Fields) -> "ProtocolCheck":
-        cfg = cls(shards=f.integer("shards", lo=0), passes=f.integer("passes", lo=2))
-        f.done()
-        return cfg
+    shards: int = bounded(lo=0)
+    passes: int = bounded(lo=2)
 
 
 def measure_sequential(backend: CostBackend, shards: Sequence[Sequence[int]], batch_size: int,

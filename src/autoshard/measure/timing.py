@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from autoshard.core.params import bounded
 from autoshard.measure.base import ShardCost
 
 
@@ -21,15 +22,18 @@ class TimingConfig:
     measured again when its rounds drift past `drift_limit` (`interleaved.round_drift`), at
     most `retries` times."""
 
-    warmup: int = 1
-    runs: int = 2
-    flush_mb: int = 128  # CUDA only: bytes written between runs to evict the L2 cache
-    rounds: int = 3
-    drift_limit: float = 0.25
-    retries: int = 1
+    warmup: int = bounded(lo=0)
+    runs: int
+    rounds: int
+    drift_limit: float = bounded(lo=0, lo_open=True)
+    retries: int = bounded(lo=0)
+    flush_mb: int = 128  # CUDA only: bytes written between runs to evict the L2 cache (not a parameter)
 
 
-DEFAULT_TIMING = TimingConfig()
+def one_round(warmup: int, runs: int) -> TimingConfig:
+    """A plain measurement: `warmup` untimed runs, then `runs` timed ones, in a single round that
+    is never measured again (so its `drift_limit` is never consulted)."""
+    return TimingConfig(warmup=warmup, runs=runs, rounds=1, drift_limit=1.0, retries=0)
 
 
 def _summary(values: list[float]) -> tuple[float, float]:

@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from autoshard.core.seeding import threads as pinned
 from autoshard.measure.base import ShardCost, ShardTooLarge, shard_bytes, shard_dims, shard_inputs, table_shapes
 from autoshard.measure.fbgemm import output_grad
-from autoshard.measure.timing import DEFAULT_TIMING, TimingConfig, time_steps
+from autoshard.measure.timing import TimingConfig, time_steps
 
 if TYPE_CHECKING:  # only a type here: the portable worker (no pandas) imports this module
     from autoshard.data.pool import Pool
@@ -23,13 +24,14 @@ if TYPE_CHECKING:  # only a type here: the portable worker (no pandas) imports t
 class TorchBackend:
     name = "torch"
 
-    def __init__(self, pool: Pool, device: torch.device, timing: TimingConfig = DEFAULT_TIMING,
-                 memory_limit_bytes: int = 8 * 2**30):
+    def __init__(self, pool: Pool, device: torch.device, timing: TimingConfig, memory_limit_bytes: int,
+                 threads: int):
         self.pool = pool
         self.torch_device = device
         self.device = device.type
         self.timing = timing
         self.memory_limit_bytes = memory_limit_bytes
+        self.threads = threads  # every measurement runs on these, whatever the caller set (the store's key says them)
 
     def measure(self, tables: Sequence[int], batch_size: int, dims: Sequence[int] | None = None) -> ShardCost:
         """A shard's forward and backward; `dims` measures column shards (see `base.CostBackend`)."""
@@ -40,7 +42,8 @@ class TorchBackend:
             raise ShardTooLarge(f"shard of {len(rows)} tables needs more than "
                                 f"{self.memory_limit_bytes / 2**30:.1f} GiB")
         try:
-            return self._time(rows, dims, indices, offsets, batch_size)
+            with pinned(self.threads):
+                return self._time(rows, dims, indices, offsets, batch_size)
         except (torch.OutOfMemoryError, MemoryError) as exc:
             raise ShardTooLarge(str(exc).splitlines()[0]) from None
 

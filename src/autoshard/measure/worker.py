@@ -39,7 +39,14 @@ from autoshard.core.params import Fields
 from autoshard.data.pool import Pool, build_pool, load_pool
 from autoshard.measure.backends import BACKENDS, BackendConfig
 from autoshard.measure.base import CostBackend, check_batch, check_shard
-from autoshard.measure.portable import JOBS_FORMAT, ROWS_FORMAT, parse_shards, shard_rows, worker_backend
+from autoshard.measure.portable import (
+    JOBS_FORMAT,
+    ROWS_FORMAT,
+    parse_backend,
+    parse_shards,
+    shard_rows,
+    worker_backend,
+)
 from autoshard.measure.store import from_worker_rows, settings, settings_key
 
 OLD_ROWS_FORMAT = "autoshard-measure-rows/1"  # rows without their space: not importable
@@ -71,7 +78,7 @@ def parse_job(doc: object) -> MeasureJob:
         pool = {"dataset": dict(source.sub("dataset").values), "pool": dict(source.sub("pool").values),
                 "seed": source.integer("seed", lo=0)}
     source.done()
-    backend = BackendConfig.from_fields(f.sub("backend"))
+    backend = parse_backend(f.sub("backend"))
     shards = parse_shards(f)
     if "traces" in f.values:
         f.sub("traces")  # the portable worker's source of the traces (`measure.portable`): not needed here

@@ -13,7 +13,6 @@ import platform
 import sys
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import yaml
 
@@ -27,6 +26,7 @@ from autoshard.core.schema import (
     CommMetrics,
     ComputeOnlyPairs,
     CostModelMetrics,
+    EvaluateMetrics,
     HeadlineObjective,
     StageTime,
     TransferMetrics,
@@ -34,7 +34,7 @@ from autoshard.core.schema import (
     read_checked,
 )
 from autoshard.methods.registry import BEST_HEURISTIC, GREEDY, METHODS, POLICY, ids
-from autoshard.studies.findings import SYNC_POLICY_METHODS, SYNC_REFERENCES, sync_policy_protocols, verdict
+from autoshard.studies.findings import SYNC_POLICY_METHODS, SYNC_REFERENCES, direction, sync_policy_protocols
 
 
 def notebook_stages(dvc_file: str | Path) -> list[tuple[str, str]]:
@@ -380,38 +380,26 @@ REGIMES = (("compute only", "paired_max_device", ("autoshard", "dreamshard")),
            ("tight memory", "paired", ("tight",)))
 
 
-def compute_only(evaluate: dict) -> dict[str, dict | None]:
+def compute_only(evaluate: dict) -> dict[str, dict]:
     """Protocol -> its paired comparisons on the slowest device's compute: `paired_max_device`
-    (checked, `ComputeOnlyPairs`). A run that predates it gives `paired` where that ranks by
-    max_device (the same numbers) and None where it does not (no compute-only comparison)."""
-    if "paired_max_device" in evaluate:
-        return check(evaluate, ComputeOnlyPairs, "evaluate.json")["paired_max_device"]
-    ranked_by = objectives(evaluate)
-    return {protocol: entries if ranked_by.get(protocol, "max_device") == "max_device" else None
-            for protocol, entries in evaluate.get("paired", {}).items()}
+    (checked, `ComputeOnlyPairs`)."""
+    return check(evaluate, ComputeOnlyPairs, "evaluate.json")["paired_max_device"]
 
 
 def regime_table(evaluate: dict, method: str | tuple[str, ...] = POLICY,
                  references: tuple[str, ...] = (*ids("reference"), BEST_HEURISTIC),
                  regimes: tuple[tuple[str, str, tuple[str, ...]], ...] = REGIMES) -> str:
-    """Markdown: where does the RL sharder win? Per regime and protocol, `method`'s paired median
-    ratio [95% CI] against each reference with the plain answer's verdict (`findings.verdict`);
-    several methods get a row each (a `method` column). The compute-only regime reads
-    `paired_max_device` (see `compute_only`), whatever objective ranks the protocol's headline; an
-    older run without it says so in a protocol's row rather than show another cost's numbers
-    under a compute-only label."""
+    """Markdown, exploratory: per regime and protocol, `method`'s paired median ratio [unadjusted
+    95% CI] against each reference and where the interval lies (`findings.direction`); several
+    methods get a row each (a `method` column). The compute-only regime reads `paired_max_device`
+    (see `compute_only`), whatever objective ranks the protocol's headline."""
     methods = (method,) if isinstance(method, str) else method
-    ranked_by = objectives(evaluate)
     rows = []
     for regime, key, protocols in regimes:
         block = compute_only(evaluate) if key == "paired_max_device" else evaluate.get(key, {})
         for protocol, name in ((p, m) for p in protocols for m in methods):
             entries = block.get(protocol)
             row = {"regime": regime, "protocol": protocol, **({"method": name} if len(methods) > 1 else {})}
-            if protocol in block and entries is None:
-                rows.append(row | dict.fromkeys(references, f"n/a: ranked by {ranked_by[protocol]}; this run "
-                                                            "recorded no paired_max_device"))
-                continue
             if not entries or not any(pair.startswith(f"{name}__") for pair in entries):
                 continue
             for reference in references:
@@ -419,7 +407,7 @@ def regime_table(evaluate: dict, method: str | tuple[str, ...] = POLICY,
                 if not s or s["median_ratio"] is None:
                     row[reference] = "n/a"
                     continue
-                row[reference] = f"{s['median_ratio']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}] {verdict(s)}"
+                row[reference] = f"{s['median_ratio']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}] {direction(s)}"
             rows.append(row)
     return pd.DataFrame(rows).to_markdown(index=False) if rows else "(no paired comparisons)"
 
@@ -466,37 +454,17 @@ def comm_sources(evaluate: dict, profile: dict | None = None) -> str:
                      for source, protocols in by_source.items()) or "the all-to-all (source not recorded)"
 
 
-def median_variance(rounds: int) -> float:
-    """Variance of the median of `rounds` independent standard normal values (1 for one round,
-    1/2 for two, about 0.449 for three): a numerical constant, from 200,000 draws of a fixed
-    generator."""
-    draws = np.random.default_rng(0).standard_normal((200_000, int(rounds)))
-    return float(np.median(draws, axis=1).var())
-
-
-def noise_free_comm_mape(floor: float, rounds: int) -> float:
-    """What a noise-free model would score against the median of `rounds` rounds, from the
-    floor `floor` (one round against the median of the other rounds), if rounds are independently
-    and normally noisy: the floor's error has variance 1 + median_variance(rounds - 1) rounds'
-    worth, the target's own median_variance(rounds)."""
-    return floor * math.sqrt(median_variance(rounds) / (1 + median_variance(rounds - 1)))
-
-
 def comm_model_lines(profile: dict) -> list[str]:
     """Markdown lines on the comm model (`profile.json` `comm`): which device counts were measured
     honestly (one process per core or GPU) and why, the held-out MAPE target's verdict on them,
     each oversubscribed count's MAPE labelled so, and the pooled and across-count figures. Beside
-    the honest verdict the measurement floor, where recorded. Metrics that predate the honest
-    counts get the pooled verdict, said to be pooled."""
+    the honest verdict the measurement floor, where recorded."""
     comm = profile["comm"]
     by_world, target = comm["mape_heldout_by_world"], comm["mape_target"]
     met = "met" if comm["mape_target_met"] else "**not met**"
     counts = ", ".join(map(str, comm["device_counts"]))
     lines = [f"{comm['placements']} random placements per device count ({counts}), their forward and backward "
              f"all-to-all measured with one torchrun process per device; {comm['heldout_share']:.0%} held out."]
-    if "honest_limit" not in comm:
-        return [*lines, "", f"Held-out MAPE pooled over all counts {percent(comm['mape_heldout'])} "
-                            f"(target {target:.0%}): {met} (this run predates judging on honest counts)."]
     limit, honest, units = comm["honest_limit"], comm["honest_device_counts"], _units(profile.get("device"))
     lines += ["", f"Honest device counts: {', '.join(map(str, honest)) or 'none'}. This machine lets the "
                   f"stage use {limit} {units}, so a launch of at most {limit} processes runs one per "
@@ -506,11 +474,12 @@ def comm_model_lines(profile: dict) -> list[str]:
         why = comm.get("mape_target_note") or "the honest counts' MAPE is not a finite number"
         lines += ["", f"Held-out MAPE target ({target:.0%}) {met}: {why}."]
     else:
-        floor, rounds = comm.get("mape_floor_honest"), comm.get("rounds")
-        floor = "" if floor is None or not rounds or rounds < 2 else (
+        floor, noise_free = comm.get("mape_floor_honest"), comm.get("mape_noise_free_honest")
+        floor = "" if floor is None or noise_free is None else (
             f"; one round of a held-out placement against the median of its other rounds scores {percent(floor)}, "
-            f"so a noise-free model would score about {percent(noise_free_comm_mape(floor, rounds))} against the "
-            f"median of {rounds} rounds (rounds independently and normally noisy), and none can be shown better")
+            f"so a noise-free model would score about {percent(noise_free)} against the "
+            f"median of {comm['rounds']} rounds (rounds independently and normally noisy), and none can be shown "
+            "better")
         lines += ["", f"Held-out MAPE over the honest counts {percent(comm['mape_heldout_honest'])} "
                       f"(target {target:.0%}): {met}{floor}."]
     for world in oversubscribed_counts(comm):
@@ -558,25 +527,64 @@ def columns_table(columns: ColumnsMetrics) -> str:
     return pd.DataFrame(rows).to_markdown(index=False) if rows else "(no column-wise results)"
 
 
+def primary_intro(evaluate: dict) -> str:
+    """The sentence above the primary table: what was declared and how a verdict is reached."""
+    entries = list(evaluate.get("primary", {}).values())
+    if not entries:
+        return "**This run declared no primary endpoints (`primary` in params.yaml): nothing below is decided.**"
+    first = entries[0]
+    return (f"Declared in `params.yaml` (`primary`) before the run: {len(entries)} comparisons, compute only, each "
+            f"within one measuring pass. Smallest effect of interest (sesoi) {first['sesoi']:.0%}: **better** or "
+            "**worse** when a one-sided signed-rank test rejects a change smaller than that, **equivalent** when "
+            "both one-sided tests against ±sesoi reject (TOST), each claim Holm-adjusted across the family at "
+            f"{first['alpha']:g}; otherwise **inconclusive**. Intervals: BCa bootstrap over tasks (within "
+            "unseen-ratio strata).")
+
+
+def primary_table(evaluate: dict) -> str:
+    """Markdown: one row per primary endpoint (verdict, median ratio, BCa interval, Holm p, sesoi,
+    tasks, pass)."""
+    rows = [{"method / reference": f"{e['method']} / {e['reference']}", "protocol": e["protocol"],
+             "verdict": f"**{e['verdict']}**",
+             "median ratio [95% BCa]": "n/a" if e["median_ratio"] is None else
+             f"{e['median_ratio']:.3f} [{e['ci_low']:.3f}, {e['ci_high']:.3f}]",
+             "p (Holm)": "n/a" if e["p_holm"] is None else f"{e['p_holm']:.3g}", "sesoi": f"{e['sesoi']:g}",
+             "tasks": e["tasks"], "identical plans": percent(e["identical_share"], 0), "pass": e["pass"]}
+            for e in evaluate.get("primary", {}).values()]
+    return pd.DataFrame(rows).to_markdown(index=False) if rows else "(no primary endpoints)"
+
+
+def quality_line(evaluate: dict) -> str:
+    """One line on the measurements' quality, linking to its section."""
+    noise = evaluate.get("noise") or {}
+    if not noise:
+        return "**No measurement quality was recorded: do not trust these numbers.**"
+    state = "within its targets" if noise["met"] else "**noisier than its targets**"
+    return (f"Measurement quality {state}: shard CV across rounds {percent(noise['median_cv'])} (target "
+            f"{noise['targets']['median_cv']:.0%}), a plan measured again moved {percent(noise['plan_repeat_change'])} "
+            "(another pass: never divided into these ratios). [Details](#measurement-quality).")
+
+
 def readme(reports: Path, stages: list[tuple[str, str]], budget_minutes: float | None = None) -> str:
     """The text of `reports/README.md` (`budget_minutes`: the study's time budget, see `stage_times`)."""
     metrics = reports / "metrics"
     profile = read_metrics(metrics / "profile.json") if (metrics / "profile.json").exists() else None
     lines = ["# AutoShard study: results", "",
              "Generated by the `report` stage from the metrics files of the last `dvc repro`; nothing here is "
-             "typed by hand. Ratios compare each method's **measured** bottleneck with the best heuristic's on the "
-             "same task; lower is better. The bottleneck is each protocol's objective (`evaluate.objective`): "
-             "max_device, the slowest device's fused forward + backward compute, or synchronized_stages, the sum "
-             "over DreamShard's four stages of the slowest device in each. Predicted numbers "
-             "are the cost model's and say so.", ""]
-    evaluate = read_metrics(metrics / "evaluate.json") if (metrics / "evaluate.json").exists() else {}
+             "typed by hand. Ratios compare a method's **measured** bottleneck with a reference's on the same "
+             "task, measured in the same pass; lower is better. Predicted numbers are the cost model's and say so.",
+             ""]
+    evaluate = read_checked(metrics / "evaluate.json", EvaluateMetrics) if (metrics / "evaluate.json").exists() else {}
     if evaluate:
-        lines[1:1] = ["", *quality(evaluate, profile)]
-        lines += ["## The answer", "",
-                  "Paired, task by task, on measured bottlenecks: a method \"beats\" another only when the whole "
-                  "95% interval of the median ratio is below 1 and the effect exceeds the minimum detectable "
-                  "effect at this noise; otherwise they tie.", "", answer(evaluate), "",
-                  "### Where does the RL sharder win?", "",
+        lines += ["## The answer: the primary endpoints", "", primary_intro(evaluate), "", primary_table(evaluate), "",
+                  "![every task's ratio per primary endpoint](figures/evaluate/primary.png)", "",
+                  quality_line(evaluate), "",
+                  "## Exploratory comparisons", "",
+                  "Everything below is exploratory: medians with unadjusted 95% intervals and where the interval "
+                  "lies, no verdicts. The bottleneck is each protocol's objective (`evaluate.objective`): "
+                  "max_device, the slowest device's fused forward + backward compute, or synchronized_stages, the "
+                  "sum over DreamShard's four stages of the slowest device in each.", "", answer(evaluate), "",
+                  "### Against each reference, per regime", "",
                   "rl_greedy against each reference, per regime: compute only (the slowest device's measured "
                   "compute), synchronized stages (the sum over DreamShard's four stages of the slowest device in "
                   f"each: measured compute plus {comm_sources(evaluate, profile)}), and tight memory caps.", "",
@@ -589,8 +597,9 @@ def readme(reports: Path, stages: list[tuple[str, str]], budget_minutes: float |
                   "### Failed placements", "",
                   "The tight-memory protocol caps each device just above what bin packing reaches; a method that "
                   "finds no placement under the cap (or exceeds it) fails that task.", "", failed_table(evaluate), "",
-                  "## Headline: every method on held-out tasks", "", headline(evaluate), "",
-                  "### Targets", "", targets(evaluate), ""]
+                  "## Every method on held-out tasks", "", headline(evaluate), "",
+                  "### Targets", "", targets(evaluate), "",
+                  "## Measurement quality", "", *quality(evaluate, profile), ""]
     if (metrics / "cost_model.json").exists():
         lines += ["## Cost model against a re-measurement", "",
                   floor_line(cost_model := read_checked(metrics / "cost_model.json", CostModelMetrics)), "",

@@ -34,8 +34,17 @@ class MilpResult:
     objective: float
     lower_bound: float
     gap: float
-    status: str  # "optimal", "time limit" (solver's best plan) or "lpt" (the solver found none)
+    status: str  # "optimal"; "node_limit" or "time_limit": the solver's best plan when it stopped there;
+    # "fallback": LPT's plan (the solver found none, or none as good)
     seconds: float
+
+
+def stop_status(solver_status: int, seconds: float, time_limit: float) -> str:
+    """Why HiGHS stopped: "optimal" (gap closed), else "time_limit" when the clock ran out and
+    "node_limit" otherwise (SciPy reports both limits as status 1)."""
+    if solver_status == 0:
+        return "optimal"
+    return "time_limit" if seconds >= 0.95 * time_limit else "node_limit"
 
 
 def solve(costs: np.ndarray, sizes: np.ndarray, devices: int, capacity: int,
@@ -76,17 +85,17 @@ def solve(costs: np.ndarray, sizes: np.ndarray, devices: int, capacity: int,
 
     dual = getattr(res, "mip_dual_bound", None)
     proven = max(bound, dual * scale) if dual is not None and np.isfinite(dual) else bound
-    placement, status = None, "lpt"
+    placement, status = None, "fallback"
     if res.x is not None:
         candidate = np.argmax(res.x[:-1].reshape(n, d), axis=1).astype(np.int64)
         # The solver's tolerances allow a hair over the cap; the cap is checked in whole bytes.
         if np.bincount(candidate, weights=sizes, minlength=d).max() <= capacity:
-            placement, status = candidate, "optimal" if res.status == 0 else "time limit"
+            placement, status = candidate, stop_status(res.status, time.perf_counter() - start, time_limit)
     if placement is None or (fallback is not None and makespan(costs, fallback, d) < makespan(costs, placement, d)):
         if fallback is None:
             why = "no placement exists" if res.status == 2 else f"none found in {time_limit:g} s"
             raise Infeasible(f"MILP: {n} tables on {d} devices of {capacity} bytes: {why}")
-        placement, status = fallback, "lpt"
+        placement, status = fallback, "fallback"
     value = makespan(costs, placement, d)
     lower = min(proven, value)
     gap = (value - lower) / value if value > 0 else 0.0

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from autoshard.core.params import bounded
 from autoshard.placement.milp import MilpResult
 
 
@@ -17,7 +18,7 @@ class MilpConfig:
     machine; the time limit only guards against a pathological instance."""
 
     node_limit: int
-    time_limit_s: float
+    time_limit_s: float = bounded(lo=0, lo_open=True)
 
 
 def per_table(singles: pd.Series, num_tables: int) -> np.ndarray:

@@ -23,7 +23,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array, eye_array, hstack, kron
 
 from autoshard.placement.heuristics import Infeasible
-from autoshard.placement.milp import MilpResult
+from autoshard.placement.milp import MilpResult, stop_status
 from autoshard.placement.sync import placement_cost
 from autoshard.placement.sync_search import line_comm
 
@@ -73,7 +73,7 @@ def solve_sync(forward: np.ndarray, backward: np.ndarray, dims: np.ndarray, size
     if res.x is not None:
         candidate = np.argmax(res.x[:n * d].reshape(n, d), axis=1).astype(np.int64)
         if np.bincount(candidate, weights=sizes, minlength=d).max() <= capacity:  # the cap in whole bytes
-            placement, status = candidate, "optimal" if res.status == 0 else "time limit"
+            placement, status = candidate, stop_status(res.status, time.perf_counter() - began, time_limit)
             value = predicted_cost(forward, backward, dims, placement, d, lines)
     if placement is None or upper < value:
         if start is None:

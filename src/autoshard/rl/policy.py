@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from autoshard.core.params import Fields
+from autoshard.core.params import choice
 from autoshard.costmodel.model import CostModel, transform
 
 ENCODERS = ("cost_model", "separate")
@@ -21,17 +21,11 @@ ENCODERS = ("cost_model", "separate")
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    state_encoder: str = "cost_model"
-    hidden: int = 64
-    lstm_layers: int = 2
-    use_lstm: bool = True          # False: an MLP on the current state (ablation)
-    use_cost_features: bool = True  # False: actions without the cost model's estimates (ablation)
-
-    @classmethod
-    def from_fields(cls, f: Fields) -> "PolicyConfig":
-        return cls(state_encoder=f.text("state_encoder", ENCODERS), hidden=f.integer("hidden"),
-                   lstm_layers=f.integer("lstm_layers"), use_lstm=f.boolean("use_lstm"),
-                   use_cost_features=f.boolean("use_cost_features"))
+    state_encoder: str = choice(ENCODERS)
+    hidden: int
+    lstm_layers: int
+    use_lstm: bool           # False: an MLP on the current state (ablation)
+    use_cost_features: bool  # False: actions without the cost model's estimates (ablation)
 
 
 def mlp(*sizes: int) -> nn.Sequential:

@@ -7,7 +7,7 @@ model (terminal reward), compute GAE advantages, and update the policy for a few
 on minibatches of whole episodes. Checkpoints hold everything needed to resume bit-exactly.
 """
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +19,7 @@ from autoshard.core.checkpoints import load_tagged, save_tagged
 from autoshard.core.digest import array_digest, key, source_digest, value_digest
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import check_state
-from autoshard.core.params import Fields
+from autoshard.core.params import Section, bounded, choice, inline
 from autoshard.core.seeding import one_thread
 from autoshard.costmodel.model import CostModel
 from autoshard.data.tasks import Task
@@ -31,39 +31,22 @@ FORMAT = "autoshard-policy/1"
 
 @dataclass(frozen=True)
 class RLConfig:
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    reward: str = "bottleneck"       # bottleneck (DreamShard) | balance (AutoShard) | synchronized (stages)
-    algorithm: str = "ppo"           # ppo | a2c (one epoch, no clipping)
-    iterations: int = 200
-    tasks_per_batch: int = 32
-    learning_rate: float = 1e-3
-    epochs: int = 4
-    minibatches: int = 4
-    clip: float = 0.2
-    gamma: float = 1.0
-    gae_lambda: float = 0.95
-    entropy_coef: float = 0.001
-    value_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    validate_every: int = 20
-    checkpoint_every: int = 50
-
-    @classmethod
-    def from_fields(cls, f: Fields) -> "RLConfig":
-        p = f.sub("policy")
-        policy = PolicyConfig.from_fields(p)
-        p.done()
-        return cls(policy=policy, reward=f.text("reward", REWARDS),
-                   algorithm=f.text("algorithm", ("ppo", "a2c")), iterations=f.integer("iterations"),
-                   tasks_per_batch=f.integer("tasks_per_batch"),
-                   learning_rate=f.number("learning_rate", lo=0, lo_open=True),
-                   epochs=f.integer("epochs"), minibatches=f.integer("minibatches"),
-                   clip=f.number("clip", lo=0, lo_open=True), gamma=f.number("gamma", lo=0, hi=1),
-                   gae_lambda=f.number("gae_lambda", lo=0, hi=1),
-                   entropy_coef=f.number("entropy_coef", lo=0), value_coef=f.number("value_coef", lo=0),
-                   max_grad_norm=f.number("max_grad_norm", lo=0, lo_open=True),
-                   validate_every=f.integer("validate_every"),
-                   checkpoint_every=f.integer("checkpoint_every"))
+    policy: PolicyConfig
+    reward: str = choice(REWARDS)  # bottleneck (DreamShard) | balance (AutoShard) | synchronized (stages)
+    algorithm: str = choice(("ppo", "a2c"))  # a2c: one epoch, no clipping
+    iterations: int
+    tasks_per_batch: int
+    learning_rate: float = bounded(lo=0, lo_open=True)
+    epochs: int
+    minibatches: int
+    clip: float = bounded(lo=0, lo_open=True)
+    gamma: float = bounded(lo=0, hi=1)
+    gae_lambda: float = bounded(lo=0, hi=1)
+    entropy_coef: float = bounded(lo=0)
+    value_coef: float = bounded(lo=0)
+    max_grad_norm: float = bounded(lo=0, lo_open=True)
+    validate_every: int
+    checkpoint_every: int
 
 
 @dataclass
@@ -289,14 +272,9 @@ class SyncPolicyConfig:
     """The `rl.sync_policy` section: one more policy, trained with the `synchronized` reward on one
     protocol's training tasks (every other hyper-parameter as `rl`'s)."""
 
-    enabled: bool = True
-    protocol: str = "dreamshard"
-    iterations: int = 150
-
-    @classmethod
-    def from_fields(cls, f: Fields) -> "SyncPolicyConfig":
-        return cls(enabled=f.boolean("enabled"), protocol=f.text("protocol", ("autoshard", "dreamshard")),
-                   iterations=f.integer("iterations"))
+    enabled: bool
+    protocol: str = choice(("autoshard", "dreamshard"))
+    iterations: int
 
     def training(self, base: RLConfig) -> RLConfig:
         """`base` with the synchronized reward and this section's iterations."""
@@ -304,34 +282,20 @@ class SyncPolicyConfig:
 
 
 @dataclass(frozen=True)
-class RLStageConfig:
+class RLStageConfig(Section):
     """The `rl` section: training hyper-parameters plus the stage's evaluation settings and the
     sizes of its sharding-speed benchmark (which do not change training)."""
 
-    train: RLConfig
+    section = "rl"
+    train: RLConfig = inline()
     validation_tasks: int
     best_of: int
-    refresh_rounds: int
+    refresh_rounds: int = bounded(lo=0)
     refresh_iterations: int
-    speed_tasks: int = 3        # validation tasks of the largest shape timed one by one
-    speed_tables: int = 856     # one large task of this many tables (at most the pool's) ...
-    speed_devices: int = 128    # ... on this many devices
-    sync_policy: SyncPolicyConfig = field(default_factory=SyncPolicyConfig)
-
-    @classmethod
-    def from_params(cls, values: dict) -> "RLStageConfig":
-        f = Fields("rl", values)
-        s = f.sub("sync_policy")
-        sync_policy = SyncPolicyConfig.from_fields(s)
-        s.done()
-        cfg = cls(train=RLConfig.from_fields(f), validation_tasks=f.integer("validation_tasks"),
-                  best_of=f.integer("best_of"),
-                  refresh_rounds=f.integer("refresh_rounds", lo=0),
-                  refresh_iterations=f.integer("refresh_iterations"),
-                  speed_tasks=f.integer("speed_tasks"), speed_tables=f.integer("speed_tables"),
-                  speed_devices=f.integer("speed_devices"), sync_policy=sync_policy)
-        f.done()
-        return cfg
+    speed_tasks: int    # validation tasks of the largest shape timed one by one
+    speed_tables: int   # one large task of this many tables (at most the pool's) ...
+    speed_devices: int  # ... on this many devices
+    sync_policy: SyncPolicyConfig
 
 
 def split_validation(tasks: list[Task], per_shape: int) -> tuple[list[Task], list[Task]]:

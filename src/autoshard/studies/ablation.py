@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from autoshard.core.compute import Engine
 from autoshard.core.digest import array_digest, file_digest, key, source_digest
 from autoshard.core.errors import invalid
-from autoshard.core.params import Fields
+from autoshard.core.params import Fields, choice, read
 from autoshard.core.schema import AblationMetrics
 from autoshard.costmodel.dataset import measured_shards, split_shards
 from autoshard.costmodel.model import load_model, save_model
@@ -62,37 +62,29 @@ class Variant:
 
 @dataclass(frozen=True)
 class AblationConfig:
-    variants: tuple[str, ...]
+    variants: tuple[str, ...] = choice(VARIANTS)
     seeds: int
-    protocols: tuple[str, ...]
+    protocols: tuple[str, ...] = choice(PROTOCOLS)
     iterations: int
     tasks_per_batch: int
     test_tasks: int
     refresh_rounds: int
     refresh_iterations: int
     refresh_tasks: int
-    best_of: int
-    rl: RLConfig
+    rl: RLStageConfig  # the `rl` section: the full variant's settings
     backend: BackendConfig
 
     @classmethod
     def from_params(cls, ablation: dict, rl: dict, profile: dict, evaluate: dict) -> "AblationConfig":
-        """From the `ablation` section, the `rl` section (the full variant's settings), the
-        profile's backend settings and `evaluate.timing` (how plans are measured)."""
+        """From the `ablation` section (`parse`), the `rl` section (the full variant's settings),
+        the profile's backend settings and `evaluate.timing` (how plans are measured)."""
         f = Fields("ablation", ablation)
-        variants = tuple(f.names("variants", VARIANTS))
-        protocols = tuple(f.names("protocols", PROTOCOLS))
-        stage = RLStageConfig.from_params(rl)
         keys = ("backend", "device", "optimizer", "batch_size", "threads", "memory_limit_gib")
         timing = Fields("evaluate", evaluate).sub("timing")
         backend = measuring_backend(Fields("profile", {k: profile[k] for k in keys if k in profile}), timing)
-        cfg = cls(variants=variants, seeds=f.integer("seeds"), protocols=protocols,
-                  iterations=f.integer("iterations"), tasks_per_batch=f.integer("tasks_per_batch"),
-                  test_tasks=f.integer("test_tasks"), refresh_rounds=f.integer("refresh_rounds"),
-                  refresh_iterations=f.integer("refresh_iterations"), refresh_tasks=f.integer("refresh_tasks"),
-                  best_of=stage.best_of, rl=stage.train, backend=backend)
+        cfg = read(cls, f, rl=RLStageConfig.from_params(rl), backend=backend)
         f.done()
-        if "refresh" in variants and cfg.refresh_rounds * cfg.refresh_iterations >= cfg.iterations:
+        if "refresh" in cfg.variants and cfg.refresh_rounds * cfg.refresh_iterations >= cfg.iterations:
             raise invalid("ablation.refresh_iterations", cfg.refresh_iterations,
                           f"{cfg.refresh_rounds} rounds of it leave no iterations of the {cfg.iterations} "
                           "before the first refresh")
@@ -100,7 +92,7 @@ class AblationConfig:
 
     def variant(self, name: str) -> Variant:
         """The named variant of the configured RL settings, with the ablation's budget."""
-        base = replace(self.rl, iterations=self.iterations, tasks_per_batch=self.tasks_per_batch)
+        base = replace(self.rl.train, iterations=self.iterations, tasks_per_batch=self.tasks_per_batch)
         policy = base.policy
         if name == "full":
             return Variant(name, "full method", base)
@@ -129,7 +121,8 @@ class AblationConfig:
     def labels(self) -> dict[str, str]:
         """What each row of the results is, in words."""
         out = {name: self.variant(name).label for name in self.variants}
-        return out | {"best_of_n": f"full method, best of {self.best_of}", "local_search": "full method + local search",
+        return out | {"best_of_n": f"full method, best of {self.rl.best_of}",
+                      "local_search": "full method + local search",
                       GREEDY: f"{GREEDY} on the full method's cost model"}
 
     def seed_list(self, seed: int) -> list[int]:
@@ -287,8 +280,8 @@ def refresh(cfg: AblationConfig, name: str, seed: int, policy_path: Path, model_
     v = cfg.variant(name)
     model = load_model(model_path)
     policy = load_policy(policy_path, model)
-    stage = RLStageConfig(train=v.rl, validation_tasks=1, best_of=cfg.best_of, refresh_rounds=v.refresh_rounds,
-                          refresh_iterations=cfg.refresh_iterations)
+    stage = replace(cfg.rl, train=v.rl, validation_tasks=1, refresh_rounds=v.refresh_rounds,
+                    refresh_iterations=cfg.refresh_iterations)
     measure = [t for p in cfg.protocols for t in [t for t in train_tasks if t.protocol == p][:cfg.refresh_tasks]]
     folder = policy_path.parent / f"refresh_seed_{seed}"
     policy, model, rounds = refresh_rounds(policy, model, pool, train_tasks, params, stage, data_dir, folder, None,
@@ -317,7 +310,7 @@ def plans(cfg: AblationConfig, runs: dict[tuple[str, int], tuple[str, str]], fea
         if name == "full":
             rows |= {f"{row}|{0 if row == GREEDY else s}": method for row, method in INFERENCE.items()}
         rows = {row: method for row, method in rows.items() if row not in out}
-        built = build(tuple(rows.values()), bundle, Settings(seed=s, batch_size=0, best_of=cfg.best_of,
+        built = build(tuple(rows.values()), bundle, Settings(seed=s, batch_size=0, best_of=cfg.rl.best_of,
                                                              sample_seed=lambda t, s=s: s))
         with torch.inference_mode():
             out |= {row: [built.planners[method](t) for t in tasks] for row, method in rows.items()}

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from autoshard.core.errors import ConfigError
-from autoshard.core.params import Fields
+from autoshard.core.params import Fields, Section, bounded, choice, read
 from autoshard.core.schema import ColumnsMetrics
 from autoshard.core.seeding import rng
 from autoshard.data.features import feature_matrix
@@ -47,23 +47,22 @@ SplitPlacement = tuple[list[ColumnShard], np.ndarray]  # column shards and a dev
 
 
 @dataclass(frozen=True)
-class ColumnsConfig:
+class ColumnsConfig(Section):
     """The `columns` section of params.yaml."""
 
-    ways: tuple[int, ...]
-    candidates: int
-    table_methods: tuple[str, ...]
+    section = "columns"
+    ways: tuple[int, ...]  # sorted, each once
+    candidates: int = bounded(lo=0)
+    table_methods: tuple[str, ...] = choice(METHODS)
     bootstrap: int
-    target: float
-    task_share: float  # of each group of the evaluate stage's tasks, the first ones (the time budget)
+    target: float = bounded(lo=0, lo_open=True)
+    task_share: float = bounded(lo=0, hi=1, lo_open=True)  # the first of each evaluate group (the time budget)
 
     @classmethod
     def from_params(cls, values: dict) -> ColumnsConfig:
-        f = Fields("columns", values)
-        cfg = cls(ways=tuple(sorted(set(f.integers("ways", lo=1)))), candidates=f.integer("candidates", lo=0),
-                  table_methods=tuple(f.names("table_methods", METHODS)), bootstrap=f.integer("bootstrap", lo=1),
-                  target=f.number("target", lo=0, lo_open=True),
-                  task_share=f.number("task_share", lo=0, lo_open=True, hi=1))
+        """`parse`, with `ways` sorted and each named once."""
+        f = Fields(cls.section, values)
+        cfg = read(cls, f, ways=tuple(sorted(set(f.integers("ways")))))
         f.done()
         return cfg
 

@@ -16,12 +16,11 @@ import numpy as np
 import pandas as pd
 
 from autoshard.core.errors import ConfigError, invalid
-from autoshard.core.params import Fields
+from autoshard.core.params import Fields, bounded, read
 from autoshard.core.seeding import one_thread, rng
 from autoshard.data.tasks import Task, first_fit_decreasing
-from autoshard.measure.backends import BACKENDS, DEVICES, BackendConfig, resolve_device
+from autoshard.measure.backends import BackendConfig
 from autoshard.measure.comm_store import CommTiming
-from autoshard.measure.fbgemm import OPTIMIZERS
 from autoshard.measure.timing import TimingConfig
 from autoshard.methods.registry import KIND, POLICY, not_run
 from autoshard.placement.heuristics import HEURISTICS, Infeasible
@@ -39,45 +38,45 @@ PROTOCOLS = ("autoshard", "dreamshard", "tight", "small")  # the evaluated proto
 class SmallConfig:
     """Tiny test tasks whose optimum under the cost model is found by exhaustive search."""
 
-    tasks: int
+    tasks: int = bounded(lo=0)
     tables: tuple[int, int]
     devices: tuple[int, int]
-    memory_slack: float  # cap = slack x (total size / devices), at least the largest table
+    memory_slack: float = bounded(lo=1.0)  # cap = slack x (total size / devices), at least the largest table
 
 
 @dataclass(frozen=True)
 class Targets:
-    rl: float           # RL greedy's median measured ratio to the best heuristic
-    refined: float      # the same with local search
-    optimum_gap: float  # RL's median predicted gap to the optimum on small tasks
-    device_error: float  # a cost model's median |error| on the evaluated plans' devices (issue 16), every protocol
+    rl: float = bounded(lo=0, lo_open=True)       # RL greedy's median measured ratio to the best heuristic
+    refined: float = bounded(lo=0, lo_open=True)  # the same with local search
+    optimum_gap: float = bounded(lo=0)   # RL's median predicted gap to the optimum on small tasks
+    device_error: float = bounded(lo=0)  # a cost model's median |error| on evaluated plans' devices (issue 16)
 
 
 @dataclass(frozen=True)
 class NoiseTargets:
     """The measurement quality a run needs before its differences are read as findings."""
 
-    median_cv: float           # CV of a shard across interleaved rounds, median over shards
-    plan_repeat_change: float  # |change| of a plan's bottleneck measured again, median over plans
+    median_cv: float = bounded(lo=0, lo_open=True)  # CV of a shard across interleaved rounds, median over shards
+    plan_repeat_change: float = bounded(lo=0, lo_open=True)  # |change| of a plan measured again, median over plans
 
 
 @dataclass(frozen=True)
 class EvaluateConfig:
     """The `evaluate` section, with the profile's backend settings used to measure plans."""
 
-    autoshard_per_ratio: int
-    dreamshard_tasks: int
-    tight_tasks: int  # the first tight-memory tasks (tasks.tight) evaluated
+    autoshard_tasks_per_ratio: int = bounded(lo=0)
+    dreamshard_tasks: int = bounded(lo=0)
+    tight_tasks: int = bounded(lo=0)  # the first tight-memory tasks (tasks.tight) evaluated
     small: SmallConfig
     best_of: int
     backend: BackendConfig
-    bootstrap: int
-    noise_tasks: int
-    replicate_share: float  # of each group's held-out tasks, the first ones, re-planned by every replicate
+    bootstrap: int = bounded(lo=100)
+    noise_tasks: int = bounded(lo=0)
+    replicate_share: float = bounded(lo=0, hi=1, lo_open=True)  # the first of each group, re-planned by replicates
     speed_tables: tuple[int, ...]
     speed_devices: int
     speed_repeats: int
-    speed_budget_s: float  # a method slower than this at one size is not timed at larger ones
+    speed_budget_s: float = bounded(lo=0, lo_open=True)  # a method slower at one size is not timed at larger ones
     targets: Targets
     milp: MilpConfig
     noise_targets: NoiseTargets
@@ -86,40 +85,16 @@ class EvaluateConfig:
 
     @classmethod
     def from_params(cls, evaluate: dict, profile: dict, rl: dict) -> "EvaluateConfig":
-        """From the `evaluate` section, the profile's backend settings and `rl.best_of`."""
+        """From the `evaluate` section (`parse`), the profile's backend settings and `rl.best_of`."""
         f = Fields("evaluate", evaluate)
         p = Fields("profile", profile)
         r = Fields("rl", rl)
         best_of = r.integer("best_of")
         r.done()
-        s = f.sub("small")
-        small = SmallConfig(tasks=s.integer("tasks", lo=0), tables=_range(s, "tables"), devices=_range(s, "devices"),
-                            memory_slack=s.number("memory_slack", lo=1.0))
-        s.done()
-        t = f.sub("targets")
-        targets = Targets(rl=t.number("rl", lo=0, lo_open=True), refined=t.number("refined", lo=0, lo_open=True),
-                          optimum_gap=t.number("optimum_gap", lo=0), device_error=t.number("device_error", lo=0))
-        t.done()
         device_counts = _comm_device_counts(p)
         objective = objectives(f)
-        backend = measuring_backend(p, f.sub("timing"))
-        m = f.sub("milp")
-        milp = MilpConfig(node_limit=m.integer("node_limit"), time_limit_s=m.number("time_limit_s", lo=0, lo_open=True))
-        m.done()
-        n = f.sub("noise_targets")
-        noise = NoiseTargets(median_cv=n.number("median_cv", lo=0, lo_open=True),
-                             plan_repeat_change=n.number("plan_repeat_change", lo=0, lo_open=True))
-        n.done()
-        cfg = cls(autoshard_per_ratio=f.integer("autoshard_tasks_per_ratio", lo=0),
-                  dreamshard_tasks=f.integer("dreamshard_tasks", lo=0),
-                  tight_tasks=f.integer("tight_tasks", lo=0), small=small, best_of=best_of,
-                  backend=backend, bootstrap=f.integer("bootstrap", lo=100), noise_tasks=f.integer("noise_tasks", lo=0),
-                  replicate_share=f.number("replicate_share", lo=0, lo_open=True, hi=1),
-                  speed_tables=tuple(f.integers("speed_tables")), speed_devices=f.integer("speed_devices"),
-                  speed_repeats=f.integer("speed_repeats"),
-                  speed_budget_s=f.number("speed_budget_s", lo=0, lo_open=True),
-                  targets=targets, milp=milp, noise_targets=noise,
-                  objective=objective, comm=comm_settings(f.sub("comm"), objective, device_counts))
+        cfg = read(cls, f, best_of=best_of, backend=measuring_backend(p, f.sub("timing")), objective=objective,
+                   comm=comm_settings(f.sub("comm"), objective, device_counts))
         f.done()
         return cfg
 
@@ -140,7 +115,7 @@ def comm_settings(c: Fields, objective: Mapping[str, str], device_counts: tuple[
     on a device count of `profile.comm.device_counts` get their all-to-all measured; None when
     no plan would be."""
     measure = c.boolean("measure")
-    timing = CommTiming(rounds=c.integer("rounds"), warmup=c.integer("warmup", lo=0), runs=c.integer("runs"))
+    timing = read(CommTiming, c)
     c.done()
     protocols = tuple(p for p in PROTOCOLS if objective[p] == "synchronized_stages")
     if not (measure and protocols and device_counts):
@@ -162,26 +137,11 @@ def objectives(f: Fields) -> dict[str, str]:
 def measuring_backend(profile: Fields, timing: Fields) -> BackendConfig:
     """The profile's backend settings (backend, device, optimizer, batch size, threads, memory
     limit) with the protocol of `timing` (`evaluate.timing`): how plans are measured. Checks both."""
-    p = profile
-    backend = BackendConfig(
-        backend=p.text("backend", BACKENDS), device=resolve_device(p.text("device", DEVICES), p.name("device")),
-        optimizer=p.text("optimizer", OPTIMIZERS), batch_size=p.integer("batch_size"), threads=p.integer("threads"),
-        timing=TimingConfig(warmup=timing.integer("warmup", lo=0), runs=timing.integer("runs"),
-                            rounds=timing.integer("rounds"),
-                            drift_limit=timing.number("drift_limit", lo=0, lo_open=True),
-                            retries=timing.integer("retries", lo=0)),
-        memory_limit_bytes=int(p.number("memory_limit_gib", lo=0, lo_open=True) * 2**30))
-    p.optional_text("measurements_space")  # where plans' measurements are read from: `measured.measurement_store`
-    p.done()
+    backend = BackendConfig.from_fields(profile, read(TimingConfig, timing))
+    profile.optional_text("measurements_space")  # where plans' measurements are read from: `measured.measurement_store`
+    profile.done()
     timing.done()
     return backend
-
-
-def _range(f: Fields, key: str) -> tuple[int, int]:
-    values = f.integers(key)
-    if len(values) != 2 or values[0] > values[1]:
-        raise invalid(f.name(key), values, "expected [low, high] with low <= high")
-    return values[0], values[1]
 
 
 def held_out_tasks(tasks: list[Task], cfg: EvaluateConfig) -> list[Task]:
@@ -193,7 +153,7 @@ def held_out_tasks(tasks: list[Task], cfg: EvaluateConfig) -> list[Task]:
         if t.split == "test":
             groups.setdefault((t.protocol, t.unseen_ratio), []).append(t)
     for (protocol, ratio), group in groups.items():
-        n = cfg.autoshard_per_ratio if protocol == "autoshard" else cfg.dreamshard_tasks
+        n = cfg.autoshard_tasks_per_ratio if protocol == "autoshard" else cfg.dreamshard_tasks
         field = "autoshard_tasks_per_ratio" if protocol == "autoshard" else "dreamshard_tasks"
         if n > len(group):
             raise invalid(f"evaluate.{field}", n, f"only {len(group)} {protocol} test tasks "

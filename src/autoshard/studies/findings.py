@@ -1,6 +1,7 @@
 """What the evaluate stage concludes, and how sure it can be: the measurement quality against its
 targets, paired comparisons of every method with the references, the spread across replicates of
-the chain, and the plain answer drawn from them (a difference within the noise is a tie)."""
+the chain, and the exploratory summary drawn from them (intervals, unadjusted, no verdict words:
+those belong to the pre-registered primary endpoints of `studies.endpoints`)."""
 
 from __future__ import annotations
 
@@ -111,9 +112,8 @@ def plain_answer(pairs: dict, quality: dict,
                  methods: tuple[str, ...] = ids("headline"),
                  references: tuple[str, ...] = (*ids("reference"), BEST_HEURISTIC), replicates: dict | None = None,
                  regime: str = "") -> list[str]:
-    """One sentence per protocol and method: against each reference, faster, slower or not
-    distinguishable from the noise, with the median ratio and its 95% interval. A difference
-    counts only when its interval excludes 1 and it exceeds the minimum detectable effect. With
+    """One exploratory sentence per protocol and method: against each reference, the median ratio
+    with its unadjusted 95% interval and where that lies (`direction`), no verdict. With
     `replicates` (`replicate_summary`), each protocol also states the spread of rl_greedy over
     cost_greedy across replicates of the whole chain. `regime` names the cost `pairs` compare when
     it is not the protocols' headline objective (e.g. `paired_synchronized`'s); the sentences then
@@ -131,8 +131,8 @@ def plain_answer(pairs: dict, quality: dict,
                 s = entries.get(f"{method}__vs__{reference}")
                 if not s or s["median_ratio"] is None:
                     continue
-                parts.append(f"{verdict(s)} {reference} ({s['median_ratio']:.3f} [{s['ci_low']:.3f}, "
-                             f"{s['ci_high']:.3f}], {s['tasks']} tasks)")
+                parts.append(f"/ {reference} {s['median_ratio']:.3f} [{s['ci_low']:.3f}, {s['ci_high']:.3f}] "
+                             f"({direction(s)}, {s['tasks']} tasks)")
             if parts:
                 lines.append(f"{protocol}{f' ({regime})' if regime else ''}, {method}: " + "; ".join(parts) + ".")
         spread = (replicates or {}).get(protocol, {}).get(REPLICATED)
@@ -159,16 +159,15 @@ def synchronized_answer(pairs_sync: dict, quality: dict) -> list[str]:
                         (*SYNC_REFERENCES, GREEDY, BEST_HEURISTIC), regime="synchronized stages")
 
 
-def verdict(s: dict) -> str:
-    """'beats', 'loses to' or 'ties with': beats only when the whole 95% interval is below 1 and
-    the effect exceeds the minimum detectable effect (when one is known)."""
-    effect = abs(1 - s["median_ratio"])
-    big_enough = s["mde"] is None or effect >= s["mde"]
-    if s["ci_high"] is not None and s["ci_high"] < 1 and big_enough:
-        return "beats"
-    if s["ci_low"] is not None and s["ci_low"] > 1 and big_enough:
-        return "loses to"
-    return "ties with"
+def direction(s: dict) -> str:
+    """Where a comparison's 95% interval lies, unadjusted: 'below 1', 'above 1' or 'spans 1'.
+    Exploratory wording: only the pre-registered primary endpoints (`studies.endpoints`) get a
+    verdict, after an equivalence test and multiplicity correction."""
+    if s["ci_high"] is not None and s["ci_high"] < 1:
+        return "below 1"
+    if s["ci_low"] is not None and s["ci_low"] > 1:
+        return "above 1"
+    return "spans 1"
 
 
 def per_task_ratios(ratios: pd.DataFrame, pairs: list[tuple[str, str]]) -> pd.DataFrame:
@@ -182,32 +181,29 @@ def per_task_ratios(ratios: pd.DataFrame, pairs: list[tuple[str, str]]) -> pd.Da
     return pd.concat(rows, ignore_index=True).dropna(subset=["ratio"])
 
 
-def replicate_summary(ratios: pd.DataFrame, replicates: list[pd.DataFrame],
-                      methods: tuple[str, ...] = ids("replicate")) -> dict:
-    """`replicates.<protocol>.<method>`: the median measured ratio to the best heuristic in each
-    replicate (0: the stage's own models; then each frame of (task, method, measured_ms) measured
-    for the other replicates' models), its mean across replicates, standard deviation and count;
-    and the same for `rl_greedy__vs__cost_greedy`, the per-task ratio of the two. Every replicate
-    is summarised over the same tasks: those every replicate's frame holds."""
-    best = (ratios["measured_ms"] / ratios["ratio"]).groupby(ratios["task"]).first()
-    for frame in replicates:
-        best = best[best.index.isin(frame["task"])]
+def replicate_summary(ratios: pd.DataFrame, replicates: list[pd.DataFrame]) -> dict:
+    """`replicates.<protocol>.rl_greedy__vs__cost_greedy`: the median over tasks of the policy's
+    measured bottleneck over cost_greedy's, for each replicate of the chain (0: the stage's own
+    models, from `ratios`; then each frame of (task, method, measured_ms) measured for another
+    replicate's models, in that replicate's own pass), its mean across replicates, standard
+    deviation and count. Each replicate's ratio is formed within its own pass (`paired.one_pass`);
+    every replicate is summarised over the same tasks: those every frame holds."""
     protocol = ratios.groupby("task")["protocol"].first()
-    frames = [ratios[ratios["method"].isin(methods)][["task", "method", "measured_ms"]], *replicates]
-    medians: dict[str, dict[str, list[float]]] = {}
+    frames = [ratios[ratios["method"].isin((POLICY, GREEDY))], *replicates]
+    tasks = set(protocol.index)
     for frame in frames:
-        frame = frame[frame["task"].isin(best.index)]
-        table = frame.pivot_table(index="task", columns="method", values="measured_ms")
-        for proto, tasks in table.groupby(protocol.reindex(table.index)):
-            entry = medians.setdefault(str(proto), {})
-            for method in methods:
-                if method in tasks:
-                    entry.setdefault(method, []).append(float((tasks[method] / best[tasks.index]).median()))
-            if {POLICY, GREEDY} <= set(tasks):
-                entry.setdefault(REPLICATED, []).append(float((tasks[POLICY] / tasks[GREEDY]).median()))
-    return {proto: {name: {"mean_ratio": float(np.mean(v)), "std": float(np.std(v, ddof=1)) if len(v) > 1 else None,
-                           "n": len(v), "values": v} for name, v in entry.items()}
-            for proto, entry in medians.items() if proto != "small"}
+        paired.one_pass(frame)
+        both = frame.pivot_table(index="task", columns="method", values="measured_ms", aggfunc="first")
+        tasks &= set(both.dropna().index) if {POLICY, GREEDY} <= set(both) else set()
+    medians: dict[str, list[float]] = {}
+    for frame in frames:
+        table = frame[frame["task"].isin(tasks)].pivot_table(index="task", columns="method", values="measured_ms",
+                                                            aggfunc="first")
+        for proto, rows in table.groupby(protocol.reindex(table.index)):
+            medians.setdefault(str(proto), []).append(float((rows[POLICY] / rows[GREEDY]).median()))
+    return {proto: {REPLICATED: {"mean_ratio": float(np.mean(v)), "std": float(np.std(v, ddof=1)) if len(v) > 1
+                                 else None, "n": len(v), "values": v}}
+            for proto, v in medians.items() if proto != "small"}
 
 
 def repeat_summary(repeat: pd.DataFrame) -> pd.DataFrame:

@@ -46,8 +46,10 @@ from autoshard.measure.commmodel import CommModel
 from autoshard.measure.interleaved import FIELDS
 from autoshard.measure.store import MeasurementStore, shard_key, store_for, values
 from autoshard.placement.shards import device_shards
+from autoshard.studies import paired
 
 MEASURED_SOURCES = ("measured", "measured-oversubscribed")  # comm_source of an all-to-all timed, not modelled
+MAIN_PASS = "main"  # the pass of `score` without a tag
 OBJECTIVES = ("max_device", "synchronized_stages")  # evaluate.objective: what `measured_ms` ranks plans by
 Objective = str | Mapping[str, str]  # one objective for every protocol, or protocol -> objective
 
@@ -227,6 +229,7 @@ def score(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Task],
     calibration = out["shard"].map(lambda k: (known.get(k) or {}).get("calibration_ms"))
     out["calibrated"] = out["compute_ms"] / pd.to_numeric(calibration, errors="coerce")  # in calibration-shard units
     out["with_comm_ms"] = out["compute_ms"] + out["forward_comm_ms"] + out["backward_comm_ms"]
+    out["pass"] = tag or MAIN_PASS  # what the numbers may be compared with: the plans of this pass only
     return out
 
 
@@ -251,7 +254,7 @@ def bottlenecks(devices: pd.DataFrame, objective: Objective = "max_device") -> p
     method); `measured_ms` is the one `objective` names for the task's protocol (as in `plan_frame`)."""
     calibrated = {"calibrated": ("calibrated", "max")} if "calibrated" in devices else {}
     out = devices.groupby(["task", "method"], sort=False).agg(measured_ms=("compute_ms", "max"),
-                                                             **calibrated).reset_index()
+                                                             **calibrated, **_pass_of(devices)).reset_index()
     out = out.merge(synchronized(devices).reset_index(), on=["task", "method"])
     out["max_device_ms"] = out["measured_ms"]
     if isinstance(objective, str):  # one for every protocol: the frame need not name them
@@ -260,6 +263,15 @@ def bottlenecks(devices: pd.DataFrame, objective: Objective = "max_device") -> p
         protocol = out["task"].map(devices.groupby("task")["protocol"].first())
         _rank_by(out, protocol.map(lambda p: objective_of(objective, p)))
     return out
+
+
+def _pass_of(devices: pd.DataFrame) -> dict:
+    """The aggregation keeping a plan's pass (its devices all come from one: `score` measures a
+    plan in one pass), for frames that carry it."""
+    if "pass" not in devices:
+        return {}
+    paired.one_pass(devices, by="task")
+    return {"pass": ("pass", "first")}
 
 
 def objective_of(objective: Objective, protocol: str) -> str:
@@ -287,7 +299,7 @@ def plan_frame(devices: pd.DataFrame, tasks: list[Task], seconds: pd.DataFrame,
     out = devices.groupby(["task", "protocol", "method"], sort=False).agg(
         measured_ms=("compute_ms", "max"), with_comm_ms=("with_comm_ms", "max"),
         predicted_ms=("predicted_ms", "max"), memory_bytes=("memory_bytes", "max"),
-        comm_source=("comm_source", "first"),
+        comm_source=("comm_source", "first"), **_pass_of(devices),
         **({"calibrated": ("calibrated", "max")} if "calibrated" in devices else {})).reset_index()
     out = out.merge(synchronized(devices).reset_index(), on=["task", "method"])
     out["max_device_ms"] = out["measured_ms"]

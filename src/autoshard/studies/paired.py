@@ -129,6 +129,20 @@ def compare(method: np.ndarray, reference: np.ndarray, *, strata: np.ndarray | N
     return out
 
 
+def one_pass(frame: pd.DataFrame, by: str = "task") -> None:
+    """Refuse a frame whose rows of one `by` group (a task: what is divided or differenced) come
+    from more than one measuring pass (column `pass`): two numbers are compared only when they were
+    measured in the same interleaved pass. A frame without the column names no pass to check."""
+    if "pass" not in frame or frame.empty:
+        return
+    passes = frame.groupby(by)["pass"].nunique()
+    if (passes > 1).any():
+        first = passes[passes > 1].index[0]
+        seen = sorted(frame.loc[frame[by] == first, "pass"].unique())
+        raise ValueError(f"{by} {first} has plans from different passes ({', '.join(map(str, seen))}); "
+                         "a ratio needs both measured in one pass")
+
+
 def with_best(results: pd.DataFrame, methods: Iterable[str], name: str,
               value: str = "measured_ms") -> pd.DataFrame:
     """`results` plus, per task, a row for the virtual method `name`: the row of `methods` with
@@ -145,6 +159,7 @@ def all_pairs(results: pd.DataFrame, references: Sequence[str], *, value: str = 
     named `method__vs__reference`. `results` has one row per (task, method) with `protocol`,
     `value` and optionally `strata` and a `placement` column (an array, or None: no plan);
     `noise_sd` may be given per protocol."""
+    one_pass(results)
     out: dict[str, dict[str, dict[str, float | None]]] = {}
     for protocol, frame in results.groupby("protocol", sort=False):
         table = frame.pivot(index="task", columns="method", values=value)

@@ -26,6 +26,7 @@ def with_ratios(plans: pd.DataFrame) -> pd.DataFrame:
     """`plans` plus, per task, each plan's ratio to the best heuristic's plan (the lowest
     among the heuristics) for the measured, with-communication and predicted bottlenecks,
     and to the exact optimum where one was found."""
+    paired.one_pass(plans)
     out = plans.copy()
     heuristic = out[out["method"].map(KIND) == "heuristic"].groupby("task")
     for column, name in [("measured_ms", "ratio"), ("with_comm_ms", "ratio_with_comm"),
@@ -111,8 +112,10 @@ def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_err
                      milp_table: pd.DataFrame, seconds: float, replicates: dict | None = None, *,
                      plans: dict[str, list], sizes: np.ndarray, plan_status: pd.DataFrame, objective: dict[str, str],
                      paired_synchronized: dict, paired_max_device: dict,
-                     hybrid_device_errors: pd.Series | None = None, device_error_target: float | None = None) -> dict:
-    """reports/metrics/evaluate.json: `noise` first (the measurement quality), then the `paired`
+                     hybrid_device_errors: pd.Series | None = None, device_error_target: float | None = None,
+                     primary: dict | None = None) -> dict:
+    """reports/metrics/evaluate.json: the `primary` endpoints first (`endpoints.primary`: the
+    verdicts the study decides on), `noise` (the measurement quality), then the `paired`
     comparisons per protocol (`<method>__vs__<reference>`), the plain `answer`,
     `replicates.<protocol>.<method>` (mean_ratio, std, n), the per-method `results`, the targets,
     the cost model's device error (median per protocol; the hybrid's too, where there is one; and
@@ -122,7 +125,7 @@ def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_err
     comparisons on synchronized_ms and on max_device_ms, for every protocol) and `comm_source` per
     protocol (where the all-to-all came from: readers rely on these keys)."""
     return {
-        "noise": quality, "paired": pairs, "answer": answer, "replicates": replicates or {},
+        "primary": primary or {}, "noise": quality, "paired": pairs, "answer": answer, "replicates": replicates or {},
         "results": {proto: g.drop(columns="protocol").set_index("method").to_dict("index")
                     for proto, g in table.groupby("protocol")},
         "targets": target_table.to_dict("records"),

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from autoshard.core.errors import invalid
-from autoshard.core.params import Fields
+from autoshard.core.params import Fields, bounded, read
 from autoshard.core.schema import TransferMetrics
 from autoshard.core.seeding import rng
 from autoshard.data.tasks import GIB, ProtocolConfig, Task, draw_feasible
@@ -36,27 +36,24 @@ class TransferConfig:
 
     tasks_per_point: int
     memory_bytes: int
-    unseen_ratio: float           # share of unseen tables on the tables and devices axes
+    unseen_ratio: float = bounded(lo=0, hi=1)  # share of unseen tables on the tables and devices axes
     tables: tuple[int, ...]       # axis 1 ...
     tables_devices: int           # ... on this many devices
     devices: tuple[int, ...]      # axis 2 ...
     devices_tables: int           # ... with this many tables
     max_draws: int
-    bootstrap: int
+    bootstrap: int = bounded(lo=100)
     backend: BackendConfig
 
     @classmethod
     def from_params(cls, transfer: dict, evaluate: dict, profile: dict) -> "TransferConfig":
-        """From the `transfer` section, `evaluate.timing` and the profile's backend settings."""
+        """From the `transfer` section (`parse`, the cap given in GiB), `evaluate.timing` and the
+        profile's backend settings."""
         f = Fields("transfer", transfer)
         timing = Fields("evaluate", evaluate).sub("timing")
         backend = measuring_backend(Fields("profile", profile), timing)
-        cfg = cls(tasks_per_point=f.integer("tasks_per_point"),
-                  memory_bytes=int(f.number("memory_per_device_gib", lo=0, lo_open=True) * GIB),
-                  unseen_ratio=f.number("unseen_ratio", lo=0, hi=1),
-                  tables=tuple(f.integers("tables")), tables_devices=f.integer("tables_devices"),
-                  devices=tuple(f.integers("devices")), devices_tables=f.integer("devices_tables"),
-                  max_draws=f.integer("max_draws"), bootstrap=f.integer("bootstrap", lo=100), backend=backend)
+        memory_bytes = int(f.number("memory_per_device_gib", lo=0, lo_open=True) * GIB)
+        cfg = read(cls, f, memory_bytes=memory_bytes, backend=backend)
         f.done()
         return cfg
 

@@ -1,0 +1,46 @@
+"""The command's defaults are the study's parameters: those of the project's params.yaml (found
+from the package, as `service.project_root` finds the models), so that the command plans and
+measures with the settings the study did; where no project is found (an installed wheel), the
+packaged copy below, which a test keeps equal to params.yaml."""
+
+from functools import cache
+from typing import Any
+
+from autoshard.core.errors import ConfigError
+from autoshard.core.params import flatten, load_params
+
+PACKAGED = {
+    "pool.weight_bytes": 4,
+    "profile.backend": "fbgemm",
+    "profile.optimizer": "EXACT_ROWWISE_ADAGRAD",
+    "profile.batch_size": 2048,
+    "profile.threads": 1,
+    "evaluate.timing.warmup": 1,
+    "evaluate.timing.runs": 2,
+    "evaluate.timing.rounds": 2,
+    "rl.best_of": 16,
+    "columns.ways": [1, 2, 4],
+}
+
+
+@cache
+def study_defaults() -> dict[str, Any]:
+    """The value of every name of PACKAGED in the project's params.yaml, else PACKAGED."""
+    from autoshard.cli.service import project_root
+
+    root = project_root()
+    if root is None:
+        return dict(PACKAGED)
+    path = root / "params.yaml"
+    values = flatten(load_params(path))
+    missing = [name for name in PACKAGED if name not in values]
+    if missing:
+        raise ConfigError(f"{path}: {missing[0]}: missing (the command's default)")
+    return {name: values[name] for name in PACKAGED}
+
+
+def timed_runs() -> int:
+    """Timed runs per shard in the command's one round: as many as the study times a plan's
+    shard over its rounds (`evaluate.timing`)."""
+    values = study_defaults()
+    return values["evaluate.timing.runs"] * values["evaluate.timing.rounds"]

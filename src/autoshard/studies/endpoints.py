@@ -1,0 +1,206 @@
+"""The pre-registered primary endpoints: the few comparisons the study decides on.
+
+`params.yaml` declares them (`primary`) before the run, with the smallest effect of interest
+(`sesoi`, a ratio change such as 0.05). Each endpoint compares a method's measured bottleneck with
+a reference's, task by task, on one protocol and one cost (compute only unless declared). Per
+endpoint: the per-task log ratio; the median ratio with a BCa bootstrap interval that resamples
+tasks within strata (`scipy.stats.bootstrap`); three one-sided Wilcoxon signed-rank tests on the
+log ratios shifted by the margin log(1 + sesoi), zeros (identical plans) kept (`zsplit`):
+
+- better: H0 median >= -margin (rejecting it: faster by more than the smallest effect),
+- worse: H0 median <= +margin,
+- equivalent: both H0 median <= -margin and H0 median >= +margin (two one-sided tests, TOST;
+  its p-value the larger of the two).
+
+Each claim's p-values are Holm-adjusted across the family's endpoints (statsmodels); an endpoint
+is **better**, **worse** or **equivalent** when that claim's adjusted p is below `alpha`, else
+**inconclusive**. Nothing outside the family gets a verdict word.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from autoshard.core.errors import invalid
+from autoshard.core.params import Fields
+from autoshard.core.seeding import rng
+from autoshard.studies import paired
+
+VERDICTS = ("better", "worse", "equivalent", "inconclusive")
+CLAIMS = ("better", "worse", "equivalent")
+COSTS = ("max_device_ms", "synchronized_ms")  # compute only; the synchronized stages (honest comm only)
+MIN_TASKS = 6  # fewer tasks cannot reach p < 0.05 in a signed-rank test, so no claim is tested
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One declared comparison: `method` against `reference` on `protocol`, by `cost`."""
+
+    method: str
+    reference: str
+    protocol: str
+    cost: str  # one of COSTS
+
+    @property
+    def name(self) -> str:
+        return f"{self.method}__vs__{self.reference}__{self.protocol}"
+
+
+@dataclass(frozen=True)
+class PrimaryConfig:
+    """The `primary` section: the family of endpoints, the smallest effect of interest, the level
+    and the bootstrap's resamples."""
+
+    sesoi: float
+    alpha: float
+    resamples: int
+    endpoints: tuple[Endpoint, ...]
+
+    @classmethod
+    def from_params(cls, primary: dict, methods: tuple[str, ...], protocols: tuple[str, ...]) -> PrimaryConfig:
+        """From the `primary` section; each endpoint's ids must be registry methods and protocols."""
+        f = Fields("primary", primary)
+        cfg = cls(sesoi=f.number("sesoi", lo=0, lo_open=True, hi=1), alpha=f.number("alpha", lo=0, lo_open=True, hi=1),
+                  resamples=f.integer("resamples", lo=100), endpoints=())
+        raw = f.values.get("endpoints")
+        f.used.add("endpoints")
+        f.done()
+        if not isinstance(raw, list) or not raw:
+            raise invalid("primary.endpoints", raw, "expected a non-empty list of endpoints")
+        endpoints = []
+        for i, item in enumerate(raw):
+            e = Fields(f"primary.endpoints[{i}]", item)
+            endpoints.append(Endpoint(method=e.text("method", methods), reference=e.text("reference", methods),
+                                      protocol=e.text("protocol", protocols),
+                                      cost=e.text("cost", COSTS)))
+            e.done()
+        names = [x.name for x in endpoints]
+        if len(set(names)) < len(names):
+            raise invalid("primary.endpoints", names, "an endpoint is declared twice")
+        return cls(cfg.sesoi, cfg.alpha, cfg.resamples, tuple(endpoints))
+
+
+def log_ratios(ratios: pd.DataFrame, endpoint: Endpoint) -> pd.DataFrame:
+    """Per task of the endpoint's protocol where both have a measured plan: the log ratio of the
+    method's cost to the reference's, the stratum (unseen ratio) and the one pass both came from.
+    Two plans of one task from different passes are refused: their ratio mixes two clocks."""
+    rows = ratios[(ratios["protocol"] == endpoint.protocol) & ratios["method"].isin([endpoint.method,
+                                                                                      endpoint.reference])]
+    paired.one_pass(rows)
+    table = rows.pivot_table(index="task", columns="method", values=endpoint.cost, aggfunc="first")
+    if endpoint.method not in table or endpoint.reference not in table:
+        return pd.DataFrame(columns=["task", "log_ratio", "stratum", "pass"])
+    both = table[[endpoint.method, endpoint.reference]].dropna()
+    both = both[(both > 0).all(axis=1)]
+    first = rows.groupby("task").first()
+    return pd.DataFrame({"task": both.index, "log_ratio": np.log(both[endpoint.method] / both[endpoint.reference]),
+                         "stratum": first["unseen_ratio"].reindex(both.index).to_numpy(),
+                         "pass": (first["pass"] if "pass" in first else pd.Series("", index=first.index)
+                                  ).reindex(both.index).to_numpy()}).reset_index(drop=True)
+
+
+def bca_interval(logs: np.ndarray, strata: np.ndarray, resamples: int, seed: int, *keys: str) -> tuple[float, float]:
+    """95% BCa interval of the median log ratio, tasks resampled within strata (a stratum of one
+    task joins the others). Degenerate data (every log ratio equal) give that value twice."""
+    if len(logs) == 0:
+        return float("nan"), float("nan")
+    if np.ptp(logs) == 0:
+        return float(logs[0]), float(logs[0])
+    groups = [logs[strata == s] for s in pd.unique(strata)]
+    singles = [g for g in groups if len(g) < 2]
+    groups = [g for g in groups if len(g) >= 2]
+    if singles and groups:
+        largest = int(np.argmax([len(g) for g in groups]))
+        groups[largest] = np.concatenate([groups[largest], *singles])
+    elif singles:
+        groups = [np.concatenate(singles)]
+
+    def median_of_all(*samples: np.ndarray, axis: int = -1) -> np.ndarray:
+        return np.median(np.concatenate(samples, axis=axis), axis=axis)
+
+    result = stats.bootstrap(tuple(groups), median_of_all, n_resamples=resamples, method="BCa", vectorized=True,
+                             random_state=rng(seed, "primary", *keys))
+    low, high = result.confidence_interval
+    if not (math.isfinite(low) and math.isfinite(high)):  # BCa undefined (e.g. a median hit by every resample)
+        low, high = np.percentile(result.bootstrap_distribution, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def one_sided_p(logs: np.ndarray, shift: float, alternative: str) -> float:
+    """Wilcoxon signed-rank p-value of `logs - shift` against zero, one-sided; zeros kept (zsplit)."""
+    d = logs - shift
+    if not np.any(d != 0):
+        return 1.0
+    p = stats.wilcoxon(d, zero_method="zsplit", alternative=alternative).pvalue
+    return 1.0 if math.isnan(p) else float(p)
+
+
+def claim_p_values(logs: np.ndarray, sesoi: float) -> dict[str, float | None]:
+    """Unadjusted p-values of the three claims (None with fewer than MIN_TASKS tasks)."""
+    if len(logs) < MIN_TASKS:
+        return dict.fromkeys(CLAIMS)
+    margin = math.log1p(sesoi)
+    return {"better": one_sided_p(logs, -margin, "less"), "worse": one_sided_p(logs, margin, "greater"),
+            "equivalent": max(one_sided_p(logs, -margin, "greater"), one_sided_p(logs, margin, "less"))}
+
+
+def holm(p_values: list[float | None]) -> list[float | None]:
+    """Holm-adjusted p-values (statsmodels); None stays None and is not counted in the family."""
+    from statsmodels.stats.multitest import multipletests
+
+    known = [i for i, p in enumerate(p_values) if p is not None]
+    out: list[float | None] = [None] * len(p_values)
+    if known:
+        adjusted = multipletests([p_values[i] for i in known], method="holm")[1]
+        for i, p in zip(known, adjusted, strict=True):
+            out[i] = float(p)
+    return out
+
+
+def verdict(adjusted: dict[str, float | None], alpha: float) -> str:
+    """The claim whose adjusted p is below `alpha` (at most one can be: they exclude each other
+    at any level below 0.5), else inconclusive."""
+    met = [c for c in CLAIMS if adjusted[c] is not None and adjusted[c] < alpha]
+    return met[0] if len(met) == 1 else "inconclusive"
+
+
+def primary(ratios: pd.DataFrame, cfg: PrimaryConfig, seed: int) -> dict[str, dict]:
+    """`primary.<endpoint>`: verdict, median_ratio, ci_low, ci_high, p_holm (of the verdict's
+    claim; the smallest of the three when inconclusive), the claims' adjusted p-values, sesoi,
+    tasks, the pass, and the per-task ratios (the headline figure's points)."""
+    frames = {e.name: log_ratios(ratios, e) for e in cfg.endpoints}
+    raw = {name: claim_p_values(f["log_ratio"].to_numpy(), cfg.sesoi) for name, f in frames.items()}
+    adjusted = {name: {} for name in frames}
+    for claim in CLAIMS:
+        for name, p in zip(frames, holm([raw[n][claim] for n in frames]), strict=True):
+            adjusted[name][claim] = p
+    out = {}
+    for e in cfg.endpoints:
+        f = frames[e.name]
+        logs = f["log_ratio"].to_numpy()
+        lo, hi = bca_interval(logs, f["stratum"].to_numpy(), cfg.resamples, seed, e.name)
+        word = verdict(adjusted[e.name], cfg.alpha)
+        known = [p for p in adjusted[e.name].values() if p is not None]
+        p_holm = adjusted[e.name][word] if word != "inconclusive" else (min(known) if known else None)
+        passes = sorted(set(f["pass"]))
+        out[e.name] = {
+            "method": e.method, "reference": e.reference, "protocol": e.protocol, "cost": e.cost,
+            "verdict": word, "median_ratio": float(np.exp(np.median(logs))) if len(logs) else None,
+            "ci_low": float(np.exp(lo)) if len(logs) else None, "ci_high": float(np.exp(hi)) if len(logs) else None,
+            "p_holm": p_holm, "p_claims": adjusted[e.name], "p_raw": raw[e.name], "sesoi": cfg.sesoi,
+            "alpha": cfg.alpha, "tasks": int(len(logs)), "pass": passes[0] if len(passes) == 1 else None,
+            "identical_share": float(np.mean(logs == 0)) if len(logs) else None,
+            "per_task": dict(zip(f["task"], np.exp(logs).tolist(), strict=True))}
+    return out
+
+
+def frame(decided: dict[str, dict]) -> pd.DataFrame:
+    """The primary endpoints as a table, one row each (the report's first table)."""
+    keys = ("method", "reference", "protocol", "verdict", "median_ratio", "ci_low", "ci_high", "p_holm", "sesoi",
+            "tasks", "pass")
+    return pd.DataFrame([{k: e[k] for k in keys} for e in decided.values()])
