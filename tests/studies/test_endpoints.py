@@ -6,7 +6,8 @@ import pandas as pd
 import pytest
 
 from autoshard.core.errors import ConfigError
-from autoshard.studies.endpoints import Endpoint, PrimaryConfig, bca_interval, claim_p_values, holm, primary
+from autoshard.studies.endpoints import Endpoint, PrimaryConfig, bca_interval, claim_p_values, primary
+from autoshard.studies.paired import holm
 
 TASKS = 40
 
@@ -47,6 +48,24 @@ def test_a_gain_smaller_than_the_sesoi_is_not_better():
     assert out["verdict"] in ("equivalent", "inconclusive") and out["verdict"] != "better"
 
 
+def test_an_endpoint_without_tasks_is_an_error_and_failures_are_counted():
+    with pytest.raises(ConfigError, match="new__vs__gone__autoshard has no task where both arms were measured"):
+        primary(measured(0.05), config(Endpoint("new", "gone", "autoshard", "max_device_ms")), seed=0)
+    frame = measured(0.05)
+    frame.loc[(frame["method"] == "new") & frame["task"].isin(["t0", "t1", "t2"]), "max_device_ms"] = np.nan
+    out = primary(frame, config(ENDPOINT), seed=0)[ENDPOINT.name]
+    assert out["failed"] == 3 and out["tasks"] == TASKS - 3
+
+
+def test_one_family_holm_over_every_claim():
+    """Seven endpoints: 21 hypotheses adjusted together, so a claim needs more than alone."""
+    alone = primary(measured(0.05, noise=0.05, seed=3), config(ENDPOINT), seed=0)[ENDPOINT.name]
+    frames = [measured(0.05, noise=0.05, seed=3).assign(protocol=f"p{k}") for k in range(7)]
+    many = config(*(Endpoint("new", "ref", f"p{k}", "max_device_ms") for k in range(7)))
+    family = primary(pd.concat(frames, ignore_index=True).assign(task=lambda f: f["protocol"] + f["task"]), many, 0)
+    assert family["new__vs__ref__p0"]["p_holm"] > alone["p_holm"]
+
+
 def test_too_few_tasks_are_inconclusive():
     few = measured(0.2)
     few = few[few["task"].isin([f"t{i}" for i in range(4)])]
@@ -70,11 +89,11 @@ def test_a_ratio_across_two_passes_is_refused():
 
 def test_the_bca_interval_covers_the_median_and_survives_degenerate_data():
     logs = np.random.default_rng(2).normal(-0.05, 0.02, 30)
-    lo, hi = bca_interval(logs, np.repeat([0, 1, 2], 10), 999, 0, "x")
-    assert lo < np.median(logs) < hi and hi - lo < 0.03
-    assert bca_interval(np.zeros(8), np.zeros(8), 999, 0, "x") == (0.0, 0.0)
-    lo, hi = bca_interval(logs[:5], np.array([0, 0, 0, 0, 1]), 999, 0, "x")  # a stratum of one task joins one
-    assert lo <= hi
+    lo, hi, how = bca_interval(logs, np.repeat([0, 1, 2], 10), 999, 0, "x")
+    assert lo < np.median(logs) < hi and hi - lo < 0.03 and how == "BCa"
+    assert bca_interval(np.zeros(8), np.zeros(8), 999, 0, "x") == (0.0, 0.0, "degenerate")
+    lo, hi, how = bca_interval(logs[:5], np.array([0, 0, 0, 0, 1]), 999, 0, "x")  # a stratum of one task joins one
+    assert lo <= hi and how in ("BCa", "percentile")
 
 
 def test_the_family_is_read_from_params_and_bad_entries_are_refused():

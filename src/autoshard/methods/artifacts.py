@@ -14,11 +14,11 @@ import pandas as pd
 from autoshard.core.paths import Paths
 from autoshard.core.seeding import rng
 from autoshard.data.tasks import Task
-from autoshard.placement.surrogate import MilpConfig
 
-if TYPE_CHECKING:  # torch is imported only where a trained file is loaded
+if TYPE_CHECKING:  # torch (and SciPy, under the MILP) only where they are used: the command starts fast
     from autoshard.costmodel.model import CostModel
     from autoshard.measure.commmodel import CommModel
+    from autoshard.placement.surrogate import MilpConfig
     from autoshard.rl.numpy_planner import NumpyModels
     from autoshard.rl.policy import Policy
 
@@ -74,7 +74,9 @@ def load(paths: Paths, pool_features: pd.DataFrame, needs: Iterable[str]) -> Art
     """The artifacts among `needs` (field names) that the stages under `paths` made: the train_rl
     stage's simulator and policy, the profile's single costs, the comm model, the hybrid, the
     synchronized policy. Only what is asked for is read, so a stage depends on no file it does
-    not use; one that does not exist stays None."""
+    not use. The simulator and policy must exist when asked for (a missing one is an error); the
+    profile's, the comm model's, the hybrid's and the synchronized policy's files stay None when
+    their stage did not make them, and the methods that need them are then left out."""
     from autoshard.costmodel.model import load_model
     from autoshard.data.features import feature_matrix
     from autoshard.rl.ppo import load_policy

@@ -139,13 +139,17 @@ def _hybrid_greedy(a: Artifacts, s: Settings, ctx: Context) -> Planner:
     return lambda t: cost_greedy(a.hybrid, a.hybrid_features, [t])[0]
 
 
-def _measured_costs(costs: np.ndarray, t: Task) -> np.ndarray:
-    """The per-table costs of a task's tables; a table never measured alone is an error naming it."""
-    c = costs[list(t.tables)]
-    if np.isnan(c).any():
-        missing = [t.tables[i] for i in np.flatnonzero(np.isnan(c))]
+def _measured_costs(costs: np.ndarray, t: Task, *others: np.ndarray) -> np.ndarray:
+    """The per-table costs of a task's tables; a table never measured alone (NaN in `costs` or in
+    any of `others`) is an error naming it."""
+    ids = list(t.tables)
+    unknown = np.isnan(costs[ids])
+    for other in others:
+        unknown |= np.isnan(other[ids])
+    if unknown.any():
+        missing = [t.tables[i] for i in np.flatnonzero(unknown)]
         raise ConfigError(f"task {t.name}: no single-table measurement of tables {missing}")
-    return c
+    return costs[ids]
 
 
 def _lpt(a: Artifacts, s: Settings, ctx: Context) -> Planner:
@@ -172,12 +176,9 @@ def _sync_inputs(a: Artifacts, s: Settings, ctx: Context, t: Task) -> tuple:
 
         forward, backward = a.stage_singles
         ids = list(t.tables)
-        missing = [t.tables[k] for k in np.flatnonzero(np.isnan(forward[ids]) | np.isnan(backward[ids]))]
-        if missing:
-            raise ConfigError(f"task {t.name}: no single-table measurement of tables {missing}")
         dims = a.pool_features["dim"].to_numpy(float)[ids]
         lines = comm_lines(a.comm_model, t.devices, s.batch_size, float(dims.sum()))
-        return forward[ids], backward[ids], dims, a.sizes[ids], lines
+        return _measured_costs(forward, t, backward), backward[ids], dims, a.sizes[ids], lines
     return ctx.once(t, "sync inputs", make)
 
 
@@ -324,8 +325,9 @@ def check(method: str, option: str = "--method") -> Method:
 
 @dataclass
 class Built:
-    """Planners of one build, sharing their steps; `left_out` says why a method asked for is not
-    among them; `solves` the MILP solves per method and task."""
+    """Planners of the methods asked for, sharing their steps (a start of another's chain is made
+    here too, but not listed); `left_out` says why a method asked for is not among them; `solves`
+    the MILP solves per method and task."""
 
     artifacts: Artifacts
     settings: Settings
@@ -333,17 +335,18 @@ class Built:
     left_out: dict[str, str] = field(default_factory=dict)
     solves: dict[str, dict[str, object]] = field(default_factory=dict)
     steps: Steps = field(default_factory=Steps)
+    made: dict[str, Planner] = field(default_factory=dict)  # every planner built, starts of chains included
 
     def planner(self, method: str) -> Planner:
-        """`method`'s planner in this build, built on first use (a start of another's chain too)."""
-        if method not in self.planners:
+        """`method`'s planner in this build, built on first use."""
+        if method not in self.made:
             entry = REGISTRY[method]
             gap = entry.missing(self.artifacts)
             if gap is not None:
                 raise ConfigError(f"method {method}: needs {', '.join(gap)}, which this run has not got")
             raw = entry.build(self.artifacts, self.settings, Context(self, method))
-            self.planners[method] = _chained(self.steps, method, raw)
-        return self.planners[method]
+            self.made[method] = _chained(self.steps, method, raw)
+        return self.made[method]
 
 
 def _chained(steps: Steps, method: str, raw: Planner) -> Planner:
@@ -366,7 +369,7 @@ def build(methods: tuple[str, ...] | list[str], artifacts: Artifacts, settings: 
         elif "solver" in entry.tags and settings.milp is None:
             built.left_out[m] = "needs the MILP's limits (Settings.milp)"
         else:
-            built.planner(m)
+            built.planners[m] = built.planner(m)
     return built
 
 

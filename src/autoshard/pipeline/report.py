@@ -546,12 +546,18 @@ def primary_intro(evaluate: dict) -> str:
     if not entries:
         return "**This run declared no primary endpoints (`primary` in params.yaml): nothing below is decided.**"
     first = entries[0]
-    return (f"Declared in `params.yaml` (`primary`) before the run: {len(entries)} comparisons, compute only, each "
+    costs = ", ".join(sorted({COSTS_SAID.get(e["cost"], e["cost"]) for e in entries}))
+    return (f"Declared in `params.yaml` (`primary`) before the run: {len(entries)} comparisons ({costs}), each "
             f"within one measuring pass. Smallest effect of interest (sesoi) {first['sesoi']:.0%}: **better** or "
             "**worse** when a one-sided signed-rank test rejects a change smaller than that, **equivalent** when "
-            "both one-sided tests against ±sesoi reject (TOST), each claim Holm-adjusted across the family at "
-            f"{first['alpha']:g}; otherwise **inconclusive**. Intervals: BCa bootstrap over tasks (within "
-            "unseen-ratio strata).")
+            "both one-sided tests against ±sesoi reject (TOST), every claim of every endpoint Holm-adjusted as one "
+            f"family at {first['alpha']:g}; otherwise **inconclusive**. Intervals: BCa bootstrap over tasks (within "
+            "unseen-ratio strata; `interval` in the metrics says where BCa was undefined). \"failed\": tasks where "
+            "either arm found no plan, left out of the comparison.")
+
+
+COSTS_SAID = {"max_device_ms": "compute only: the slowest device's measured compute",
+              "synchronized_ms": "synchronized stages"}
 
 
 def primary_table(evaluate: dict) -> str:
@@ -562,7 +568,8 @@ def primary_table(evaluate: dict) -> str:
              "median ratio [95% BCa]": "n/a" if e["median_ratio"] is None else
              f"{e['median_ratio']:.3f} [{e['ci_low']:.3f}, {e['ci_high']:.3f}]",
              "p (Holm)": "n/a" if e["p_holm"] is None else f"{e['p_holm']:.3g}", "sesoi": f"{e['sesoi']:g}",
-             "tasks": e["tasks"], "identical plans": percent(e["identical_share"], 0), "pass": e["pass"]}
+             "tasks": e["tasks"], "failed": e["failed"], "identical plans": percent(e["identical_share"], 0),
+             "pass": e["pass"]}
             for e in evaluate.get("primary", {}).values()]
     return pd.DataFrame(rows).to_markdown(index=False) if rows else "(no primary endpoints)"
 

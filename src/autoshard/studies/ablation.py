@@ -27,6 +27,7 @@ from autoshard.core.digest import array_digest, file_digest, key, source_digest
 from autoshard.core.errors import invalid
 from autoshard.core.params import Fields, choice, read
 from autoshard.core.schema import AblationMetrics
+from autoshard.core.seeding import rng
 from autoshard.costmodel.dataset import measured_shards, split_shards
 from autoshard.costmodel.model import load_model, save_model
 from autoshard.costmodel.train import CostStageConfig, fit
@@ -310,8 +311,9 @@ def plans(cfg: AblationConfig, runs: dict[tuple[str, int], tuple[str, str]], fea
         if name == "full":
             rows |= {f"{row}|{0 if row == GREEDY else s}": method for row, method in INFERENCE.items()}
         rows = {row: method for row, method in rows.items() if row not in out}
+        sample = lambda t, s=s: int(rng(s, "ablation", "best_of", t.name).integers(2**31))  # noqa: E731
         built = build(tuple(rows.values()), bundle, Settings(seed=s, batch_size=0, best_of=cfg.rl.best_of,
-                                                             sample_seed=lambda t, s=s: s))
+                                                             sample_seed=sample))
         with torch.inference_mode():
             out |= {row: [built.planners[method](t) for t in tasks] for row, method in rows.items()}
     return out

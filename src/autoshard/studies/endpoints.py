@@ -4,17 +4,24 @@
 (`sesoi`, a ratio change such as 0.05). Each endpoint compares a method's measured bottleneck with
 a reference's, task by task, on one protocol and one cost (compute only unless declared). Per
 endpoint: the per-task log ratio; the median ratio with a BCa bootstrap interval that resamples
-tasks within strata (`scipy.stats.bootstrap`); three one-sided Wilcoxon signed-rank tests on the
-log ratios shifted by the margin log(1 + sesoi), zeros (identical plans) kept (`zsplit`):
+tasks within strata (`scipy.stats.bootstrap`; percentile where BCa is undefined, and `interval`
+says which); three one-sided Wilcoxon signed-rank tests on the log ratios shifted by the margin
+log(1 + sesoi) (zeros, a log ratio exactly at a margin, kept: `zsplit`). The tests are about the
+pseudo-median of the log ratios, the interval and the reported ratio about their median; with
+the symmetric per-task noise of these measurements the two agree, and the report shows both
+the verdict and the interval:
 
 - better: H0 median >= -margin (rejecting it: faster by more than the smallest effect),
 - worse: H0 median <= +margin,
 - equivalent: both H0 median <= -margin and H0 median >= +margin (two one-sided tests, TOST;
   its p-value the larger of the two).
 
-Each claim's p-values are Holm-adjusted across the family's endpoints (statsmodels); an endpoint
-is **better**, **worse** or **equivalent** when that claim's adjusted p is below `alpha`, else
-**inconclusive**. Nothing outside the family gets a verdict word.
+All the family's p-values (three claims per endpoint) are Holm-adjusted together (statsmodels),
+so the chance of any wrong claim across the family stays below `alpha`; an endpoint is
+**better**, **worse** or **equivalent** when that claim's adjusted p is below `alpha`, else
+**inconclusive**. A declared endpoint without a single task where both arms were measured is an
+error, not an inconclusive row; tasks where either arm found no plan are counted (`failed`).
+Nothing outside the family gets a verdict word.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from autoshard.core.errors import invalid
+from autoshard.core.errors import ConfigError, invalid
 from autoshard.core.params import Fields
 from autoshard.core.seeding import rng
 from autoshard.studies import paired
@@ -34,7 +41,7 @@ from autoshard.studies import paired
 VERDICTS = ("better", "worse", "equivalent", "inconclusive")
 CLAIMS = ("better", "worse", "equivalent")
 COSTS = ("max_device_ms", "synchronized_ms")  # compute only; the synchronized stages (honest comm only)
-MIN_TASKS = 6  # fewer tasks cannot reach p < 0.05 in a signed-rank test, so no claim is tested
+MIN_TASKS = 5  # a one-sided signed-rank test on fewer tasks cannot reach p < 0.05 (its smallest p is 2**-n)
 
 
 @dataclass(frozen=True)
@@ -104,13 +111,26 @@ def log_ratios(ratios: pd.DataFrame, endpoint: Endpoint) -> pd.DataFrame:
                                   ).reindex(both.index).to_numpy()}).reset_index(drop=True)
 
 
-def bca_interval(logs: np.ndarray, strata: np.ndarray, resamples: int, seed: int, *keys: str) -> tuple[float, float]:
+def failed(ratios: pd.DataFrame, endpoint: Endpoint) -> int:
+    """Tasks of the endpoint's protocol left out of its comparison: where either arm has no measured
+    plan (it failed, or broke the memory cap). On a tight protocol these are the hard tasks, so the
+    comparison holds for the others only; the report shows the count beside it."""
+    tasks = ratios.loc[ratios["protocol"] == endpoint.protocol, "task"].unique()
+    both = ratios[(ratios["protocol"] == endpoint.protocol) & ratios["method"].isin([endpoint.method,
+                                                                                     endpoint.reference])]
+    measured = both.dropna(subset=[endpoint.cost]).groupby("task")["method"].nunique()
+    return int(len(tasks) - (measured == 2).sum())
+
+
+def bca_interval(logs: np.ndarray, strata: np.ndarray, resamples: int, seed: int,
+                 *keys: str) -> tuple[float, float, str]:
     """95% BCa interval of the median log ratio, tasks resampled within strata (a stratum of one
-    task joins the others). Degenerate data (every log ratio equal) give that value twice."""
+    task joins the largest), and how it was found: "BCa", or "percentile" where BCa is undefined
+    (its jackknife degenerates, as it can for a median). Every log ratio equal gives that value twice."""
     if len(logs) == 0:
-        return float("nan"), float("nan")
+        return float("nan"), float("nan"), "none"
     if np.ptp(logs) == 0:
-        return float(logs[0]), float(logs[0])
+        return float(logs[0]), float(logs[0]), "degenerate"
     groups = [logs[strata == s] for s in pd.unique(strata)]
     singles = [g for g in groups if len(g) < 2]
     groups = [g for g in groups if len(g) >= 2]
@@ -126,13 +146,15 @@ def bca_interval(logs: np.ndarray, strata: np.ndarray, resamples: int, seed: int
     result = stats.bootstrap(tuple(groups), median_of_all, n_resamples=resamples, method="BCa", vectorized=True,
                              random_state=rng(seed, "primary", *keys))
     low, high = result.confidence_interval
-    if not (math.isfinite(low) and math.isfinite(high)):  # BCa undefined (e.g. a median hit by every resample)
-        low, high = np.percentile(result.bootstrap_distribution, [2.5, 97.5])
-    return float(low), float(high)
+    if math.isfinite(low) and math.isfinite(high):
+        return float(low), float(high), "BCa"
+    low, high = np.percentile(result.bootstrap_distribution, [2.5, 97.5])
+    return float(low), float(high), "percentile"
 
 
 def one_sided_p(logs: np.ndarray, shift: float, alternative: str) -> float:
-    """Wilcoxon signed-rank p-value of `logs - shift` against zero, one-sided; zeros kept (zsplit)."""
+    """Wilcoxon signed-rank p-value of `logs - shift` against zero, one-sided; zeros kept (zsplit)
+    rather than dropped, so they count against the claim."""
     d = logs - shift
     if not np.any(d != 0):
         return 1.0
@@ -149,19 +171,6 @@ def claim_p_values(logs: np.ndarray, sesoi: float) -> dict[str, float | None]:
             "equivalent": max(one_sided_p(logs, -margin, "greater"), one_sided_p(logs, margin, "less"))}
 
 
-def holm(p_values: list[float | None]) -> list[float | None]:
-    """Holm-adjusted p-values (statsmodels); None stays None and is not counted in the family."""
-    from statsmodels.stats.multitest import multipletests
-
-    known = [i for i, p in enumerate(p_values) if p is not None]
-    out: list[float | None] = [None] * len(p_values)
-    if known:
-        adjusted = multipletests([p_values[i] for i in known], method="holm")[1]
-        for i, p in zip(known, adjusted, strict=True):
-            out[i] = float(p)
-    return out
-
-
 def verdict(adjusted: dict[str, float | None], alpha: float) -> str:
     """The claim whose adjusted p is below `alpha` (at most one can be: they exclude each other
     at any level below 0.5), else inconclusive."""
@@ -174,16 +183,20 @@ def primary(ratios: pd.DataFrame, cfg: PrimaryConfig, seed: int) -> dict[str, di
     claim; the smallest of the three when inconclusive), the claims' adjusted p-values, sesoi,
     tasks, the pass, and the per-task ratios (the headline figure's points)."""
     frames = {e.name: log_ratios(ratios, e) for e in cfg.endpoints}
+    empty = [name for name, f in frames.items() if f.empty]
+    if empty:
+        raise ConfigError(f"primary.endpoints: {empty[0]} has no task where both arms were measured (a method left "
+                          "out, not planned on that protocol, or failing everywhere); declare only what runs")
     raw = {name: claim_p_values(f["log_ratio"].to_numpy(), cfg.sesoi) for name, f in frames.items()}
-    adjusted = {name: {} for name in frames}
-    for claim in CLAIMS:
-        for name, p in zip(frames, holm([raw[n][claim] for n in frames]), strict=True):
-            adjusted[name][claim] = p
+    family = [(name, claim) for name in frames for claim in CLAIMS]  # one family: every claim of every endpoint
+    adjusted: dict[str, dict[str, float | None]] = {name: {} for name in frames}
+    for (name, claim), p in zip(family, paired.holm([raw[n][c] for n, c in family]), strict=True):
+        adjusted[name][claim] = p
     out = {}
     for e in cfg.endpoints:
         f = frames[e.name]
         logs = f["log_ratio"].to_numpy()
-        lo, hi = bca_interval(logs, f["stratum"].to_numpy(), cfg.resamples, seed, e.name)
+        lo, hi, how = bca_interval(logs, f["stratum"].to_numpy(), cfg.resamples, seed, e.name)
         word = verdict(adjusted[e.name], cfg.alpha)
         known = [p for p in adjusted[e.name].values() if p is not None]
         p_holm = adjusted[e.name][word] if word != "inconclusive" else (min(known) if known else None)
@@ -192,8 +205,9 @@ def primary(ratios: pd.DataFrame, cfg: PrimaryConfig, seed: int) -> dict[str, di
             "method": e.method, "reference": e.reference, "protocol": e.protocol, "cost": e.cost,
             "verdict": word, "median_ratio": float(np.exp(np.median(logs))) if len(logs) else None,
             "ci_low": float(np.exp(lo)) if len(logs) else None, "ci_high": float(np.exp(hi)) if len(logs) else None,
-            "p_holm": p_holm, "p_claims": adjusted[e.name], "p_raw": raw[e.name], "sesoi": cfg.sesoi,
-            "alpha": cfg.alpha, "tasks": int(len(logs)), "pass": passes[0] if len(passes) == 1 else None,
+            "interval": how, "p_holm": p_holm, "p_claims": adjusted[e.name], "p_raw": raw[e.name], "sesoi": cfg.sesoi,
+            "alpha": cfg.alpha, "tasks": int(len(logs)), "failed": failed(ratios, e),
+            "pass": passes[0] if len(passes) == 1 else None,
             "identical_share": float(np.mean(logs == 0)) if len(logs) else None,
             "per_task": dict(zip(f["task"], np.exp(logs).tolist(), strict=True))}
     return out

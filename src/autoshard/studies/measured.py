@@ -29,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 from tqdm.auto import tqdm
 
 from autoshard.core.compute import Engine
-from autoshard.core.seeding import rng
+from autoshard.core.digest import value_digest
+from autoshard.core.seeding import one_thread, rng
 from autoshard.costmodel.model import CostModel
 from autoshard.data.pool import Pool
 from autoshard.data.tasks import Task
@@ -199,16 +199,19 @@ def score(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Task],
           measured_comm: MeasuredComm | None = None) -> pd.DataFrame:
     """Per-device measurements of every method's plan of every task (methods without a plan
     for a task are left out), on `cfg.threads` threads with `cfg.batch_size` bags per table.
-    Shards already in `store` are read; `tag` names an independent second pass (its own space).
+    Each call is one pass (`pass_name`: its `tag` and a digest of every plan it measures), in a
+    store space of its own: shards this very pass already filed (an interrupted run) are read,
+    nothing measured by another pass is (a rerun after retraining measures every plan again, its
+    references with it).
     With an `engine`, the tasks' batches are its jobs (they rebuild the backend from `cfg` and
     `pool_source`); each device row carries the drift and re-measurement of its shard's batch.
     Communication measured for the plans `measured_comm` wants (not in a read-only store), else
     from `comm_model` when given, else analytic (`plan_comm`)."""
-    store = store.tagged(tag)
+    name = pass_name(tag, tasks, plans)
+    store = store.tagged(name)
     per_task = [[p[i] for p in plans.values()] for i in range(len(tasks))]
     jobs = batch_jobs(tasks, per_task, store, cfg, seed, tag, pool_source)
     store.refuse_measuring([s for job in jobs for s in job.shards], "the plans")
-    torch.set_num_threads(cfg.threads)  # as the profile stage measured
     measure_batches(jobs, backend, engine, f"measuring plans{' (' + tag + ')' if tag else ''}" if progress else None)
     comm, comm_cvs = measured_plans_comm(pool_features, tasks, plans, store, cfg.batch_size, backend.device, seed,
                                          tag or "score", measured_comm)
@@ -229,7 +232,7 @@ def score(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Task],
     calibration = out["shard"].map(lambda k: (known.get(k) or {}).get("calibration_ms"))
     out["calibrated"] = out["compute_ms"] / pd.to_numeric(calibration, errors="coerce")  # in calibration-shard units
     out["with_comm_ms"] = out["compute_ms"] + out["forward_comm_ms"] + out["backward_comm_ms"]
-    out["pass"] = tag or MAIN_PASS  # what the numbers may be compared with: the plans of this pass only
+    out["pass"] = name  # what the numbers may be compared with: the plans of this pass only
     return out
 
 
@@ -238,7 +241,8 @@ def predict_devices(devices: pd.DataFrame, model: CostModel, features: np.ndarra
     busy = devices["tables"] > 0
     shards = [[int(t) for t in key.split(",")] for key in devices.loc[busy, "shard"]]
     out = pd.Series(0.0, index=devices.index)
-    out[busy] = model.predict_ms(features, shards)
+    with one_thread():  # the same predictions whatever torch's thread count
+        out[busy] = model.predict_ms(features, shards)
     return out
 
 
@@ -263,6 +267,14 @@ def bottlenecks(devices: pd.DataFrame, objective: Objective = "max_device") -> p
         protocol = out["task"].map(devices.groupby("task")["protocol"].first())
         _rank_by(out, protocol.map(lambda p: objective_of(objective, p)))
     return out
+
+
+def pass_name(tag: str, tasks: list[Task], plans: dict[str, list[np.ndarray | None]]) -> str:
+    """The pass of measuring `plans` of `tasks` together: the tag (or MAIN_PASS) and a digest of
+    every task and plan, so the same plans resume one pass and any other set is a new one."""
+    digest = value_digest(*((t.name, m, None if p[i] is None else np.asarray(p[i]).tolist())
+                            for i, t in enumerate(tasks) for m, p in sorted(plans.items())))
+    return f"{tag or MAIN_PASS}-{digest[:10]}"
 
 
 def _pass_of(devices: pd.DataFrame) -> dict:

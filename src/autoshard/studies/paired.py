@@ -46,13 +46,15 @@ def minimum_detectable_effect(noise_sd: float, tasks: int, alpha: float = 0.05, 
 
 
 def holm(p_values: Sequence[float | None]) -> list[float | None]:
-    """Holm's step-down adjustment of a family of p-values (None stays None and is not counted)."""
-    known = [(p, i) for i, p in enumerate(p_values) if p is not None and not math.isnan(p)]
+    """Holm's step-down adjustment of a family of p-values (statsmodels); None or NaN stays None
+    and is not counted in the family."""
+    from statsmodels.stats.multitest import multipletests
+
+    known = [i for i, p in enumerate(p_values) if p is not None and not math.isnan(p)]
     out: list[float | None] = [None] * len(p_values)
-    running = 0.0
-    for rank, (p, i) in enumerate(sorted(known)):
-        running = max(running, min(1.0, (len(known) - rank) * p))
-        out[i] = running
+    if known:
+        for i, p in zip(known, multipletests([p_values[i] for i in known], method="holm")[1], strict=True):
+            out[i] = float(p)
     return out
 
 

@@ -117,7 +117,8 @@ def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_err
     """reports/metrics/evaluate.json: the `primary` endpoints first (`endpoints.primary`: the
     verdicts the study decides on), `noise` (the measurement quality), then the `paired`
     comparisons per protocol (`<method>__vs__<reference>`), the plain `answer`,
-    `replicates.<protocol>.<method>` (mean_ratio, std, n), the per-method `results`, the targets,
+    `replicates.<protocol>.rl_greedy__vs__cost_greedy` (mean_ratio, std, n: each
+    replicate within its pass), the per-method `results`, the targets,
     the cost model's device error (median per protocol; the hybrid's too, where there is one; and
     their target), the MILP's gaps and the sharding speed; then `failed` (`memory.failed_counts`
     of `plans` with `plan_status`, `evaluate.plan_all`'s frame), the headline `objective` per protocol
