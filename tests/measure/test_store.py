@@ -72,18 +72,24 @@ def test_first_file_wins_a_broken_file_is_set_aside_and_worker_rows_are_read(tmp
     assert len(list(store.folder.glob(".broken-*"))) == 2
 
 
-def test_a_shard_the_profile_measured_is_not_measured_again_by_scoring(tmp_path, setup):
+def test_scoring_measures_its_own_pass_even_where_the_profile_measured_the_shards(tmp_path, setup):
+    """Plans are compared within one pass: shards the profile measured are measured again with the
+    plans they are compared in; the same pass resumed reads its own records; other plans are another pass."""
     pool, cfg, jobs, _ = setup
     collect(pool, jobs, Counting(pool), cfg, tmp_path, progress=False)
     task = Task("x/y", "test", "test", (4, 9), 2, 10**12, 0.0)
     plans = {"split": [np.array([0, 1])], "swapped": [np.array([1, 0])]}
     store = measurement_store(tmp_path, cfg.backend, pool)
-    same = Counting(pool)
-    devices = score(same, pool.features, [task], plans, cfg.backend, store, 0, progress=False)
-    assert same.calls == 0, "the single-table shards come from the profile's measurements"
-    profile = collect(pool, jobs, Counting(pool), cfg, tmp_path, progress=False)
-    singles = profile[profile["kind"] == "single"].set_index("shard_id")
-    assert devices["forward_compute_ms"].tolist()[:2] == [singles.loc[4, "forward_ms"], singles.loc[9, "forward_ms"]]
+    first = Counting(pool)
+    devices = score(first, pool.features, [task], plans, cfg.backend, store, 0, progress=False)
+    assert first.calls > 0, "measured in this pass, not read from the profile's"
+    assert devices["pass"].nunique() == 1 and devices["pass"].iloc[0].startswith("main-")
+    resumed = Counting(pool)
+    again = score(resumed, pool.features, [task], plans, cfg.backend, store, 0, progress=False)
+    assert resumed.calls == 0 and again["pass"].iloc[0] == devices["pass"].iloc[0], "the same pass, resumed"
+    fewer = Counting(pool)
+    other = score(fewer, pool.features, [task], {"split": plans["split"]}, cfg.backend, store, 0, progress=False)
+    assert fewer.calls > 0 and other["pass"].iloc[0] != devices["pass"].iloc[0], "other plans: another pass"
     from dataclasses import replace
 
     other = replace(cfg.backend, batch_size=cfg.backend.batch_size // 2)
@@ -164,7 +170,7 @@ def test_the_profile_reads_a_named_foreign_space_and_measures_nothing_into_it(tm
         collect(pool, jobs, counted, named, partial, progress=False)
     task = Task("x/y", "test", "test", (4, 9), 2, 10**12, 0.0)
     store = measurement_store(partial, cfg.backend, pool, FOREIGN)
-    with pytest.raises(ConfigError, match=rf"measurement space {FOREIGN}: 1 shards of the plans are missing"):
+    with pytest.raises(ConfigError, match=r"measurement space [0-9a-f]{16}: 1 shards of the plans are missing"):
         score(counted, pool.features, [task], {"a": [np.array([0, 0])]}, cfg.backend, store, 0, progress=False)
     assert counted.calls == 0 and sorted(partial.rglob("*")) == files, "nothing measured, nothing written"
     with pytest.raises(ConfigError, match=r"profile\.measurements_space: 'fedcba9876543210' \(no such space"):

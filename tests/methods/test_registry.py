@@ -83,6 +83,7 @@ def test_method_ids_are_spelt_only_in_the_registry_and_the_modules_that_implemen
 def test_the_readmes_example_method_builds_and_places(pool):
     """The README's "Adding a method" block, run as written: one function and one entry."""
     import torch
+    from study_configs import study
 
     from autoshard.costmodel.model import CostModel, CostModelConfig
     from autoshard.data.features import feature_matrix
@@ -95,7 +96,7 @@ def test_the_readmes_example_method_builds_and_places(pool):
     torch.manual_seed(0)
     features = feature_matrix(pool.features)
     artifacts = Artifacts(pool_features=pool.features, features=features,
-                          cost_model=CostModel.fitted_to(CostModelConfig(), features))
+                          cost_model=CostModel.fitted_to(study(CostModelConfig), features))
     entry = namespace["entry"]
     assert entry.missing(bare()) == ("cost_model",) and entry.missing(artifacts) is None
     task = Task("t", "user", "test", tuple(range(12)), 3, int(pool.features["size_bytes"].sum()), 1.0)

@@ -54,7 +54,8 @@ EVALUATE = {
         "method": "rl_greedy", "reference": "cost_greedy", "protocol": "autoshard", "cost": "max_device_ms",
         "verdict": "equivalent", "median_ratio": 0.9931, "ci_low": 0.981, "ci_high": 1.004, "p_holm": 0.0012,
         "p_claims": {"better": 1.0, "worse": 1.0, "equivalent": 0.0012},
-        "sesoi": 0.05, "alpha": 0.05, "tasks": 40, "pass": "evaluate", "identical_share": 0.25,
+        "sesoi": 0.05, "alpha": 0.05, "tasks": 40, "failed": 0, "interval": "BCa", "pass": "evaluate-0123456789",
+        "identical_share": 0.25,
         "per_task": {"t0": 0.99}}},
     "seconds": 12.0,
 }
@@ -356,14 +357,14 @@ def test_the_active_selection_line_says_whether_choosing_beat_chance():
                                    "paired": paired}})
     assert "290 more train-table shards" in line and "3 rounds of 50 per arm" in line
     assert "base 6.8% ± 0.1% | 12.7% ± 0.2%" in line
-    assert "active - uniform | unseen -1.1 points [-1.8, -0.3], p 0.014 (188 shards): better" in line
+    assert "active - uniform | unseen -1.1 points [-1.8, -0.3], p 0.014 (188 shards): lower error" in line
     assert "active - base | seen -0.2 points [-0.9, +0.4], p 0.500 (89 shards): no difference shown" in line
-    assert "active - base | unseen +2.0 points" in line and line.count("worse") == 1
+    assert "active - base | unseen +2.0 points" in line and line.count("higher error") == 1
     assert "measured no shards" in active_line({})
     wide = {k: {"seen": 0.03, "unseen": 0.03} for k in arms}
     line = active_line({"active": {"rounds": 3, "shards_per_round": 50, "ensemble": 5, "seeds": 3, "candidates": 9,
                                    "shards_measured": 290, "mape": arms, "mape_sd": wide, "paired": paired}})
-    assert line.count("within the fits' spread") == 2 and "better" not in line
+    assert line.count("within the fits' spread") == 2 and "lower error" not in line
 
 
 def test_the_regime_text_says_where_each_protocols_all_to_all_came_from():
@@ -451,3 +452,12 @@ def test_the_device_error_line_names_both_models_and_the_target():
     assert device_error_line({}).startswith("This run's evaluate stage recorded no device-level error")
     unknown = device_error_line(errors | {"hybrid_device_error_median": {"autoshard": 0.01, "dreamshard": None}})
     assert "hybrid: autoshard 1.0%, dreamshard n/a — target not met" in unknown, "a missing figure meets nothing"
+
+
+def test_the_hybrid_is_labelled_as_profiling_every_table():
+    from autoshard.pipeline.report import hybrid_label
+
+    text = hybrid_label({"shards_by_kind": {"single": 856, "heuristic": 30}, "seconds": 318.4})
+    assert "every table is profiled alone first (here 856 single-table measurements" in text and "5.3 min" in text
+    assert "not generalisation to tables never measured" in text
+    assert "(here" not in hybrid_label(None), "a run without a profile says what the hybrid needs, not a count"

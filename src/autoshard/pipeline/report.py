@@ -165,7 +165,8 @@ def hybrid_label(profile: dict | None) -> str:
 def active_line(cost_model: CostModelMetrics) -> str:
     """Markdown: the hybrid's active selection (`costmodel.active`): what was measured, each arm's
     MAPE on seen and unseen multi-table test shards, and whether choosing where the model is least
-    sure beat choosing at random: "better" or "worse" only when the paired interval excludes 0,
+    sure beat choosing at random (exploratory, so no verdict words): "lower error" or "higher error"
+    only when the paired interval excludes 0,
     the Wilcoxon p-value is under 0.05 and the difference exceeds either arm's spread over fits
     (the test's randomness is the test shards only; fit luck it averages over a few seeds)."""
     if "active" not in cost_model:
@@ -186,7 +187,7 @@ def active_line(cost_model: CostModelMetrics) -> str:
         shown = d["p_value"] < 0.05 and (d["ci_high"] < 0 or d["ci_low"] > 0)
         word = ("no difference shown" if not shown else
                 "within the fits' spread" if abs(d["difference"]) <= spread else
-                "better" if d["difference"] < 0 else "worse")
+                "lower error" if d["difference"] < 0 else "higher error")
         return (f"{key} {d['difference'] * 100:+.1f} points [{d['ci_low'] * 100:+.1f}, {d['ci_high'] * 100:+.1f}], "
                 f"p {d['p_value']:.3f} ({d['shards']} shards): {word}")
 
