@@ -170,7 +170,8 @@ def test_the_profile_reads_a_named_foreign_space_and_measures_nothing_into_it(tm
         collect(pool, jobs, counted, named, partial, progress=False)
     task = Task("x/y", "test", "test", (4, 9), 2, 10**12, 0.0)
     store = measurement_store(partial, cfg.backend, pool, FOREIGN)
-    with pytest.raises(ConfigError, match=r"measurement space [0-9a-f]{16}: 1 shards of the plans are missing"):
+    missing = r"measurement space [0-9a-f]{16}: 1 shards of the plans of pass main-[0-9a-f]{10} are missing"
+    with pytest.raises(ConfigError, match=missing):
         score(counted, pool.features, [task], {"a": [np.array([0, 0])]}, cfg.backend, store, 0, progress=False)
     assert counted.calls == 0 and sorted(partial.rglob("*")) == files, "nothing measured, nothing written"
     with pytest.raises(ConfigError, match=r"profile\.measurements_space: 'fedcba9876543210' \(no such space"):

@@ -211,7 +211,7 @@ def score(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Task],
     store = store.tagged(name)
     per_task = [[p[i] for p in plans.values()] for i in range(len(tasks))]
     jobs = batch_jobs(tasks, per_task, store, cfg, seed, tag, pool_source)
-    store.refuse_measuring([s for job in jobs for s in job.shards], "the plans")
+    store.refuse_measuring([s for job in jobs for s in job.shards], f"the plans of pass {name}")
     measure_batches(jobs, backend, engine, f"measuring plans{' (' + tag + ')' if tag else ''}" if progress else None)
     comm, comm_cvs = measured_plans_comm(pool_features, tasks, plans, store, cfg.batch_size, backend.device, seed,
                                          tag or "score", measured_comm)
