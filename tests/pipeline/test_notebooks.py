@@ -186,7 +186,7 @@ def test_evaluate_notebook(profiled, smoke_params, monkeypatch):
     _, outputs = executed_outputs(tmp_path / "nb" / "05_evaluate.ipynb")
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 6
     declared = smoke_params["primary"]["endpoints"]
-    assert len(metrics["primary"]) == len(declared) and list(metrics)[0] == "primary", "the answer comes first"
+    assert len(metrics["primary"]) == len(declared), "every declared endpoint decided"
     for entry in metrics["primary"].values():
         assert entry["verdict"] in ("better", "worse", "equivalent", "inconclusive")
         assert entry["tasks"] == len(entry["per_task"]) > 0 and entry["sesoi"] == smoke_params["primary"]["sesoi"]
