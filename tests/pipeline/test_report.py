@@ -336,7 +336,7 @@ def test_the_cost_model_section_sets_the_hybrid_against_a_re_measurement():
     assert "a re-measurement (the second pass as the prediction) 5.5% (5.0% once" in line
     assert "hybrid 7.0% (5.0% against the mean" in line and "feature-only 7.2% (n/a against" in line
     assert "a noise-free model would score about 3.5%" in line
-    assert "predates" in floor_line({})
+    assert "no measurement floor" in floor_line({}), "a run with `remeasure` off has none"
     assert "no floor" in floor_line({"measurement_floor": floor | {"shards": 0}})
 
 
