@@ -171,11 +171,13 @@ def make_task(tables: UserTables, devices: int, memory_bytes: int) -> Task:
                 memory_bytes=int(memory_bytes), unseen_ratio=1.0)
 
 
-def place(method: str, tables: UserTables, task: Task, models: Models, best_of: int = 16, seed: int = 0,
-          batch_size: int = 2048) -> np.ndarray:
+def place(method: str, tables: UserTables, task: Task, models: Models, best_of: int | None = None, seed: int = 0,
+          batch_size: int | None = None) -> np.ndarray:
     """A device per table by the method of that registry id, built by the registry from the
     tables and the loaded models (`best_of` is rl_best_of_n's N, `seed` its sampling seed and the
-    random heuristic's)."""
+    random heuristic's; `batch_size` the training batch TorchRec plans for). Unset, both are the
+    study's (`rl.best_of`, `profile.batch_size`: `cli.defaults`)."""
+    from autoshard.cli.defaults import study_defaults
     from autoshard.core.seeding import one_thread
     from autoshard.methods.artifacts import Artifacts, Settings
     from autoshard.methods.registry import build
@@ -185,8 +187,10 @@ def place(method: str, tables: UserTables, task: Task, models: Models, best_of: 
         raise ConfigError(f"--method: {method!r} (the command offers {', '.join(METHODS)})")
     artifacts = Artifacts(pool_features=tables.features, features=feature_matrix(tables.features),
                           cost_model=models.cost_model, policy=models.policy, numpy=models.numpy)
-    built = build((method,), artifacts, Settings(seed=seed, batch_size=batch_size, best_of=best_of,
-                                                 sample_seed=lambda t: seed))
+    study = study_defaults()
+    settings = Settings(seed=seed, batch_size=batch_size or study["profile.batch_size"],
+                        best_of=best_of or study["rl.best_of"], sample_seed=lambda t: seed)
+    built = build((method,), artifacts, settings)
     if method in built.left_out:
         raise ConfigError(f"--method {method}: {built.left_out[method]} (load_models gives them)")
     try:
