@@ -50,7 +50,8 @@ def top_configs(params: dict = PARAMS) -> dict[str, Any]:
         "ablation": AblationConfig.from_params(ablation["ablation"], ablation["rl"], ablation["profile"],
                                                ablation["evaluate"]),
         "columns": ColumnsConfig.from_params(params["columns"]),
-        "primary": PrimaryConfig.from_params(params["primary"], METHODS, PROTOCOLS),
+        "primary": PrimaryConfig.from_params(params["primary"], METHODS, PROTOCOLS,
+                                             params["evaluate"]["timing"]["drift_limit"]),
     }
 
 

@@ -6,13 +6,16 @@ import pytest
 
 from autoshard.core.errors import ConfigError
 from autoshard.core.params import parse
-from autoshard.core.schema import ProtocolScores, check
+from autoshard.core.schema import FeedScores, ProtocolScores, check
 from autoshard.measure.base import ShardCost, ShardTooLarge
 from autoshard.measure.protocols import (
+    FEEDS,
     INTERLEAVED,
     SEQUENTIAL,
     ProtocolCheck,
+    compare_feeds,
     compare_protocols,
+    feed_scores,
     measure_sequential,
     protocol_scores,
 )
@@ -53,6 +56,38 @@ def test_both_protocols_time_the_same_shards_in_every_pass():
         assert scores[protocol]["shards"] == 4 and scores[protocol]["pass_change_median"] == 0.0
     again = compare_protocols(Clock(), candidates, ProtocolCheck(shards=4, passes=2), 8, TIMING, seed=0)
     assert again["tables"].tolist() == rows["tables"].tolist(), "the shards drawn follow the seed"
+
+
+class Feeder(Clock):
+    """A Clock whose timing says how it feeds: rotating doubles the cost, evicting triples it."""
+
+    def __init__(self, timing: TimingConfig):
+        super().__init__()
+        self.scale = (2 if timing.rotate else 1) * (3 if timing.evict else 1)
+
+    def measure(self, tables, batch_size, dims=None):
+        cost = super().measure(tables, batch_size)
+        return ShardCost(forward_ms=cost.forward_ms * self.scale, backward_ms=cost.backward_ms * self.scale)
+
+
+def test_every_feed_variant_times_the_same_shards_and_is_scored_against_the_former_protocol():
+    made = []
+
+    def make(timing):
+        made.append(Feeder(timing))
+        return made[-1]
+
+    candidates = [tuple(range(n)) for n in range(1, 8)]
+    rows = compare_feeds(make, candidates, ProtocolCheck(shards=3, passes=2), 8, TIMING, seed=0)
+    assert len(made) == len(FEEDS) and all(m.calls == 2 * 3 * TIMING.rounds for m in made), \
+        "each variant: its shards once a round, in every pass"
+    assert len(rows) == 2 * len(FEEDS) * 3
+    scores = feed_scores(rows)
+    assert list(scores) == list(FEEDS)
+    ratios = {name: scores[name]["cost_ratio_to_former"] for name in FEEDS}
+    assert ratios == {"first_bags_warm_cache": 1.0, "rotated_bags": 2.0, "evicted_cache": 3.0, "rotated_evicted": 6.0}
+    assert all(check(v, FeedScores, "profile.json") is v for v in scores.values())
+    assert rows.pivot_table(index=["pass", "shard"], columns="protocol", values="tables").nunique(axis=1).eq(1).all()
 
 
 def test_a_shard_too_large_is_left_out_not_a_crash():

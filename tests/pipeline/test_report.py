@@ -49,6 +49,7 @@ EVALUATE = {
                  "target": "<= 0.01", "met": False}],
     "objective": {"autoshard": "synchronized_stages", "small": "max_device"},
     "paired_max_device": {}, "paired": {}, "paired_synchronized": {}, "answer": [], "replicates": {}, "failed": {},
+    "reference": {},
     "noise": NOISE | {"median_cv": 0.01, "plan_repeat_change": 0.005, "met": True},
     "primary": {"rl_greedy__vs__cost_greedy__autoshard": {
         "method": "rl_greedy", "reference": "cost_greedy", "protocol": "autoshard", "cost": "max_device_ms",
@@ -90,11 +91,13 @@ def test_a_noisy_run_says_so_in_bold_at_the_top(tmp_path):
     measured = quality(EVALUATE | {"noise": NOISE | {"comm_round_cv": 0.21, "comm_plans": 40}})
     assert ("Measured all-to-alls (40 plans): median CV of a device's all-to-all time across rounds 21.00%"
             in measured[0])
-    assert "flatters" not in measured[0], "no plans measured twice, no sentence on the best heuristic's luck"
-    repeat = {"autoshard": {"plan_change": 0.1, "rl_ratio_change": 0.02, "selection_flattery": 0.034, "tasks": 5},
-              "dreamshard": {"plan_change": 0.1, "rl_ratio_change": 0.02, "selection_flattery": None, "tasks": 0}}
-    flattered = quality(EVALUATE | {"noise": NOISE, "measurement_repeat": repeat})[0]
-    assert "noise flatters it" in flattered and "autoshard +3.4% (5 tasks)" in flattered
+    assert "chosen on" not in measured[0], "no reference recorded, no sentence on how it was chosen"
+    reference = {"autoshard": {"chosen_by": "predicted_ms", "oracle_over_chosen_median": -0.034,
+                               "tasks_differing": 12, "tasks": 40},
+                 "dreamshard": {"chosen_by": "predicted_ms", "oracle_over_chosen_median": None,
+                                "tasks_differing": 0, "tasks": 0}}
+    flattered = quality(EVALUATE | {"noise": NOISE, "reference": reference})[0]
+    assert "chosen on `predicted_ms`" in flattered and "autoshard -3.4% (12 of 40 tasks differ)" in flattered
     assert "dreamshard" not in flattered, "a protocol without a figure is left out"
     quiet = quality(EVALUATE | {"noise": NOISE | {"median_cv": 0.01, "plan_repeat_change": 0.005, "met": True}})
     assert quiet[0].startswith("Measurement quality: within the targets") and "**" not in quiet[0]

@@ -100,11 +100,13 @@ def test_the_family_is_read_from_params_and_bad_entries_are_refused():
     section = {"sesoi": 0.05, "alpha": 0.05, "resamples": 999,
                "endpoints": [{"method": "rl_greedy", "reference": "cost_greedy", "protocol": "autoshard",
                               "cost": "max_device_ms"}]}
-    cfg = PrimaryConfig.from_params(section, ("rl_greedy", "cost_greedy"), ("autoshard",))
+    cfg = PrimaryConfig.from_params(section, ("rl_greedy", "cost_greedy"), ("autoshard",), 0.04)
     assert cfg.endpoints == (Endpoint("rl_greedy", "cost_greedy", "autoshard", "max_device_ms"),)
     with pytest.raises(ConfigError, match=r"primary.endpoints\[0\].method: 'nope'"):
         PrimaryConfig.from_params({**section, "endpoints": [{**section["endpoints"][0], "method": "nope"}]},
-                                  ("rl_greedy", "cost_greedy"), ("autoshard",))
+                                  ("rl_greedy", "cost_greedy"), ("autoshard",), 0.04)
     with pytest.raises(ConfigError, match="declared twice"):
         PrimaryConfig.from_params({**section, "endpoints": section["endpoints"] * 2},
-                                  ("rl_greedy", "cost_greedy"), ("autoshard",))
+                                  ("rl_greedy", "cost_greedy"), ("autoshard",), 0.04)
+    with pytest.raises(ConfigError, match=r"evaluate\.timing\.drift_limit: 0\.05 .*below primary\.sesoi"):
+        PrimaryConfig.from_params(section, ("rl_greedy", "cost_greedy"), ("autoshard",), 0.05)

@@ -67,7 +67,7 @@ def ratios_frame(rl_factor: float, tasks: int = 12) -> tuple[pd.DataFrame, dict,
         noise = g.normal(0, 0.002, tasks)
         for i, name in enumerate(names):
             rows.append({"task": name, "protocol": "autoshard", "method": method, "measured_ms": base[i] * factor
-                         * (1 + noise[i]), "unseen_ratio": [0.0, 1.0][i % 2]})
+                         * (1 + noise[i]), "predicted_ms": base[i] * factor, "unseen_ratio": [0.0, 1.0][i % 2]})
         plans[method] = [np.array([0, 1, int(factor * 100) % 2]) for _ in names]
     return pd.DataFrame(rows), plans, names
 

@@ -19,6 +19,7 @@ from autoshard.studies.paired import (
     minimum_detectable_effect,
     same_split,
     wilcoxon_p,
+    selection_bias,
     with_best,
 )
 
@@ -118,9 +119,9 @@ def test_all_pairs_on_a_results_frame():
     for i, t in enumerate(tasks):
         split = np.array([0, 1, 0, 1])
         rows += [{"task": t, "protocol": "p", "unseen_ratio": i % 3, "method": "size_greedy",
-                  "measured_ms": base[i], "placement": split},
+                  "measured_ms": base[i], "predicted_ms": 1.0, "placement": split},
                  {"task": t, "protocol": "p", "unseen_ratio": i % 3, "method": "dim_greedy",
-                  "measured_ms": 1.2 * base[i], "placement": None if i == 0 else 1 - split},
+                  "measured_ms": 1.2 * base[i], "predicted_ms": 2.0, "placement": None if i == 0 else 1 - split},
                  {"task": t, "protocol": "p", "unseen_ratio": i % 3, "method": "rl_greedy",
                   "measured_ms": 0.9 * base[i], "placement": np.array([0, 0, 1, 1])}]
     results = with_best(pd.DataFrame(rows), ["size_greedy", "dim_greedy"], "best_heuristic")
@@ -135,6 +136,23 @@ def test_all_pairs_on_a_results_frame():
     assert pairs["rl_greedy__vs__best_heuristic"]["median_ratio"] == pytest.approx(0.9)
     assert pairs["rl_greedy__vs__best_heuristic"]["identical_share"] == 0.0
     json.dumps(out, allow_nan=False)
+
+
+def test_the_best_heuristic_is_chosen_on_predictions_not_on_the_measurements_that_score_it():
+    # size_greedy is predicted faster on every task, dim_greedy measured faster on half of them
+    rows = []
+    for i in range(6):
+        rows += [{"task": f"t{i}", "method": "size_greedy", "measured_ms": 10.0, "predicted_ms": 1.0, "pass": "a"},
+                 {"task": f"t{i}", "method": "dim_greedy", "measured_ms": 8.0 if i % 2 else 12.0,
+                  "predicted_ms": 2.0, "pass": "a"}]
+    frame = pd.DataFrame(rows)
+    best = with_best(frame, ["size_greedy", "dim_greedy"], "best_heuristic")
+    assert (best.loc[best["method"] == "best_heuristic", "measured_ms"] == 10.0).all(), "chosen by prediction"
+    bias = selection_bias(frame, ["size_greedy", "dim_greedy"])
+    assert bias["oracle_over_chosen_median"] == pytest.approx(-0.1) and bias["tasks_differing"] == 3
+    assert bias["chosen_by"] == "predicted_ms" and bias["tasks"] == 6
+    with pytest.raises(ValueError, match="different passes"):
+        selection_bias(frame.assign(**{"pass": ["a", "b"] * 6}), ["size_greedy", "dim_greedy"])
 
 
 @settings(max_examples=300, deadline=None)

@@ -16,8 +16,8 @@ PACKAGED = {
     "profile.batch_size": 2048,
     "profile.threads": 1,
     "evaluate.timing.warmup": 1,
-    "evaluate.timing.runs": 2,
-    "evaluate.timing.rounds": 2,
+    "evaluate.timing.runs": 1,
+    "evaluate.timing.rounds": 3,
     "rl.best_of": 16,
     "columns.ways": [1, 2, 4],
 }

@@ -113,6 +113,17 @@ class MeasurementQuality(TypedDict):
     met: bool
 
 
+class ReferenceChoice(TypedDict):
+    """How the best heuristic of a task was chosen (`studies.paired.selection_bias`): on `chosen_by`
+    (a prediction), scored on the pass; what choosing on the pass's own measurement would have
+    flattered it by (the median of lowest measured / chosen - 1), on how many tasks they differ."""
+
+    chosen_by: str
+    oracle_over_chosen_median: Number
+    tasks_differing: int
+    tasks: int
+
+
 class EvaluateMetrics(StageTime, HeadlineObjective, ComputeOnlyPairs):
     """reports/metrics/evaluate.json. Built by `studies.stats.evaluate_metrics`: the primary
     endpoints first, the measurement quality, the exploratory paired blocks (headline objective,
@@ -121,6 +132,7 @@ class EvaluateMetrics(StageTime, HeadlineObjective, ComputeOnlyPairs):
 
     primary: dict[str, PrimaryEndpoint]
     noise: MeasurementQuality
+    reference: dict[str, ReferenceChoice]  # per protocol
     paired: dict[str, dict[str, PairedComparison]]
     paired_synchronized: dict[str, dict[str, PairedComparison]]
     answer: list[str]
@@ -171,6 +183,13 @@ class ProtocolScores(TypedDict):
     seconds: float
 
 
+class FeedScores(ProtocolScores):
+    """One variant of the profile's feeds check (`measure.protocols.feed_scores`): the scores
+    above and its cost over the former protocol's (first bags, warm cache), median."""
+
+    cost_ratio_to_former: Number
+
+
 class ProfileMetrics(StageTime):
     """reports/metrics/profile.json. Built by `measure.analysis.profile_metrics`."""
 
@@ -194,6 +213,7 @@ class ProfileMetrics(StageTime):
     comm_measured_processes: int
     comm: NotRequired[CommMetrics]
     protocol_check: NotRequired[dict[str, ProtocolScores]]  # sequential and interleaved, measured side by side
+    feeds_check: NotRequired[dict[str, FeedScores]]  # fixed or rotated bags, warm or evicted cache (protocols.FEEDS)
     torch_threads: int
     peak_rss_gib: float
 

@@ -71,13 +71,15 @@ def round_noise(table: pd.DataFrame) -> dict[str, float]:
 
 def profile_metrics(table: pd.DataFrame, versus: pd.DataFrame, harness: pd.DataFrame, cv_target: float,
                     comm_processes: int, torch_threads: int, seconds: float, peak_gib: float,
-                    comm: dict | None = None, protocol_check: dict | None = None) -> ProfileMetrics:
+                    comm: dict | None = None, protocol_check: dict | None = None,
+                    feeds_check: dict | None = None) -> ProfileMetrics:
     """The profile stage's metrics: what was measured and how, repeatability against the CV
     target (across separate passes: `median_cv`; across a chunk's interleaved rounds: `noise`),
     the fusion gap, and the cross-checks (`versus`: the torch backend against the profile's;
     `harness`: FBGEMM's benchmark harness against our timing loop; `comm`: the comm model's
     fit, from `measure.commmodel.profile_comm`, with its MAPE target; `protocol_check`: the timing
-    protocols compared, from `measure.protocols.protocol_scores`)."""
+    protocols compared, from `measure.protocols.protocol_scores`; `feeds_check`: the same for the
+    inputs and cache of each run, `measure.protocols.compare_feeds`)."""
     rep = repeatability(table)
     median_cv = float(rep["cv"].median()) if len(rep) else float("nan")
     gap = fusion_gap(table)
@@ -104,6 +106,7 @@ def profile_metrics(table: pd.DataFrame, versus: pd.DataFrame, harness: pd.DataF
         "comm_measured_processes": comm_processes,
         **({"comm": comm} if comm is not None else {}),
         **({"protocol_check": protocol_check} if protocol_check is not None else {}),
+        **({"feeds_check": feeds_check} if feeds_check is not None else {}),
         "torch_threads": torch_threads,
         "seconds": seconds,
         "peak_rss_gib": peak_gib,

@@ -81,19 +81,50 @@ def check_batch(batch_size: int, traces: Traces) -> None:
                           f"{traces.batch_size} bags per table)")
 
 
-def shard_inputs(traces: Traces, tables: Sequence[int], batch_size: int
+WINDOWS = 8  # a table's trace is read as a ring of this many windows, one per run in turn
+
+
+def shard_inputs(traces: Traces, tables: Sequence[int], batch_size: int, window: int = 0
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Flat indices and table-major offsets (T*B+1) of the first `batch_size` bags of each table."""
+    """Flat indices and table-major offsets (T*B+1) of `batch_size` bags of each table: those
+    from bag `window` x (bags in the trace) / WINDOWS on, wrapping round the trace's end."""
     check_batch(batch_size, traces)
     ids = check_shard(tables, traces.num_tables)
     b = traces.batch_size
-    parts = [np.asarray(traces.indices[traces.offsets[t * b]:traces.offsets[t * b + batch_size]])
-             for t in ids]
-    lengths = np.stack([np.asarray(traces.lengths[t, :batch_size]) for t in ids])
-    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
-    np.cumsum(lengths.reshape(-1), out=offsets[1:])
+    start = (window % WINDOWS) * b // WINDOWS
+    bags = (start + np.arange(batch_size)) % b
+    parts, lengths = [], []
+    for t in ids:
+        lengths.append(np.asarray(traces.lengths[t, bags]))
+        first, end = start, min(start + batch_size, b)
+        parts.append(np.asarray(traces.indices[traces.offsets[t * b + first]:traces.offsets[t * b + end]]))
+        if start + batch_size > b:  # the wrapped part, from the trace's first bag
+            wrap = start + batch_size - b
+            parts.append(np.asarray(traces.indices[traces.offsets[t * b]:traces.offsets[t * b + wrap]]))
+    flat = np.stack(lengths)
+    offsets = np.zeros(flat.size + 1, dtype=np.int64)
+    np.cumsum(flat.reshape(-1), out=offsets[1:])
     indices = np.concatenate(parts).astype(np.int64)
     return torch.from_numpy(indices), torch.from_numpy(offsets)
+
+
+class Feeds:
+    """The inputs of a backend's runs: with `rotate`, every run (warm-up included, across all
+    the backend's measurements) feeds the next of the trace's WINDOWS windows, as a training
+    loop reads the next batch; without it every run feeds the first `batch_size` bags."""
+
+    def __init__(self, rotate: bool):
+        self.rotate = rotate
+        self.runs = 0  # runs fed so far
+
+    def take(self, traces: Traces, tables: Sequence[int], batch_size: int, count: int
+             ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The inputs of the next `count` runs, one (indices, offsets) pair per run."""
+        first = self.runs if self.rotate else 0
+        self.runs += count if self.rotate else 0
+        windows = [(first + i) % WINDOWS for i in range(count)] if self.rotate else [0] * count
+        made = {w: shard_inputs(traces, tables, batch_size, w) for w in sorted(set(windows))}
+        return [made[w] for w in windows]
 
 
 def shard_bytes(rows: Sequence[int], dims: Sequence[int], weight_bytes: int) -> int:

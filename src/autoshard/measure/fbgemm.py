@@ -15,7 +15,7 @@ import torch
 
 from autoshard.core.errors import ConfigError
 from autoshard.core.seeding import threads as pinned
-from autoshard.measure.base import ShardCost, ShardTooLarge, shard_bytes, shard_dims, shard_inputs, table_shapes
+from autoshard.measure.base import Feeds, ShardCost, ShardTooLarge, shard_bytes, shard_dims, table_shapes
 from autoshard.measure.timing import TimingConfig, time_steps
 
 if TYPE_CHECKING:  # only a type here: the portable worker (no pandas) imports this module
@@ -42,6 +42,7 @@ class FbgemmBackend:
         self.memory_limit_bytes = memory_limit_bytes
         self.threads = threads  # every measurement runs on these, whatever the caller set (the store's key says them)
         self.weight_bytes = 2 if device.type == "cuda" else 4
+        self.feeds = Feeds(timing.rotate)
 
     def _operator(self, rows: list[int], dims: list[int]):
         from fbgemm_gpu.split_embedding_configs import SparseType
@@ -62,7 +63,7 @@ class FbgemmBackend:
 
     def measure(self, tables: Sequence[int], batch_size: int, dims: Sequence[int] | None = None) -> ShardCost:
         """A shard's forward and backward; `dims` measures column shards (see `base.CostBackend`)."""
-        indices, offsets = shard_inputs(self.pool.traces, tables, batch_size)
+        runs = self.feeds.take(self.pool.traces, tables, batch_size, self.timing.warmup + self.timing.runs)
         rows, full = table_shapes(self.pool.features, tables)
         dims = shard_dims(full, dims)
         if shard_bytes(rows, dims, self.weight_bytes) > self.memory_limit_bytes:
@@ -71,9 +72,9 @@ class FbgemmBackend:
         try:
             with pinned(self.threads):
                 op = self._operator(rows, dims)
-                indices, offsets = indices.to(self.torch_device), offsets.to(self.torch_device)
+                runs = [(i.to(self.torch_device), o.to(self.torch_device)) for i, o in runs]
                 grad = output_grad(batch_size, sum(dims), self.torch_device)
-                return time_steps(lambda: op(indices, offsets), lambda out: out.backward(grad),
+                return time_steps(lambda run: op(*runs[run]), lambda out: out.backward(grad),
                                   self.timing, self.torch_device)
         except (torch.OutOfMemoryError, MemoryError) as exc:
             raise ShardTooLarge(str(exc).splitlines()[0]) from None

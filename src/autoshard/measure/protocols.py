@@ -10,23 +10,30 @@ only the order differs. Per protocol two numbers decide: how far a shard's cost 
 pass to the next (what running the stage again would see), and the CV across a shard's rounds
 within a pass (the noise a single pass reports about itself). A protocol whose within-pass CV is
 small but whose pass-to-pass change is large is hiding its noise.
+
+`compare_feeds` does the same for the timing's two realism changes (issue 29): the same shards
+timed feeding the first bags with a warm cache (the former protocol), with rotated bags, with
+the cache evicted before each run, and with both (the protocol now), all four interleaved in
+one pass (shards and variants shuffled together each round), in independent passes.
 """
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
 
 from autoshard.core.params import bounded
-from autoshard.core.schema import ProtocolScores
+from autoshard.core.schema import FeedScores, ProtocolScores
 from autoshard.core.seeding import rng
 from autoshard.measure.base import CostBackend, ShardTooLarge
 from autoshard.measure.interleaved import measure_batch, round_cv
 from autoshard.measure.timing import TimingConfig
 
 SEQUENTIAL, INTERLEAVED = "sequential", "interleaved"
+FEEDS = {"first_bags_warm_cache": (False, False), "rotated_bags": (True, False),
+         "evicted_cache": (False, True), "rotated_evicted": (True, True)}  # name: (rotate, evict)
 
 
 @dataclass(frozen=True)
@@ -68,9 +75,7 @@ def compare_protocols(backend: CostBackend, candidates: Sequence[Sequence[int]],
     `seconds`. `check.shards` of `candidates` are drawn (seeded); in each pass both protocols
     run, the first one alternating from pass to pass so that a slow phase of the machine
     does not land on one protocol only."""
-    g = rng(seed, "profile", "protocol_check", "shards")
-    picked = sorted(g.choice(len(candidates), size=min(check.shards, len(candidates)), replace=False))
-    shards = [tuple(int(t) for t in candidates[i]) for i in picked]
+    shards = _pick(candidates, check.shards, seed, "protocol_check")
     rows = []
     for k in range(check.passes if shards else 0):
         in_turn = (SEQUENTIAL, INTERLEAVED) if k % 2 == 0 else (INTERLEAVED, SEQUENTIAL)
@@ -87,16 +92,66 @@ def compare_protocols(backend: CostBackend, candidates: Sequence[Sequence[int]],
     return pd.DataFrame(rows, columns=["pass", "protocol", "shard", "tables", "cost_ms", "cv", "seconds"])
 
 
-def protocol_scores(rows: pd.DataFrame) -> dict[str, ProtocolScores]:
-    """Per protocol (`compare_protocols`' rows): shards, the median over shards and consecutive
-    passes of |cost in pass k / cost in pass k-1 - 1|, the median within-pass CV and the
-    seconds spent measuring. The `protocol_check` entry of reports/metrics/profile.json."""
+def _pick(candidates: Sequence[Sequence[int]], count: int, seed: int, name: str) -> list[tuple[int, ...]]:
+    g = rng(seed, "profile", name, "shards")
+    picked = sorted(g.choice(len(candidates), size=min(count, len(candidates)), replace=False))
+    return [tuple(int(t) for t in candidates[i]) for i in picked]
+
+
+def compare_feeds(make: Callable[[TimingConfig], CostBackend], candidates: Sequence[Sequence[int]],
+                  check: ProtocolCheck, batch_size: int, timing: TimingConfig, seed: int) -> pd.DataFrame:
+    """Rows as `compare_protocols`' with `protocol` naming a FEEDS variant: `check.shards` of
+    `candidates` (seeded) under each variant's backend (`make(timing)`), `timing.rounds` rounds
+    a pass, every (variant, shard) once a round in a shuffled order; `seconds` is the time spent
+    measuring that variant in the pass."""
+    shards = _pick(candidates, check.shards, seed, "feeds_check")
+    backends = {name: make(replace(timing, rotate=rotate, evict=evict)) for name, (rotate, evict) in FEEDS.items()}
+    jobs = [(name, i) for name in FEEDS for i in range(len(shards))]
+    rows = []
+    for k in range(check.passes if shards else 0):
+        g = rng(seed, "profile", "feeds_check", "order", k)
+        totals = {job: [] for job in jobs}
+        seconds = dict.fromkeys(FEEDS, 0.0)
+        for _ in range(timing.rounds):
+            for j in g.permutation(len(jobs)):
+                name, i = jobs[j]
+                start = time.perf_counter()
+                try:
+                    totals[jobs[j]].append(backends[name].measure(list(shards[i]), batch_size).total_ms)
+                except ShardTooLarge:
+                    totals[jobs[j]].append(float("nan"))
+                seconds[name] += time.perf_counter() - start
+        rows += [{"pass": k, "protocol": name, "shard": i, "tables": len(shards[i]),
+                  "cost_ms": float(np.median(totals[(name, i)])), "cv": round_cv(totals[(name, i)]),
+                  "seconds": seconds[name]} for name, i in jobs]
+    return pd.DataFrame(rows, columns=["pass", "protocol", "shard", "tables", "cost_ms", "cv", "seconds"])
+
+
+def protocol_scores(rows: pd.DataFrame, names: Sequence[str] = (SEQUENTIAL, INTERLEAVED)
+                    ) -> dict[str, ProtocolScores]:
+    """Per protocol of `names` (`compare_protocols`' rows; `compare_feeds`' with FEEDS):
+    shards, the median over shards and consecutive passes of |cost in pass k / cost in pass k-1
+    - 1|, the median within-pass CV and the seconds spent measuring. The `protocol_check` and
+    `feeds_check` entries of reports/metrics/profile.json."""
     out: dict[str, ProtocolScores] = {}
-    for protocol in (SEQUENTIAL, INTERLEAVED):
+    for protocol in names:
         g = rows[rows["protocol"] == protocol]
         wide = g.pivot(index="shard", columns="pass", values="cost_ms").sort_index(axis=1).to_numpy()
         change = pd.Series((wide[:, 1:] / wide[:, :-1] - 1).ravel()).abs()
         out[protocol] = {"shards": int(g["shard"].nunique()), "pass_change_median": float(change.median()),
                          "within_pass_cv_median": float(g["cv"].median()),
                          "seconds": float(g.groupby("pass")["seconds"].first().sum())}
+    return out
+
+
+def feed_scores(rows: pd.DataFrame) -> dict[str, FeedScores]:
+    """`protocol_scores` per FEEDS variant (`compare_feeds`' rows), with the median over shards
+    and passes of its cost / the former protocol's (first bags, warm cache) in the same pass:
+    the `feeds_check` entry of reports/metrics/profile.json."""
+    wide = rows.pivot_table(index=["pass", "shard"], columns="protocol", values="cost_ms")
+    former = next(iter(FEEDS))
+    out: dict[str, FeedScores] = {}
+    for name, scores in protocol_scores(rows, tuple(FEEDS)).items():
+        ratio = (wide[name] / wide[former]).median() if name in wide else float("nan")
+        out[name] = {**scores, "cost_ratio_to_former": float(ratio)}
     return out

@@ -228,17 +228,18 @@ def _number(value: object) -> bool:
     return isinstance(value, int | float) and math.isfinite(value)
 
 
-def selection_line(repeat: dict) -> str:
-    """A sentence on how much noise flattered the best heuristic, which is picked per task as the
-    lowest of several noisy measurements (`findings.repeat_summary`'s `selection_flattery`), or ""
-    for a run that did not record it."""
-    parts = [f"{protocol} {entry['selection_flattery']:+.1%} ({entry['tasks']:.0f} tasks)"
-             for protocol, entry in repeat.items() if _number(entry.get("selection_flattery"))]
+def selection_line(reference: dict) -> str:
+    """A sentence on how the best heuristic was chosen (`findings.reference_bias`, the metrics'
+    `reference`) and how much choosing it on the pass's own measurements would have flattered it."""
+    parts = [f"{protocol} {entry['oracle_over_chosen_median']:+.1%} ({entry['tasks_differing']} of "
+             f"{entry['tasks']} tasks differ)" for protocol, entry in reference.items()
+             if _number(entry.get("oracle_over_chosen_median"))]
     if not parts:
         return ""
-    return (" The best heuristic is the lowest of several noisy measurements per task, so noise flatters it; "
-            "on the plans measured again, the first pass's rl_greedy / best-heuristic ratio over the second's, "
-            f"minus 1 (median; positive: the first pass favoured the best heuristic): {', '.join(parts)}.")
+    chooser = next(iter(reference.values()))["chosen_by"]
+    return (f" The best heuristic of a task is chosen on `{chooser}` (the cost model's prediction) and scored on "
+            "this pass; the lowest of its measurements instead would have lowered the reference by (median of "
+            f"lowest / chosen - 1, compute only): {', '.join(parts)}.")
 
 
 def _plan_quality(evaluate: dict) -> list[str]:
@@ -255,7 +256,7 @@ def _plan_quality(evaluate: dict) -> list[str]:
              f"{percent(noise['remeasured_share'], 2)} of tasks measured again because the machine drifted."
              + (f" Measured all-to-alls ({noise['comm_plans']} plans): median CV of a device's all-to-all time "
                 f"across rounds {percent(noise['comm_round_cv'], 2)}." if noise.get("comm_plans") else "")
-             + selection_line(evaluate.get("measurement_repeat", {})))
+             + selection_line(evaluate.get("reference", {})))
     if noise["met"]:
         return [f"Measurement quality: within the targets. {facts}"]
     return [f"**Measurement quality: this run is noisier than its targets; a difference smaller than the noise "

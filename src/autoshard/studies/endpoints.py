@@ -69,11 +69,18 @@ class PrimaryConfig:
     endpoints: tuple[Endpoint, ...]
 
     @classmethod
-    def from_params(cls, primary: dict, methods: tuple[str, ...], protocols: tuple[str, ...]) -> PrimaryConfig:
-        """From the `primary` section; each endpoint's ids must be registry methods and protocols."""
+    def from_params(cls, primary: dict, methods: tuple[str, ...], protocols: tuple[str, ...],
+                    drift_limit: float) -> PrimaryConfig:
+        """From the `primary` section; each endpoint's ids must be registry methods and protocols,
+        and the measuring pass's `drift_limit` (`evaluate.timing`) must lie below `sesoi`: a pass
+        may not drift by as much as the smallest effect it is to decide."""
         f = Fields("primary", primary)
         cfg = cls(sesoi=f.number("sesoi", lo=0, lo_open=True, hi=1), alpha=f.number("alpha", lo=0, lo_open=True, hi=1),
                   resamples=f.integer("resamples", lo=100), endpoints=())
+        if not drift_limit < cfg.sesoi:
+            raise invalid("evaluate.timing.drift_limit", drift_limit,
+                          f"must lie below primary.sesoi ({cfg.sesoi:g}): a pass drifting by the smallest effect "
+                          "of interest cannot decide it")
         raw = f.values.get("endpoints")
         f.used.add("endpoints")
         f.done()

@@ -63,15 +63,24 @@ def log_noise_sd(repeat: pd.DataFrame) -> dict[str, float | None]:
 def paired_comparisons(ratios: pd.DataFrame, plans: dict[str, list[np.ndarray | None]], task_names: list[str],
                        noise_sd: dict[str, float | None], resamples: int, seed: int,
                        references: tuple[str, ...] = REFERENCES, value: str = "measured_ms") -> dict:
-    """`paired.all_pairs` of every method against each of `references` (the best heuristic by
-    measurement per task among them), stratified by unseen ratio, per protocol, on the column
-    `value` of `ratios` (the headline `measured_ms` by default)."""
+    """`paired.all_pairs` of every method against each of `references` (among them the best
+    heuristic, chosen per task on its predicted cost: `paired.chosen`), stratified by unseen
+    ratio, per protocol, on the column `value` of `ratios` (the headline `measured_ms` by default)."""
     index = {name: i for i, name in enumerate(task_names)}
-    frame = ratios[["task", "protocol", "method", value, "unseen_ratio"]].copy()
+    columns = ["task", "protocol", "method", value, paired.CHOSEN_BY, "unseen_ratio"]
+    frame = ratios[columns + (["pass"] if "pass" in ratios else [])].copy()
     frame["placement"] = [plans[m][index[t]] for t, m in zip(frame["task"], frame["method"], strict=True)]
     frame = paired.with_best(frame, ids(kind="heuristic"), BEST_HEURISTIC, value=value)
     return paired.all_pairs(frame, references, value=value, strata="unseen_ratio", noise_sd=noise_sd,
                             resamples=resamples, seed=seed)
+
+
+def reference_bias(ratios: pd.DataFrame, value: str = "max_device_ms") -> dict[str, dict]:
+    """Per protocol, `paired.selection_bias` of the heuristics on `value`: how much lower the
+    former reference (the lowest of the heuristics' measurements, chosen on the numbers it is
+    scored by) sat than the one chosen on predicted costs, within the evaluate pass."""
+    return {str(protocol): paired.selection_bias(g, ids(kind="heuristic"), value)
+            for protocol, g in ratios.groupby("protocol", sort=False)}
 
 
 def paired_synchronized(ratios: pd.DataFrame, plans: dict[str, list[np.ndarray | None]], task_names: list[str],
@@ -173,8 +182,8 @@ def direction(s: dict) -> str:
 def per_task_ratios(ratios: pd.DataFrame, pairs: list[tuple[str, str]]) -> pd.DataFrame:
     """Per task and (method, reference) pair, the measured bottleneck ratio: what the paired
     statistics summarise, for a figure of every task's difference."""
-    frame = paired.with_best(ratios[["task", "protocol", "method", "measured_ms"]], ids(kind="heuristic"),
-                             BEST_HEURISTIC)
+    frame = paired.with_best(ratios[["task", "protocol", "method", "measured_ms", paired.CHOSEN_BY]],
+                             ids(kind="heuristic"), BEST_HEURISTIC)
     table = frame.pivot_table(index=["protocol", "task"], columns="method", values="measured_ms")
     rows = [pd.DataFrame({"pair": f"{m} / {r}", "ratio": table[m] / table[r]}).reset_index()
             for m, r in pairs if m in table and r in table]

@@ -145,13 +145,39 @@ def one_pass(frame: pd.DataFrame, by: str = "task") -> None:
                          "a ratio needs both measured in one pass")
 
 
+CHOSEN_BY = "predicted_ms"  # the best heuristic's chooser: the cost model's prediction, not this pass's measurement
+
+
+def chosen(results: pd.DataFrame, methods: Iterable[str], value: str = "measured_ms",
+           by: str = CHOSEN_BY) -> pd.Series:
+    """Per task, the row index of the plan of `methods` lowest in `by` among those with a
+    `value`: the reference is chosen on a number independent of the pass that scores it (the
+    cost model's prediction, fit on the profile's measurements), so this pass's noise cannot
+    pick its luckiest plan (the minimum of several noisy measurements is biased low)."""
+    pool = results[results["method"].isin(list(methods))].dropna(subset=[value, by])
+    return pool.groupby("task", sort=False)[by].idxmin()
+
+
 def with_best(results: pd.DataFrame, methods: Iterable[str], name: str,
-              value: str = "measured_ms") -> pd.DataFrame:
-    """`results` plus, per task, a row for the virtual method `name`: the row of `methods` with
-    the lowest `value` (for example the best heuristic)."""
-    pool = results[results["method"].isin(list(methods))].dropna(subset=[value])
-    best = pool.loc[pool.groupby("task", sort=False)[value].idxmin()].assign(method=name)
+              value: str = "measured_ms", by: str = CHOSEN_BY) -> pd.DataFrame:
+    """`results` plus, per task, a row for the virtual method `name`: the plan of `methods`
+    chosen by `by` (`chosen`: for example the best heuristic), scored by its `value`."""
+    best = results.loc[chosen(results, methods, value, by)].assign(method=name)
     return pd.concat([results, best], ignore_index=True)
+
+
+def selection_bias(results: pd.DataFrame, methods: Iterable[str], value: str = "measured_ms",
+                   by: str = CHOSEN_BY) -> dict[str, float | int | str]:
+    """What choosing on this pass's own measurement would have flattered the reference by: the
+    median over tasks of (lowest measured `value` of `methods` / the chosen one's) - 1 (at most 0),
+    and on how many tasks the two differ. Both from one pass."""
+    one_pass(results)
+    pool = results[results["method"].isin(list(methods))].dropna(subset=[value, by])
+    picked = pool.loc[chosen(results, methods, value, by)].set_index("task")[value]
+    oracle = pool.groupby("task", sort=False)[value].min().reindex(picked.index)
+    share = oracle / picked - 1
+    return {"chosen_by": by, "oracle_over_chosen_median": float(share.median()) if len(share) else float("nan"),
+            "tasks_differing": int((share < 0).sum()), "tasks": int(len(share))}
 
 
 def all_pairs(results: pd.DataFrame, references: Sequence[str], *, value: str = "measured_ms",

@@ -23,15 +23,15 @@ def bootstrap_median(values: np.ndarray, resamples: int, seed: int, *keys: str) 
 
 
 def with_ratios(plans: pd.DataFrame) -> pd.DataFrame:
-    """`plans` plus, per task, each plan's ratio to the best heuristic's plan (the lowest
-    among the heuristics) for the measured, with-communication and predicted bottlenecks,
-    and to the exact optimum where one was found."""
+    """`plans` plus, per task, each plan's ratio to the best heuristic's plan (the heuristic
+    chosen by `paired.chosen`: lowest predicted, scored by this pass) for the measured,
+    with-communication and predicted bottlenecks, and to the exact optimum where one was found."""
     paired.one_pass(plans)
     out = plans.copy()
-    heuristic = out[out["method"].map(KIND) == "heuristic"].groupby("task")
+    best = out.loc[paired.chosen(out, ids(kind="heuristic"))].set_index("task")
     for column, name in [("measured_ms", "ratio"), ("with_comm_ms", "ratio_with_comm"),
                          ("predicted_ms", "predicted_ratio")]:
-        out[name] = out[column] / out["task"].map(heuristic[column].min())
+        out[name] = out[column] / out["task"].map(best[column])
     optimum = out[out["method"] == OPTIMUM].set_index("task")
     out["measured_vs_optimum"] = out["measured_ms"] / out["task"].map(optimum["measured_ms"])
     out["predicted_gap"] = out["predicted_ms"] / out["task"].map(optimum["predicted_ms"]) - 1
@@ -113,7 +113,7 @@ def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_err
                      plans: dict[str, list], sizes: np.ndarray, plan_status: pd.DataFrame, objective: dict[str, str],
                      paired_synchronized: dict, paired_max_device: dict,
                      hybrid_device_errors: pd.Series | None = None, device_error_target: float | None = None,
-                     primary: dict | None = None) -> dict:
+                     primary: dict | None = None, reference: dict | None = None) -> dict:
     """reports/metrics/evaluate.json: the `primary` endpoints first (`endpoints.primary`: the
     verdicts the study decides on), `noise` (the measurement quality), then the `paired`
     comparisons per protocol (`<method>__vs__<reference>`), the plain `answer`,
@@ -123,10 +123,11 @@ def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_err
     their target), the MILP's gaps and the sharding speed; then `failed` (`memory.failed_counts`
     of `plans` with `plan_status`, `evaluate.plan_all`'s frame), the headline `objective` per protocol
     (`core.schema.HeadlineObjective`), `paired_synchronized` and `paired_max_device` (the same
-    comparisons on synchronized_ms and on max_device_ms, for every protocol) and `comm_source` per
-    protocol (where the all-to-all came from: readers rely on these keys)."""
+    comparisons on synchronized_ms and on max_device_ms, for every protocol), `comm_source` per
+    protocol (where the all-to-all came from: readers rely on these keys) and `reference` (how the
+    best heuristic was chosen and the selection bias that removed: `findings.reference_bias`)."""
     return {
-        "primary": primary or {}, "noise": quality, "paired": pairs, "answer": answer, "replicates": replicates or {},
+        "primary": primary or {}, "noise": quality, "reference": reference or {}, "paired": pairs, "answer": answer, "replicates": replicates or {},
         "results": {proto: g.drop(columns="protocol").set_index("method").to_dict("index")
                     for proto, g in table.groupby("protocol")},
         "targets": target_table.to_dict("records"),
