@@ -18,8 +18,8 @@ from autoshard.studies.paired import (
     holm,
     minimum_detectable_effect,
     same_split,
-    wilcoxon_p,
     selection_bias,
+    wilcoxon_p,
     with_best,
 )
 

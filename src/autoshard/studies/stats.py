@@ -127,7 +127,8 @@ def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_err
     protocol (where the all-to-all came from: readers rely on these keys) and `reference` (how the
     best heuristic was chosen and the selection bias that removed: `findings.reference_bias`)."""
     return {
-        "primary": primary or {}, "noise": quality, "reference": reference or {}, "paired": pairs, "answer": answer, "replicates": replicates or {},
+        "primary": primary or {}, "noise": quality, "reference": reference or {}, "paired": pairs, "answer": answer,
+        "replicates": replicates or {},
         "results": {proto: g.drop(columns="protocol").set_index("method").to_dict("index")
                     for proto, g in table.groupby("protocol")},
         "targets": target_table.to_dict("records"),
