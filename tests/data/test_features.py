@@ -52,7 +52,7 @@ def test_table_features_on_a_tiny_trace():
     traces = from_lengths(np.array([1, 1, 2, 0, 0, 0, 4]), lengths)
     f = table_features(traces, rows=np.array([3, 5]), dims=np.array([4, 8]), weight_bytes=4)
     assert f["pooling_factor"].tolist() == pytest.approx([1.0, 4 / 3])
-    assert f["size_bytes"].tolist() == [3 * 4 * 4, 5 * 8 * 4]
+    assert f["size_bytes"].tolist() == [3 * 4 * 4 + 3 * 4, 5 * 8 * 4 + 5 * 4]  # weights + one fp32 state a row
     assert f["empty_bag_share"].tolist() == pytest.approx([1 / 3, 0.0])
     # Table 0: row 1 twice, row 2 once -> half in (0,1], half in (1,2].
     assert f.loc[0, REUSE_COLUMNS[:2]].tolist() == [0.5, 0.5]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from autoshard.core.errors import ConfigError
-from autoshard.data.features import FEATURE_COLUMNS, REUSE_COLUMNS, feature_matrix
+from autoshard.data.features import FEATURE_COLUMNS, REUSE_COLUMNS, feature_matrix, table_bytes
 from autoshard.data.tasks import Task
 from autoshard.measure.base import shard_bytes
 from autoshard.measure.store import MeasurementStore
@@ -18,7 +18,7 @@ def pool(dims, rows=None, pooling=None) -> pd.DataFrame:
     rows = rows or [1000] * n
     pooling = pooling or [2.0] * n
     frame = pd.DataFrame({"table": range(n), "dim": dims, "rows": rows, "pooling_factor": pooling,
-                          "size_bytes": [r * d * 4 for r, d in zip(rows, dims, strict=True)]})
+                          "size_bytes": [table_bytes(r, d, 4) for r, d in zip(rows, dims, strict=True)]})
     for i, c in enumerate(REUSE_COLUMNS):
         frame[c] = 1.0 if i == 0 else 0.0
     return frame
@@ -50,7 +50,7 @@ def test_a_column_shard_keeps_its_tables_features_but_dim_and_size():
     assert [(s.start, s.width) for s in shards] == [(0, 16), (16, 16), (32, 16), (48, 16)]
     out = columns.shard_features(f, shards)
     assert out["dim"].tolist() == [16] * 4
-    assert out["size_bytes"].tolist() == [500 * 16 * 4] * 4
+    assert out["size_bytes"].tolist() == [500 * 16 * 4 + 500 * 4] * 4  # its columns, all its rows' state
     same = [c for c in FEATURE_COLUMNS if c not in ("dim", "size_bytes")]
     assert (out[same].to_numpy() == f.loc[[0] * 4, same].to_numpy()).all()
     assert out["key"].tolist() == ["0:0-16", "0:16-32", "0:32-48", "0:48-64"]
@@ -65,10 +65,8 @@ def test_memory_counts_weights_and_optimizer_state_per_shard():
     assert whole.tolist() == [shard_bytes([500], [64], 4)]
     assert split.tolist() == [shard_bytes([500], [32], 4)] * 2
     assert split.sum() == whole.sum() + 500 * 4  # one more row-wise optimizer state
-    # The study's convention: a whole table is its weights; a split adds the extra states only.
-    assert columns.shard_sizes(f, columns.split_table(0, 64, 1), extra_state_only=True).tolist() == [500 * 64 * 4]
-    extra = columns.shard_sizes(f, columns.split_table(0, 64, 4), extra_state_only=True)
-    assert extra.sum() == 500 * 64 * 4 + 3 * 500 * 4
+    assert whole.tolist() == f["size_bytes"].tolist()  # a whole table: the size every table-wise method counts
+    assert columns.shard_sizes(f, columns.split_table(0, 64, 4)).sum() == whole.sum() + 3 * 500 * 4
 
 
 @pytest.mark.parametrize("dim,k", [(20, 2), (24, 5), (8, 4)])

@@ -30,7 +30,6 @@ from autoshard.placement.exact import exact_plan, partition_count, placements
 from autoshard.placement.heuristics import Infeasible, place
 from autoshard.placement.shards import memory_ok, predicted_bottleneck
 from autoshard.placement.surrogate import MilpConfig
-from autoshard.placement.torchrec import torchrec_plan
 from autoshard.rl.policy import Policy, PolicyConfig
 from autoshard.studies.evaluate import (
     EvaluateConfig,
@@ -222,26 +221,6 @@ def test_exact_refuses_tasks_too_large(world):
     task = Task("big", "small", "test", tuple(range(30)), 8, 10**12, 1.0)
     with pytest.raises(ConfigError, match="task big: 30 tables on 8 devices"):
         exact_plan(model, features, task)
-
-
-# --- TorchRec's planner ---------------------------------------------------------------------
-
-def test_torchrec_returns_a_complete_valid_map(world):
-    pool, *_ = world
-    sizes = pool.features["size_bytes"].to_numpy()
-    task = Task("tr", "test", "test", tuple(range(12)), 3, int(sizes[:12].sum()), 0.0)
-    plan = torchrec_plan(pool.features, task, 256)
-    assert plan.shape == (12,) and set(plan.tolist()) <= {0, 1, 2}
-    assert memory_ok(task, plan, sizes)
-    assert len(set(plan.tolist())) > 1, "12 tables with room everywhere should spread"
-
-
-def test_torchrec_refusal_names_the_task(world):
-    pool, *_ = world
-    sizes = pool.features["size_bytes"].to_numpy()
-    task = Task("tight", "test", "test", (0, 1, 2), 2, int(sizes[[0, 1, 2]].max()) // 2, 0.0)
-    with pytest.raises(ConfigError, match="task tight: TorchRec's planner found no plan"):
-        torchrec_plan(pool.features, task, 256)
 
 
 # --- tasks and parameters -------------------------------------------------------------------

@@ -37,7 +37,7 @@ from autoshard.core.inputs import (
     shown,
     table_name,
 )
-from autoshard.data.features import REUSE_BINS, REUSE_COLUMNS, reuse_histogram
+from autoshard.data.features import REUSE_BINS, REUSE_COLUMNS, reuse_histogram, table_bytes
 from autoshard.data.synth import bag_trace
 from autoshard.data.traces import Traces, access_counts, from_lengths
 
@@ -215,7 +215,7 @@ def _features(rows: pd.DataFrame, path: Path, weight_bytes: int, batch: int) -> 
     that of its synthetic trace (computed one table at a time, not kept)."""
     features = pd.DataFrame({"table": np.arange(len(rows)), "dim": rows["dim"], "rows": rows["rows"],
                              "pooling_factor": rows["pooling_factor"].astype(float),
-                             "size_bytes": np.array([r * d * weight_bytes for r, d in  # exact: Python ints
+                             "size_bytes": np.array([table_bytes(r, d, weight_bytes) for r, d in  # exact: Python ints
                                                      zip(rows["rows"].tolist(), rows["dim"].tolist(), strict=True)],
                                                     dtype=np.int64)})
     if all(c in rows.columns for c in REUSE_COLUMNS):

@@ -21,6 +21,17 @@ FEATURE_COLUMNS = ["dim", "rows", "pooling_factor", "size_bytes", *REUSE_COLUMNS
 LOG_COLUMNS = ("rows", "pooling_factor", "size_bytes")  # the models see their log1p: they span decades
 
 
+ROW_STATE_BYTES = 4  # EXACT_ROWWISE_ADAGRAD's state: one fp32 per row of every table or column shard
+
+
+def table_bytes(rows, dims, weight_bytes: int):
+    """The bytes the measured operator holds for a table (or a column shard `dims` wide): its
+    weights and its row-wise Adagrad state. The one memory accounting of the study: the pool's
+    `size_bytes`, every method's memory check, the tasks' caps, the backends' `shard_bytes` and
+    the budget TorchRec's planner sees. Ints or arrays, elementwise."""
+    return rows * dims * weight_bytes + rows * ROW_STATE_BYTES
+
+
 def feature_matrix(features: pd.DataFrame) -> np.ndarray:
     """The 21 model features of every table, in FEATURE_COLUMNS order (float64)."""
     missing = [c for c in FEATURE_COLUMNS if c not in features.columns]
@@ -72,7 +83,7 @@ def table_features(traces: Traces, rows: np.ndarray, dims: np.ndarray,
     """The 21 AutoShard features per table (FEATURE_COLUMNS) plus descriptive columns.
 
     One function for synthetic and real traces. `rows` is each table's hash size and `dims`
-    its embedding dimension; size is rows x dim x `weight_bytes`.
+    its embedding dimension; size is `table_bytes` (weights of `weight_bytes` and the optimizer's state).
     """
     rows = np.asarray(rows, dtype=np.int64)
     dims = np.asarray(dims, dtype=np.int64)
@@ -90,7 +101,7 @@ def table_features(traces: Traces, rows: np.ndarray, dims: np.ndarray,
             "dim": int(dims[t]),
             "rows": int(rows[t]),
             "pooling_factor": float(traces.lengths[t].mean()),
-            "size_bytes": int(rows[t] * dims[t] * weight_bytes),
+            "size_bytes": int(table_bytes(int(rows[t]), int(dims[t]), weight_bytes)),
             **dict(zip(REUSE_COLUMNS, reuse_histogram(counts).tolist(), strict=True)),
             "lookups": int(idx.size),
             "distinct": int(counts.size),

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from autoshard.core.errors import ConfigError
+from autoshard.data.features import table_bytes
 from autoshard.data.traces import Traces
 
 
@@ -128,5 +129,5 @@ class Feeds:
 
 
 def shard_bytes(rows: Sequence[int], dims: Sequence[int], weight_bytes: int) -> int:
-    """Weights plus row-wise optimizer state (one float per row) of a shard."""
-    return int(sum(r * d * weight_bytes + r * 4 for r, d in zip(rows, dims, strict=True)))
+    """Weights plus row-wise optimizer state of a shard: the sum of its tables' `table_bytes`."""
+    return int(sum(table_bytes(int(r), int(d), weight_bytes) for r, d in zip(rows, dims, strict=True)))

@@ -10,8 +10,8 @@ since each column shard is one row of a features array (`shard_features`) and on
 A column shard of a table of dim d split k ways has the table's rows, pooling factor, trace
 and reuse histogram and dim d/k, which must be a multiple of 4 (the TBE kernel's rule). Its
 memory is its weights plus the row-wise optimizer state, one float per row *per shard*
-(`measure.base.shard_bytes`), so splitting costs memory; the study, whose caps are set in
-weights (`size_bytes`), counts only the state a split adds (`shard_sizes(extra_state_only=True)`).
+(`data.features.table_bytes`, the accounting of the pool's `size_bytes` and the study's caps),
+so splitting a table k ways costs k - 1 more row states.
 
 The planner is split-then-place (NeuroShard): a greedy search over which tables to split,
 largest predicted single cost first, each candidate set of splits placed by greedy placement
@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from autoshard.core.errors import ConfigError
-from autoshard.data.features import feature_matrix
+from autoshard.data.features import ROW_STATE_BYTES, feature_matrix
 from autoshard.data.tasks import Task
 from autoshard.placement.heuristics import Infeasible, greedy
 
@@ -38,7 +38,6 @@ if TYPE_CHECKING:  # placing whole tables by a heuristic needs no torch
     from autoshard.costmodel.model import CostModel
 
 ALIGN = 4  # columns of a TBE shard come in multiples of 4
-OPTIMIZER_BYTES = 4  # row-wise Adagrad: one float per row of every shard
 
 
 @dataclass(frozen=True)
@@ -104,33 +103,26 @@ def expand(task: Task, dims: Sequence[int], splits: Mapping[int, int] | None = N
 
 
 def shard_features(pool_features: pd.DataFrame, shards: Sequence[ColumnShard]) -> pd.DataFrame:
-    """One row per column shard: its table's features with dim = its width and size_bytes
-    scaled to its columns (rows, pooling, reuse and the descriptive columns unchanged)."""
+    """One row per column shard: its table's features with dim = its width and size_bytes its
+    own `table_bytes` (its columns' weights, all of its rows' optimizer state); rows, pooling,
+    reuse and the descriptive columns unchanged."""
     rows = pool_features.iloc[[s.table for s in shards]].reset_index(drop=True).copy()
     width = np.array([s.width for s in shards], dtype=np.int64)
     full = rows["dim"].to_numpy(dtype=np.int64)
     if (full != np.array([s.dim for s in shards])).any():
         raise ConfigError("column shards: a shard's dim differs from its table's dim in the pool features")
-    rows["size_bytes"] = (rows["size_bytes"].to_numpy(dtype=np.int64) // full) * width
+    state = rows["rows"].to_numpy(dtype=np.int64) * ROW_STATE_BYTES
+    rows["size_bytes"] = (rows["size_bytes"].to_numpy(dtype=np.int64) - state) // full * width + state
     rows["dim"] = width
     rows["start"] = [s.start for s in shards]
     rows["key"] = [s.key for s in shards]
     return rows
 
 
-def shard_sizes(pool_features: pd.DataFrame, shards: Sequence[ColumnShard], extra_state_only: bool = False
-                ) -> np.ndarray:
-    """Bytes per column shard: weights plus row-wise optimizer state (one float per row per shard).
-    `extra_state_only`: count only the state a split adds (a whole table: its weights, the
-    `size_bytes` the study's memory caps are set in; a table in k shards: k - 1 extra states,
-    shared among its shards), so that column-wise and table-wise plans meet the same caps."""
-    f = shard_features(pool_features, shards)
-    state = f["rows"].to_numpy(dtype=np.int64) * OPTIMIZER_BYTES
-    if extra_state_only:
-        width = np.array([s.width for s in shards], dtype=np.int64)
-        full = np.array([s.dim for s in shards], dtype=np.int64)
-        state = state * (full - width) // full
-    return f["size_bytes"].to_numpy(dtype=np.int64) + state
+def shard_sizes(pool_features: pd.DataFrame, shards: Sequence[ColumnShard]) -> np.ndarray:
+    """Bytes per column shard: weights plus row-wise optimizer state (one float per row per shard);
+    a whole table's are its `size_bytes`, the same caps as the table-wise methods."""
+    return shard_features(pool_features, shards)["size_bytes"].to_numpy(dtype=np.int64)
 
 
 def device_shards(shards: Sequence[ColumnShard], placement: Sequence[int], devices: int) -> list[list[int]]:
@@ -195,12 +187,11 @@ def greedy_place(model: CostModel, features: np.ndarray, sizes: np.ndarray, devi
 
 
 def split_then_place(model: CostModel, pool_features: pd.DataFrame, task: Task, ways: Sequence[int] = (1, 2, 4),
-                     candidates: int = 16, fixed: Mapping[int, int] | None = None,
-                     extra_state_only: bool = False) -> SplitPlan:
+                     candidates: int = 16, fixed: Mapping[int, int] | None = None) -> SplitPlan:
     """Greedy split search: start from whole tables (and the `fixed` splits, kept as they are);
     for each of the `candidates` other tables of largest predicted single cost, try each split
     count of `ways` (ascending, those leaving multiples of 4 columns) and keep it when the
-    greedy placement's predicted bottleneck drops. Memory: `shard_sizes` (`extra_state_only`)."""
+    greedy placement's predicted bottleneck drops. Memory: `shard_sizes`."""
     dims = pool_features["dim"].to_numpy(dtype=np.int64)
     fixed = dict(fixed or {})
     expand(task, dims, fixed)  # refuses a fixed split that is not a multiple of 4 columns
@@ -214,7 +205,7 @@ def split_then_place(model: CostModel, pool_features: pd.DataFrame, task: Task, 
         shards = expand(task, dims, splits)
         try:
             p, b = greedy_place(model, feature_matrix(shard_features(pool_features, shards)),
-                                shard_sizes(pool_features, shards, extra_state_only), task.devices,
+                                shard_sizes(pool_features, shards), task.devices,
                                 task.memory_bytes)
         except Infeasible:
             return None
@@ -245,7 +236,7 @@ def lpt_items(costs: np.ndarray, sizes: np.ndarray, devices: int, capacity: int)
 
 
 def lpt_split(table_costs: Mapping[int, float], pool_features: pd.DataFrame, task: Task,
-              ways: Sequence[int] = (1, 2, 4), extra_state_only: bool = False) -> tuple[list[ColumnShard], np.ndarray]:
+              ways: Sequence[int] = (1, 2, 4)) -> tuple[list[ColumnShard], np.ndarray]:
     """LPT on split tables: each table costlier than a perfectly balanced device (total / D)
     split into the fewest column shards of `ways` that bring it under that, or as many as its
     dim allows (costs scaled by width); then LPT. The split a profiler-led engineer would try."""
@@ -256,18 +247,17 @@ def lpt_split(table_costs: Mapping[int, float], pool_features: pd.DataFrame, tas
         fits = sorted(int(k) for k in {1, *ways} if can_split(int(dims[t]), int(k)))
         splits[t] = next((k for k in fits if float(table_costs[t]) / k <= balanced), fits[-1])
     shards = expand(task, dims, splits)
-    placement = lpt_items(scaled_costs(table_costs, shards), shard_sizes(pool_features, shards, extra_state_only),
+    placement = lpt_items(scaled_costs(table_costs, shards), shard_sizes(pool_features, shards),
                           task.devices, task.memory_bytes)
     return shards, placement
 
 
 def milp_split(table_costs: Mapping[int, float], pool_features: pd.DataFrame, task: Task, ways: Sequence[int],
-               node_limit: int, time_limit_s: float, seed: int = 0, extra_state_only: bool = False
-               ) -> tuple[list[ColumnShard], np.ndarray]:
+               node_limit: int, time_limit_s: float, seed: int = 0) -> tuple[list[ColumnShard], np.ndarray]:
     """The MILP (`placement.milp.solve`) on `lpt_split`'s column shards and scaled costs."""
     from autoshard.placement.milp import solve
 
-    shards, _ = lpt_split(table_costs, pool_features, task, ways, extra_state_only)
-    result = solve(scaled_costs(table_costs, shards), shard_sizes(pool_features, shards, extra_state_only),
+    shards, _ = lpt_split(table_costs, pool_features, task, ways)
+    result = solve(scaled_costs(table_costs, shards), shard_sizes(pool_features, shards),
                    task.devices, task.memory_bytes, time_limit=time_limit_s, seed=seed, node_limit=node_limit)
     return shards, result.placement

@@ -1,12 +1,29 @@
 """TorchRec's planner as a baseline: plan a task table-wise on a meta-device EmbeddingBagCollection.
 
-No GPU is needed: the tables live on the `meta` device, the topology declares D CUDA devices
-with the task's memory cap each (no extra reservation), and every table is constrained to
-table-wise sharding, the fused kernel (the whole table in device memory, as every other
-method assumes) and its pooling factor. The tables get the pool's weight precision, so
-TorchRec counts the same bytes per table as the pool's `size_bytes`. The plan is read back as a table -> device map.
+TorchRec plans for the machine that measures: `compute_device="cpu"` by default (every plan of
+the study is measured on CPU: FBGEMM's CPU TBE, fp32, EXACT_ROWWISE_ADAGRAD fused into the
+backward), D devices with the task's memory cap each as DDR (no HBM; the CPU kernels' bandwidth
+is TorchRec's DDR one) and no storage reservation; "cuda" plans for GPUs, the cap as HBM. Every
+table is constrained to table-wise sharding (column-wise too for `torchrec_column_plan`), the
+FUSED kernel (the one TorchRec allows on CPU besides data-parallel DENSE, and on CUDA the one
+keeping the whole table in device memory, as every other method assumes) and its pooling factor.
+
+Memory: TorchRec must see the study's one accounting, `data.features.table_bytes` (weights plus
+row-wise Adagrad's state, the pool's `size_bytes`). Its storage estimate of a table-wise shard
+(`torchrec/distributed/planner/shard_estimators.py`, `calculate_shard_storages`) is the weights,
+plus the optimizer state of the parameter's `_optimizer_classes` (`_get_optimizer_multipler`:
+`RowWiseAdagrad` adds weights / dim, one element per row; no optimizer adds nothing), plus on CPU
+the batch's input indices and pooled outputs (on CUDA the same, as pipeline IO). So the tables
+get the pool's weight precision and row-wise Adagrad (`_apply_optimizer_in_backward`, what
+TorchRec fuses into the backward, as the measured operator), and the storage estimator, alone,
+plans for a batch of 0: the per-batch buffers are activations sized by the batch rather than
+state held by the table, which no other method's memory check and no backend's `shard_bytes`
+counts. TorchRec's estimate of a whole table then equals its `size_bytes` exactly in fp32 (in
+fp16 TorchRec counts the state in fp16, 2 bytes a row fewer than the fp32 state FBGEMM keeps).
+The perf estimator still sees the real batch. The plan is read back as a table -> device map.
 """
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -15,6 +32,7 @@ import pandas as pd
 import torch
 
 from autoshard.core.errors import ConfigError
+from autoshard.data.features import ROW_STATE_BYTES
 from autoshard.data.tasks import Task
 
 
@@ -22,17 +40,18 @@ def table_name(table: int) -> str:
     return f"table_{table}"
 
 
-def torchrec_plan(features: pd.DataFrame, task: Task, batch_size: int) -> np.ndarray:
+def torchrec_plan(features: pd.DataFrame, task: Task, batch_size: int, compute_device: str = "cpu") -> np.ndarray:
     """Device per entry of `task.tables` chosen by TorchRec's `EmbeddingShardingPlanner`."""
-    shardings = _planned(features, task, batch_size, column_ways=None)
+    shardings = _planned(features, task, batch_size, None, compute_device)
     return np.array([shardings[table_name(t)].ranks[0] for t in task.tables], dtype=np.int64)
 
 
-def torchrec_column_plan(features: pd.DataFrame, task: Task, batch_size: int, ways: int) -> list[tuple[int, int, int]]:
+def torchrec_column_plan(features: pd.DataFrame, task: Task, batch_size: int, ways: int,
+                         compute_device: str = "cpu") -> list[tuple[int, int, int, int]]:
     """TorchRec's planner with column-wise sharding allowed too (column shards of dim / `ways`
     columns, TorchRec's `min_partition`, where that is a multiple of 4): (pool table, first
     column, width) and the rank, per column shard, as `(table, start, width, rank)` tuples."""
-    shardings = _planned(features, task, batch_size, column_ways=ways)
+    shardings = _planned(features, task, batch_size, ways, compute_device)
     out = []
     for t in task.tables:
         p = shardings[table_name(t)]
@@ -41,21 +60,25 @@ def torchrec_column_plan(features: pd.DataFrame, task: Task, batch_size: int, wa
     return out
 
 
-def _planned(features: pd.DataFrame, task: Task, batch_size: int, column_ways: int | None) -> dict:
-    """TorchRec's `EmbeddingShardingPlanner` on the task's tables: table-wise only, or also
-    column-wise with blocks of dim / `column_ways` columns; its parameter shardings by name."""
+def planner_inputs(features: pd.DataFrame, task: Task, column_ways: int | None = None, compute_device: str = "cpu"):
+    """What TorchRec plans `task` from: the meta-device `EmbeddingBagCollection` of its tables
+    (row-wise Adagrad attached), its topology and its per-table constraints (table-wise only, or
+    also column-wise with blocks of dim / `column_ways` columns)."""
+    from torch.distributed.optim import _apply_optimizer_in_backward
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
-    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+    from torchrec.distributed.planner import ParameterConstraints, Topology
     from torchrec.distributed.types import ShardingType
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
+    from torchrec.optim import RowWiseAdagrad
 
+    if compute_device not in ("cpu", "cuda"):
+        raise ConfigError(f"compute_device: {compute_device!r} (expected 'cpu' or 'cuda')")
     for name in ("torchrec", "torchrec.distributed.planner"):
         logging.getLogger(name).setLevel(logging.ERROR)
     rows = features.iloc[list(task.tables)]
-    configs = embedding_configs(rows, [table_name(t) for t in task.tables])
-    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    ebc = EmbeddingBagCollection(tables=embedding_configs(rows, [table_name(t) for t in task.tables]),
+                                 device=torch.device("meta"))
+    _apply_optimizer_in_backward(RowWiseAdagrad, ebc.parameters(), {"lr": 0.01})  # the rate does not enter a plan
 
     def allowed(dim: int) -> tuple[list[str], int | None]:
         width = dim // column_ways if column_ways else 0
@@ -63,17 +86,43 @@ def _planned(features: pd.DataFrame, task: Task, batch_size: int, column_ways: i
             return [ShardingType.TABLE_WISE.value, ShardingType.COLUMN_WISE.value], width
         return [ShardingType.TABLE_WISE.value], None
 
-    # FUSED keeps every table whole in device memory (no UVM cache spilling to host memory).
     constraints = {}
     for t, r in zip(task.tables, rows.itertuples(), strict=True):
         types, width = allowed(int(r.dim))
         constraints[table_name(t)] = ParameterConstraints(
             sharding_types=types, compute_kernels=[EmbeddingComputeKernel.FUSED.value],
             pooling_factors=[float(r.pooling_factor)], min_partition=width)
-    topology = Topology(world_size=task.devices, compute_device="cuda", hbm_cap=task.memory_bytes)
+    cap = {"ddr_cap": task.memory_bytes} if compute_device == "cpu" else {"hbm_cap": task.memory_bytes}
+    topology = Topology(world_size=task.devices, compute_device=compute_device, **cap)
+    return ebc, topology, constraints
+
+
+def enumerator(topology, constraints: dict, batch_size: int):
+    """TorchRec's `EmbeddingEnumerator` with its perf estimator on the real (per-rank) batch and its
+    storage estimator on a batch of 0: the storage of a shard is then its weights and optimizer
+    state, without the batch's input and output buffers."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
+
+    no_batch = {name: dataclasses.replace(c, batch_sizes=[0] * len(c.pooling_factors))
+                for name, c in constraints.items()}
+    return EmbeddingEnumerator(topology=topology, batch_size=batch_size, constraints=constraints,
+                               estimator=[EmbeddingPerfEstimator(topology=topology, constraints=constraints),
+                                          EmbeddingStorageEstimator(topology=topology, constraints=no_batch)])
+
+
+def _planned(features: pd.DataFrame, task: Task, batch_size: int, column_ways: int | None,
+             compute_device: str) -> dict:
+    """TorchRec's `EmbeddingShardingPlanner` on the task's tables; its parameter shardings by name."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+
+    ebc, topology, constraints = planner_inputs(features, task, column_ways, compute_device)
+    per_rank = max(1, batch_size // task.devices)
     # No reserve beyond the tables themselves: the same memory cap as every other method.
-    planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints,
-                                       batch_size=max(1, batch_size // task.devices),
+    planner = EmbeddingShardingPlanner(topology=topology, batch_size=per_rank,
+                                       enumerator=enumerator(topology, constraints, per_rank), constraints=constraints,
                                        storage_reservation=FixedPercentageStorageReservation(0.0))
     try:
         plan = planner.plan(ebc, [EmbeddingBagCollectionSharder()])
@@ -90,7 +139,7 @@ def embedding_configs(features: pd.DataFrame, names: list[str]) -> list:
     """TorchRec `EmbeddingBagConfig`s of the tables (one feature per table, named as the table)."""
     from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
 
-    weight_bytes = features["size_bytes"] / (features["rows"] * features["dim"])
+    weight_bytes = (features["size_bytes"] - features["rows"] * ROW_STATE_BYTES) / (features["rows"] * features["dim"])
     types = {4: DataType.FP32, 2: DataType.FP16}
     return [EmbeddingBagConfig(name=n, embedding_dim=int(r.dim), num_embeddings=int(r.rows), feature_names=[n],
                                data_type=types.get(int(round(w)), DataType.FP32))

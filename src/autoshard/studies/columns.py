@@ -163,12 +163,12 @@ def planners(model, pool_features: pd.DataFrame, single_costs: np.ndarray, cfg: 
     MILP (`column_milp`) on the measured single costs (ms per pool table) scaled by width; and
     TorchRec's planner with column-wise shards of dim / max(ways) columns allowed (`torchrec_column`).
     Memory: a whole table needs its `size_bytes`, as for the table-wise methods, and a split adds
-    one row-wise optimizer state per extra column shard (`shard_sizes(extra_state_only=True)`)."""
+    one row-wise optimizer state per extra column shard (`shard_sizes`)."""
     costs = dict(enumerate(np.asarray(single_costs, dtype=float)))
     dims = pool_features["dim"].to_numpy(dtype=np.int64)
 
     def greedy(t: Task) -> SplitPlacement:
-        result = split_then_place(model, pool_features, t, cfg.ways, cfg.candidates, extra_state_only=True)
+        result = split_then_place(model, pool_features, t, cfg.ways, cfg.candidates)
         return result.shards, result.placement
 
     def torchrec(t: Task) -> SplitPlacement:
@@ -177,9 +177,9 @@ def planners(model, pool_features: pd.DataFrame, single_costs: np.ndarray, cfg: 
                 np.array([rank for *_, rank in planned], dtype=np.int64))
 
     return {"column_greedy": greedy,
-            "column_lpt": lambda t: lpt_split(costs, pool_features, t, cfg.ways, extra_state_only=True),
+            "column_lpt": lambda t: lpt_split(costs, pool_features, t, cfg.ways),
             "column_milp": lambda t: milp_split(costs, pool_features, t, cfg.ways, milp.node_limit, milp.time_limit_s,
-                                                seed, extra_state_only=True),
+                                                seed),
             "torchrec_column": torchrec}
 
 
