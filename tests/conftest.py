@@ -88,3 +88,23 @@ def ablation_metrics(smoke_params) -> dict:
                                               {"timing": smoke_params["evaluate"]["timing"]})
     table = ablation.summary(ablation.ratios(pd.DataFrame(rows)), cfg.labels())
     return _as_written(ablation.ablation_metrics(table, cfg, 0, test_tasks=4, shards_measured=12, seconds=40.0))
+
+
+USER_TABLES = """name,rows,dim,pooling_factor
+a,5000,64,8
+b,2000,16,2
+c,300,16,1
+d,1000,32,3
+"""
+
+
+@pytest.fixture(scope="session")
+def user_pool(tmp_path_factory):
+    """Four tables as a user writes them (a, 64 columns, the costliest), as a pool: the column tests'."""
+    from autoshard.cli.user_tables import read_tables
+    from autoshard.data.pool import Pool
+
+    path = tmp_path_factory.mktemp("columns") / "tables.csv"
+    path.write_text(USER_TABLES)
+    tables = read_tables(path)
+    return Pool(features=tables.features, traces=tables.traces)

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pandas as pd
+import torch
 
 from autoshard.data.features import FEATURE_COLUMNS
 from autoshard.data.tasks import Task
@@ -57,3 +58,21 @@ def every(pool, seed=0):
 
 def batch_files(root):
     return sorted(root.glob("*/batch-*.json"))
+
+
+# placement/test_columns.py, studies/test_columns.py
+
+class LinearModel:
+    """A cost model whose device cost is the sum of dim x pooling factor over its shards
+    (what the planner sees of a real one: `encode`, `cost_ms`, `predict_ms`)."""
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        dim, pf = FEATURE_COLUMNS.index("dim"), FEATURE_COLUMNS.index("pooling_factor")
+        return (x[:, dim] * x[:, pf] / 100).reshape(-1, 1)
+
+    def cost_ms(self, pooled: torch.Tensor) -> torch.Tensor:
+        return pooled[..., 0]
+
+    def predict_ms(self, features, shards) -> np.ndarray:
+        enc = self.encode(torch.as_tensor(np.asarray(features), dtype=torch.float32))
+        return np.array([float(enc[list(s)].sum()) for s in shards])

@@ -220,13 +220,18 @@ def test_failed_placements_are_listed_per_protocol():
 def test_columns_section_reads_the_stage_metrics():
     from autoshard.pipeline.report import columns_table
 
-    entry = {"tasks": 10, "median_ratio": 0.97, "ci_low": 0.95, "ci_high": 0.99, "p_value": 0.01, "target": 0.95,
-             "met": False, "split_tables_median": 1.0, "unsplit_share": 0.4, "bound_share_median": 0.55,
-             "column_wins": 0.7}
-    text = columns_table({"protocols": {"autoshard": entry, "tight": entry | {"median_ratio": None,
-                                                                             "bound_share_median": None}}})
-    assert "0.970 [0.950, 0.990]" in text and "40%" in text and "| no " in text
-    assert "n/a" in text.split("tight")[1]
+    entry = {"tasks": 10, "twin": "lpt_measured", "median_ratio": 0.97, "ci_low": 0.95, "ci_high": 0.99,
+             "p_value": 0.01, "identical_share": 0.6, "direction": "below 1", "split_share": 0.4,
+             "split_tables_median": 0.0, "bound_share_median": 0.55}
+    text = columns_table({"protocols": {"autoshard": {"column_lpt": entry},
+                                        "tight": {"column_lpt": entry | {"median_ratio": None, "ci_low": None,
+                                                                         "ci_high": None, "direction": "no tasks"}}}})
+    autoshard, tight = text.split("| autoshard")[1].split("\n")[0], text.split("| tight")[1].split("\n")[0]
+    assert "column_lpt / lpt_measured" in autoshard and "0.970 [0.950, 0.990]" in autoshard
+    assert "below 1" in autoshard and "40%" in autoshard and "0.55" in autoshard
+    assert "n/a" in tight and "no tasks" in tight
+    for word in ("met", "better", "worse", "equivalent"):
+        assert word not in text, "exploratory: no verdict words"
 
 
 def test_the_profile_noise_opens_the_report_too():

@@ -9,8 +9,9 @@ from autoshard.core.errors import ConfigError
 from autoshard.data.features import FEATURE_COLUMNS, REUSE_COLUMNS, feature_matrix, table_bytes
 from autoshard.data.tasks import Task
 from autoshard.measure.base import shard_bytes
-from autoshard.measure.store import MeasurementStore
 from autoshard.placement import columns
+
+from helpers import LinearModel
 
 
 def pool(dims, rows=None, pooling=None) -> pd.DataFrame:
@@ -22,22 +23,6 @@ def pool(dims, rows=None, pooling=None) -> pd.DataFrame:
     for i, c in enumerate(REUSE_COLUMNS):
         frame[c] = 1.0 if i == 0 else 0.0
     return frame
-
-
-class LinearModel:
-    """A cost model whose device cost is the sum of dim x pooling factor over its shards
-    (what the planner sees of a real one: `encode`, `cost_ms`, `predict_ms`)."""
-
-    def encode(self, x: torch.Tensor) -> torch.Tensor:
-        dim, pf = FEATURE_COLUMNS.index("dim"), FEATURE_COLUMNS.index("pooling_factor")
-        return (x[:, dim] * x[:, pf] / 100).reshape(-1, 1)
-
-    def cost_ms(self, pooled: torch.Tensor) -> torch.Tensor:
-        return pooled[..., 0]
-
-    def predict_ms(self, features, shards) -> np.ndarray:
-        enc = self.encode(torch.as_tensor(np.asarray(features), dtype=torch.float32))
-        return np.array([float(enc[list(s)].sum()) for s in shards])
 
 
 def task(n: int, devices: int, memory: int = 2**40) -> Task:
@@ -121,25 +106,6 @@ def test_lpt_on_split_tables_balances_scaled_costs():
     assert len(shards) == 6
 
 
-TABLES = """name,rows,dim,pooling_factor
-a,5000,64,8
-b,2000,16,2
-c,300,16,1
-d,1000,32,3
-"""
-
-
-@pytest.fixture(scope="module")
-def user_pool(tmp_path_factory):
-    from autoshard.cli.user_tables import read_tables
-    from autoshard.data.pool import Pool
-
-    path = tmp_path_factory.mktemp("columns") / "tables.csv"
-    path.write_text(TABLES)
-    tables = read_tables(path)
-    return Pool(features=tables.features, traces=tables.traces)
-
-
 def test_backends_measure_a_column_shard_at_its_width(user_pool):
     from autoshard.measure.analytic import AnalyticBackend, table_perf
     from autoshard.measure.fbgemm import FbgemmBackend
@@ -154,74 +120,6 @@ def test_backends_measure_a_column_shard_at_its_width(user_pool):
         analytic.measure([0], 64, dims=[128])
     fbgemm = FbgemmBackend(user_pool, torch.device("cpu"), "EXACT_ROWWISE_ADAGRAD", one_round(0, 1), 2**30, 1)
     assert fbgemm.measure([0, 2], 64, dims=[16, 16]).total_ms > 0
-
-
-class Counting:
-    """The analytic backend, counting the shards it is asked to measure."""
-
-    name, device = "counting", "cpu"
-
-    def __init__(self, pool):
-        from autoshard.measure.analytic import AnalyticBackend
-
-        self.inner = AnalyticBackend(pool)
-        self.calls = []
-
-    def measure(self, tables, batch_size, dims=None):
-        self.calls.append((list(tables), None if dims is None else list(dims)))
-        return self.inner.measure(tables, batch_size, dims)
-
-
-def test_the_study_measures_column_plans_against_table_plans(user_pool, tmp_path):
-    from autoshard.core.schema import ColumnsMetrics, check
-    from autoshard.measure.timing import TimingConfig
-    from autoshard.placement.heuristics import heuristic_plan
-    from autoshard.studies import columns as study
-
-    f = user_pool.features
-    dims = f["dim"].to_numpy()
-    tasks = [Task(f"t{k}", "autoshard", "test", (0, 1, 2, 3), 2, 2**30, 0.5) for k in range(3)]
-    table_plans = {"size_greedy": [study.whole(t, heuristic_plan("size_greedy", f, t, 0), dims) for t in tasks]}
-    split = [columns.split_then_place(LinearModel(), f, t, (1, 2, 4)) for t in tasks]
-    plans = table_plans | {"column_greedy": [(p.shards, p.placement) for p in split]}
-    assert study.plan_keys(table_plans["size_greedy"][0], 2)[0].count(":") == 0  # whole tables: plain ids
-    assert any(":" in k for k in study.plan_keys(plans["column_greedy"][0], 2))
-    assert study.key_shard("0:16-48,3", dims) == ([0, 3], [32, 32])
-    backend = Counting(user_pool)
-    timing = TimingConfig(warmup=0, runs=1, rounds=1, drift_limit=0.25, retries=1)
-    store = study.columns_store(MeasurementStore(tmp_path, "space"))
-    rows = study.plan_rows(backend, f, tasks, plans, 64, store, 0, timing, progress=False)
-    assert len(rows) == 6 and (rows["measured_ms"] > 0).all()
-    assert any(d is not None and d != [int(dims[t]) for t in ts] for ts, d in backend.calls)
-    calls = len(backend.calls)
-    again = study.plan_rows(backend, f, tasks, plans, 64, store, 0, timing, progress=False)
-    assert len(backend.calls) == calls  # resumed from the store
-    assert store.folder.parent == tmp_path and store.folder.name != "space"  # a tagged pass of the study's store
-    pd.testing.assert_frame_equal(rows, again)
-    table = study.per_task(rows, ["size_greedy"], ["column_greedy"])
-    assert len(table) == 3
-    assert (table["ratio"] == table["column_measured_ms"] / table["table_measured_ms"]).all()
-    singles = np.array([4.0, 1.0, 0.5, 2.0])
-    table = study.with_table_bound(table, tasks, singles)
-    assert (table["bound_share"] == 4.0 / table["table_measured_ms"]).all()
-    pairs = study.pair_frame(rows, ["size_greedy"], ["column_greedy"])
-    assert len(pairs) == 6 and set(pairs["pair"]) == {"best column-wise / best table-wise",
-                                                      "column_greedy / best table-wise"}
-    cfg = study.ColumnsConfig.from_params({"ways": [1, 2, 4], "candidates": 4, "table_methods": ["size_greedy"],
-                                           "bootstrap": 50, "target": 0.95, "task_share": 1.0})
-    metrics = study.columns_metrics(table, cfg, 0, shards_measured=calls, seconds=1.0)
-    check(metrics, ColumnsMetrics, "columns.json")
-    entry = metrics["protocols"]["autoshard"]
-    assert entry["bound_share_median"] == pytest.approx(float(table["bound_share"].median()))
-    assert entry["tasks"] == 3 and entry["met"] == (entry["median_ratio"] <= 0.95 and entry["ci_high"] < 1)
-
-
-def test_the_columns_section_is_checked():
-    from autoshard.studies.columns import ColumnsConfig
-
-    with pytest.raises(ConfigError, match=r"columns.table_methods\[0\]"):
-        ColumnsConfig.from_params({"ways": [1, 2], "candidates": 4, "table_methods": ["nope"], "bootstrap": 50,
-                                   "target": 0.95, "task_share": 1.0})
 
 
 def test_the_milp_on_split_tables_is_no_worse_than_lpt_on_them():

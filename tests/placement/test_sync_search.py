@@ -110,5 +110,8 @@ def test_sync_milp_keeps_its_start_when_the_solver_finds_nothing_better():
     result = solve_sync(*args, _lines(task), start, node_limit=0)
     assert _cost(task, result.placement) <= _cost(task, start) + 1e-12
     assert result.status in {"node_limit", "start"}, "node_limit 0: the solver proves nothing"
+    if result.status == "start":  # nothing better found: the start itself, at its own cost
+        np.testing.assert_array_equal(result.placement, start)
+        assert result.objective == pytest.approx(_cost(task, start), rel=1e-9)
     with pytest.raises(Infeasible):
         solve_sync(np.ones(2), np.ones(2), np.ones(2), np.array([5, 5]), 2, 4, np.zeros((2, 2)))

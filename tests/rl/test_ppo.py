@@ -183,3 +183,60 @@ def test_a_policy_trained_on_the_synchronized_reward_respects_memory(pool, featu
     plans = policy_plans(policy, model, features, tasks)
     assert all(memory_ok(t, p, sizes) for t, p in zip(tasks, plans, strict=True))
     assert (predicted_synchronized(model, comm, features, tasks, plans) > 0).all()
+
+
+def trajectory(values, reward, logp=None):
+    """A recorded episode holding only what `advantages` and `update` read (values, reward, logp)."""
+    from types import SimpleNamespace
+
+    from autoshard.rl.ppo import Trajectory
+
+    values = torch.tensor(values, dtype=torch.float32)
+    return Trajectory(batch=SimpleNamespace(size=len(values)), actions=torch.zeros(values.shape, dtype=torch.long),
+                      reward=torch.tensor(reward, dtype=torch.float32), bottleneck=torch.zeros(len(values)),
+                      logp=None if logp is None else torch.tensor(logp, dtype=torch.float32), values=values)
+
+
+def test_gae_matches_a_hand_computed_trajectory():
+    """Three steps, terminal reward 1, values 0.5, 0.2, 0.1, gamma 0.9, lambda 0.8:
+    delta = (0.9 * 0.2 - 0.5, 0.9 * 0.1 - 0.2, 1 - 0.1) = (-0.32, -0.11, 0.9);
+    A2 = 0.9, A1 = -0.11 + 0.72 * 0.9 = 0.538, A0 = -0.32 + 0.72 * 0.538 = 0.06736;
+    returns = A + V. With lambda 1 it is the discounted reward less the value: (0.31, 0.7, 0.9)."""
+    from autoshard.rl.ppo import advantages
+
+    traj = trajectory([[0.5, 0.2, 0.1]], [1.0])
+    adv, returns = advantages(traj, gamma=0.9, lam=0.8)
+    np.testing.assert_allclose(adv.numpy(), [[0.06736, 0.538, 0.9]], rtol=1e-6)
+    np.testing.assert_allclose(returns.numpy(), [[0.56736, 0.738, 1.0]], rtol=1e-6)
+    adv, _ = advantages(traj, gamma=0.9, lam=1.0)
+    np.testing.assert_allclose(adv.numpy(), [[0.81 - 0.5, 0.9 - 0.2, 1.0 - 0.1]], rtol=1e-6)
+
+
+class FixedRatios(torch.nn.Module):
+    """A "policy" whose log-probabilities of the recorded actions are its parameter: 0.75 and 0.25
+    for two one-step episodes recorded at 0.5, so the probability ratios are 1.5 and 0.5."""
+
+    def __init__(self):
+        super().__init__()
+        self.logp = torch.nn.Parameter(torch.log(torch.tensor([[0.75], [0.25]])))
+
+
+@pytest.mark.parametrize(("algorithm", "expected"), [
+    # advantages (1, -1) normalised to (+s, -s), s = 1/sqrt(2); clip 0.2:
+    # min(1.5 s, 1.2 s) = 1.2 s and min(-0.5 s, -0.8 s) = -0.8 s, mean 0.2 s, loss -0.2 s = -0.1 sqrt(2)
+    # (unclipped it would be -0.5 s); A2C: -(s ln 0.75 - s ln 0.25) / 2 = -s ln(3) / 2.
+    ("ppo", -0.1 * np.sqrt(2)), ("a2c", -np.log(3) / (2 * np.sqrt(2)))])
+def test_the_policy_loss_matches_hand_computed_values(monkeypatch, algorithm, expected):
+    from autoshard.rl import ppo
+
+    policy = FixedRatios()
+    monkeypatch.setattr(ppo, "evaluate", lambda p, traj, index: (p.logp[index], torch.zeros(len(index), 1),
+                                                                 torch.zeros(len(index), 1)))
+    cfg = replace(study(RLConfig), algorithm=algorithm, epochs=1, minibatches=1, clip=0.2)
+    traj = trajectory([[0.0], [0.0]], [1.0, -1.0], logp=[[np.log(0.5)], [np.log(0.5)]])
+    stats = ppo.update(policy, torch.optim.SGD(policy.parameters(), lr=0.0), traj, cfg,
+                       torch.Generator().manual_seed(0))
+    assert stats["policy_loss"] == pytest.approx(expected, rel=1e-5)
+    assert stats["value_loss"] == pytest.approx(0.5 * (1.0 + 1.0) / 2), "returns (1, -1) against values 0"
+    kl = ((1.5 - 1) - np.log(1.5) + (0.5 - 1) - np.log(0.5)) / 2
+    assert stats["approx_kl"] == pytest.approx(kl, rel=1e-5)

@@ -42,6 +42,13 @@ def test_a_planted_five_percent_loss_is_worse_and_an_identical_method_is_equival
     assert same["verdict"] == "equivalent" and same["median_ratio"] == 1.0 and same["identical_share"] == 1.0
 
 
+def test_a_method_identical_but_for_measurement_noise_is_equivalent():
+    """No planted change, 1% noise per task, sesoi 3%: both one-sided tests reject."""
+    out = primary(measured(0.0, noise=0.01), config(ENDPOINT), seed=0)[ENDPOINT.name]
+    assert out["verdict"] == "equivalent" and 0.97 < out["ci_low"] <= out["ci_high"] < 1.03
+    assert out["identical_share"] in (None, 0.0)
+
+
 def test_a_gain_smaller_than_the_sesoi_is_not_better():
     """2% faster with a 3% smallest effect of interest: neither better nor (with this noise) worse."""
     out = primary(measured(0.02, noise=0.03), config(ENDPOINT), seed=1)[ENDPOINT.name]

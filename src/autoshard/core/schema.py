@@ -362,29 +362,31 @@ class AblationMetrics(StageTime):
     shards_measured: int
 
 
-class ColumnsProtocol(TypedDict):
-    """The best column-wise plan against the best table-wise plan, paired over one protocol's tasks."""
+class ColumnsPair(TypedDict):
+    """One column-wise method against its table-wise twin (the same planner, every table whole),
+    paired over one protocol's tasks where both have a plan. Exploratory: no verdict."""
 
     tasks: int
+    twin: str
     median_ratio: Number
     ci_low: Number
     ci_high: Number
     p_value: Number
-    target: float
-    met: bool
+    identical_share: Number  # tasks where the two are one plan (no split chosen, the same devices)
+    direction: str  # where the 95% interval lies: "below 1", "above 1", "spans 1" (or "no tasks")
+    split_share: float  # tasks where the column-wise plan split at least one table
     split_tables_median: float
-    unsplit_share: float
-    bound_share_median: Number  # the costliest table alone / the best table-wise bottleneck
-    column_wins: float
+    bound_share_median: float  # the costliest table alone / the twin's bottleneck
 
 
 class ColumnsMetrics(StageTime):
     """reports/metrics/columns.json. Built by `studies.columns.columns_metrics`."""
 
-    protocols: dict[str, ColumnsProtocol]
+    protocols: dict[str, dict[str, ColumnsPair]]  # protocol -> column-wise method -> against its twin
+    pairs: dict[str, str]  # column-wise method -> its table-wise twin
     ways: list[int]
-    table_methods: list[str]
-    tasks: int
+    tasks: dict[str, int]  # per protocol
+    measuring_pass: str
     shards_measured: int
 
 

@@ -56,13 +56,15 @@ NEEDS = tuple(f.name for f in fields(Artifacts))
 @dataclass(frozen=True)
 class Settings:
     """What every build shares: the study's seed, the training batch size TorchRec plans for, N of
-    best-of-N, and the MILP's limits; `sample_seed` seeds a task's sampled placements."""
+    best-of-N, and the MILP's limits; `sample_seed` seeds a task's sampled placements; `device`
+    the kind of device that measures the plans (TorchRec's topology is of that device)."""
 
     seed: int
     batch_size: int
     best_of: int = 1
     milp: MilpConfig | None = None
     sample_seed: Callable[[Task], int] | None = None
+    device: str = "cpu"
 
     def seed_for(self, task: Task) -> int:
         if self.sample_seed is not None:

@@ -94,7 +94,7 @@ def _heuristic(name: str) -> Build:
 def _torchrec(a: Artifacts, s: Settings, ctx: Context) -> Planner:
     from autoshard.placement.torchrec import torchrec_plan
 
-    return lambda t: torchrec_plan(a.pool_features, t, s.batch_size)
+    return lambda t: torchrec_plan(a.pool_features, t, s.batch_size, compute_device=s.device)
 
 
 def _cost_greedy(a: Artifacts, s: Settings, ctx: Context) -> Planner:

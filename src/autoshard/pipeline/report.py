@@ -528,17 +528,18 @@ def failed_table(evaluate: dict) -> str:
 
 
 def columns_table(columns: ColumnsMetrics) -> str:
-    """Markdown: per protocol, the best column-wise plan against the best table-wise plan, paired."""
+    """Markdown, exploratory: per protocol and pair, a column-wise method against its table-wise
+    twin, paired; beside each ratio the share of tasks where a split was chosen (elsewhere the
+    two are one plan)."""
     rows = []
-    for protocol, c in columns["protocols"].items():
-        rows.append({"protocol": protocol, "tasks": c["tasks"],
-                     "column-wise / table-wise [95% CI]": "n/a" if c["median_ratio"] is None else _interval(pd.Series(
-                         {"ratio_median": c["median_ratio"], "ratio_lo": c["ci_low"], "ratio_hi": c["ci_high"]})),
-                     "Wilcoxon p": f"{c['p_value']:.3g}" if c["p_value"] is not None else "n/a",
-                     "target": f"{c['target']:.2f}", "met": "yes" if c["met"] else "no",
-                     "tasks left unsplit": f"{c['unsplit_share']:.0%}",
-                     "largest table / bottleneck": f"{c['bound_share_median']:.2f}"
-                     if c["bound_share_median"] is not None else "n/a"})
+    for protocol, by_method in columns["protocols"].items():
+        for method, c in by_method.items():
+            rows.append({"protocol": protocol, "pair": f"{method} / {c['twin']}", "tasks": c["tasks"],
+                         "column-wise / table-wise [95% CI]": "n/a" if c["median_ratio"] is None else _interval(
+                             pd.Series({"ratio_median": c["median_ratio"], "ratio_lo": c["ci_low"],
+                                        "ratio_hi": c["ci_high"]})),
+                         "interval": c["direction"], "tasks split": f"{c['split_share']:.0%}",
+                         "largest table / bottleneck": f"{c['bound_share_median']:.2f}"})
     return pd.DataFrame(rows).to_markdown(index=False) if rows else "(no column-wise results)"
 
 
@@ -623,8 +624,7 @@ def readme(reports: Path, stages: list[tuple[str, str]], budget_minutes: float |
         "ablation": ablation and {"iterations": ablation["iterations"], "seeds": ablation["seeds"],
                                   "test_tasks": ablation["test_tasks"], "protocols": ", ".join(ablation["protocols"]),
                                   "table": ablation_table(ablation)},
-        "columns": columns and {"ways": columns["ways"], "table_methods": ", ".join(columns["table_methods"]),
-                                "table": columns_table(columns)},
+        "columns": columns and {"ways": columns["ways"], "table": columns_table(columns)},
         "notebooks": [(stage, stem) for stage, stem in stages if (reports / "html" / f"{stem}.html").exists()],
         "figures": [(stage, f.name, f.stem) for stage, _ in stages
                     for f in sorted((reports / "figures" / stage).glob("*.png"))],

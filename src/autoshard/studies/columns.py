@@ -1,49 +1,64 @@
-"""Column-wise against table-wise sharding, measured (issue 17).
+"""Column-wise against table-wise sharding, measured, like with like (issues 17 and 29).
 
-Per task, every plan (table-wise ones as one whole column shard per table, column-wise ones as
-`placement.columns` split tasks) is turned into device shards of column shards; the distinct
-device shards of all plans of a task are measured as one batch in interleaved rounds
-(`measure.interleaved`, each column shard at its own width), filed in the study's measurement
-store (a tagged space of its own, `columns_store`), so a stopped run resumes. A device shard's
-key lists its column shards' keys sorted ("3,17:0-16,40"); a shard of whole tables has the same
-key as in `studies.measured` ("3,17,40"). The reference per task is the best table-wise plan
-*by measurement*, so the comparison is conservative for column-wise.
+Each column-wise method is compared with its table-wise twin: the same planner on the same
+task with every table kept whole (`TWIN`), so that splitting is the only difference between the
+two plans. A twin that is a method of the registry (`lpt_measured`, `milp`, `torchrec`) is that
+method; `column_greedy`'s is split-then-place with no split allowed (`column_greedy_unsplit`:
+greedy placement on the cost model, without cost_greedy's look-ahead on memory). Where the
+planner chooses no split the two plans are one plan and their ratio is exactly 1, so beside
+every ratio stands the share of tasks where a split was chosen.
+
+Per task, every plan is turned into device shards of column shards; the distinct device shards
+of all plans of a task are measured as one batch in interleaved rounds (`measure.interleaved`,
+each column shard at its own width), filed in a pass of its own in the study's measurement store
+(`columns_store`, then `pass_name`), so a stopped run resumes and a changed set of plans is
+measured afresh. A device shard's key lists its column shards' keys sorted ("3,17:0-16,40"); a
+shard of whole tables has the same key as in `studies.measured` ("3,17,40"). The statistics are
+exploratory: intervals, unadjusted, and where they lie (`findings.direction`), no verdict.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import zip_longest
 
 import numpy as np
 import pandas as pd
 
+from autoshard.core.digest import value_digest
 from autoshard.core.errors import ConfigError
 from autoshard.core.params import Fields, Section, bounded, choice, read
 from autoshard.core.schema import ColumnsMetrics
-from autoshard.core.seeding import rng
+from autoshard.core.seeding import one_thread, rng
 from autoshard.data.features import feature_matrix
 from autoshard.data.tasks import Task
 from autoshard.measure.base import CostBackend
 from autoshard.measure.interleaved import measure_batch
 from autoshard.measure.store import MeasurementStore, record, values
 from autoshard.measure.timing import TimingConfig
-from autoshard.methods.registry import METHODS
 from autoshard.placement.columns import (
     ColumnShard,
     device_keys,
-    expand,
+    device_shards,
     lpt_split,
     milp_split,
     parse_key,
     shard_features,
+    shard_sizes,
     split_then_place,
 )
 from autoshard.placement.surrogate import MilpConfig
 from autoshard.placement.torchrec import torchrec_column_plan
-from autoshard.studies.paired import compare
+from autoshard.studies.findings import direction
+from autoshard.studies.paired import compare, one_pass
 
 SplitPlacement = tuple[list[ColumnShard], np.ndarray]  # column shards and a device per shard
+
+# Each column-wise method and its table-wise twin: the same planner with every table whole.
+TWIN = {"column_greedy": "column_greedy_unsplit", "column_lpt": "lpt_measured", "column_milp": "milp",
+        "torchrec_column": "torchrec"}
+WHOLE = (1,)  # the ways of a twin: no table split
 
 
 @dataclass(frozen=True)
@@ -53,10 +68,9 @@ class ColumnsConfig(Section):
     section = "columns"
     ways: tuple[int, ...]  # sorted, each once
     candidates: int = bounded(lo=0)
-    table_methods: tuple[str, ...] = choice(METHODS)
+    methods: tuple[str, ...] = choice(tuple(TWIN))
+    tasks_per_protocol: int = bounded(lo=1)
     bootstrap: int
-    target: float = bounded(lo=0, lo_open=True)
-    task_share: float = bounded(lo=0, hi=1, lo_open=True)  # the first of each evaluate group (the time budget)
 
     @classmethod
     def from_params(cls, values: dict) -> ColumnsConfig:
@@ -67,9 +81,18 @@ class ColumnsConfig(Section):
         return cfg
 
 
-def whole(task: Task, placement: np.ndarray, dims: Sequence[int]) -> SplitPlacement:
-    """A table-wise placement as column shards (one whole shard per table)."""
-    return expand(task, dims), np.asarray(placement, dtype=np.int64)
+def study_tasks(tasks: Sequence[Task], per_protocol: int) -> list[Task]:
+    """The first `per_protocol` tasks of each protocol, taken in turn from its unseen-ratio groups
+    (the first of every group, then the second, ...) so the strata stay balanced; all of a
+    protocol's tasks where it has fewer. In the order of `tasks`."""
+    groups: dict[str, dict[float, list[Task]]] = {}
+    for t in tasks:
+        groups.setdefault(t.protocol, {}).setdefault(t.unseen_ratio, []).append(t)
+    keep = set()
+    for by_ratio in groups.values():
+        turns = [t for turn in zip_longest(*by_ratio.values()) for t in turn if t is not None]
+        keep |= {t.name for t in turns[:per_protocol]}
+    return [t for t in tasks if t.name in keep]
 
 
 def device_key(shards: Sequence[ColumnShard]) -> str:
@@ -91,6 +114,20 @@ def plan_keys(plan: SplitPlacement, devices: int) -> list[str]:
     """The device key of every device of a plan ("" for an empty device)."""
     shards, placement = plan
     return [device_key(s) for s in device_keys(shards, placement, devices)]
+
+
+def plan_key(plan: SplitPlacement, devices: int) -> str:
+    """The plan's device keys, sorted: two plans with one key are one split of the columns (the
+    same device shards, so the same measured bottleneck)."""
+    return " | ".join(sorted(k for k in plan_keys(plan, devices) if k))
+
+
+def pass_name(tasks: Sequence[Task], plans: dict[str, list[SplitPlacement | None]]) -> str:
+    """The measuring pass of these plans: "columns-" and a digest of every task and plan, so the
+    same plans resume one pass and any other set is measured afresh, all of it together."""
+    digest = value_digest(*((t.name, m, None if p[i] is None else plan_key(p[i], t.devices))
+                            for i, t in enumerate(tasks) for m, p in sorted(plans.items())))
+    return f"columns-{digest[:10]}"
 
 
 def measure_task(backend: CostBackend, task: Task, plans: Sequence[SplitPlacement], dims: Sequence[int],
@@ -127,11 +164,14 @@ def plan_rows(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Tas
               plans: dict[str, list[SplitPlacement | None]], batch_size: int, store: MeasurementStore, seed: int,
               timing: TimingConfig, model=None, progress: bool = True) -> pd.DataFrame:
     """One row per (task, method) with a plan: measured bottleneck (max device forward +
-    backward), predicted bottleneck (with `model`), number of split tables and column shards.
-    Measurements go through `store`: give it the study's store tagged "columns" (`columns_store`)."""
+    backward), predicted bottleneck (with `model`), number of split tables and column shards,
+    the plan's `plan_key` and its measuring `pass`. Every plan is measured in one pass
+    (`pass_name`) of `store`: give it the study's store tagged "columns" (`columns_store`)."""
     from tqdm.auto import tqdm
 
     dims = pool_features["dim"].to_numpy(dtype=np.int64)
+    name = pass_name(tasks, plans)
+    store = store.tagged(name)
     known = store.read()
     rows = []
     for i, task in enumerate(tqdm(tasks, desc="measuring column plans", disable=not progress)):
@@ -142,116 +182,130 @@ def plan_rows(backend: CostBackend, pool_features: pd.DataFrame, tasks: list[Tas
             split = {s.table for s in plan[0] if not s.whole}
             rows.append({"task": task.name, "protocol": task.protocol, "unseen_ratio": task.unseen_ratio,
                          "method": method, "measured_ms": float(np.max(compute)), "split_tables": len(split),
-                         "column_shards": len(plan[0]),
+                         "column_shards": len(plan[0]), "plan": plan_key(plan, task.devices), "pass": name,
                          "predicted_ms": (predicted_ms(model, pool_features, plan, task.devices)
                                           if model is not None else float("nan"))})
     return pd.DataFrame(rows)
 
 
+def distinct_shards(rows: pd.DataFrame) -> int:
+    """The device shards `plan_rows` measured (or read back) for its rows: each distinct key once."""
+    return int(rows["plan"].str.split(" | ", regex=False).explode().nunique()) if len(rows) else 0
+
+
 def columns_store(store: MeasurementStore) -> MeasurementStore:
-    """The column study's pass in the study's store: its own tagged space, so each task's
-    table-wise and column-wise plans are measured side by side in one batch (a plan measured in
-    another pass can differ by more than the effect this study looks for), resumed and kept like
-    every other measurement."""
+    """The column study's space in the study's store: its own tagged space, in which each run's
+    plans are one pass (`plan_rows`), so each task's table-wise and column-wise plans are measured
+    side by side in one batch (a plan measured in another pass can differ by more than the effect
+    this study looks for), resumed and kept like every other measurement."""
     return store.tagged("columns")
 
 
-def planners(model, pool_features: pd.DataFrame, single_costs: np.ndarray, cfg: ColumnsConfig, milp: MilpConfig,
-             seed: int, batch_size: int) -> dict[str, Callable[[Task], SplitPlacement]]:
-    """The column-wise methods: split-then-place on the cost model (`column_greedy`); the
-    tables costlier than a balanced device split just enough, then LPT (`column_lpt`) or the
-    MILP (`column_milp`) on the measured single costs (ms per pool table) scaled by width; and
-    TorchRec's planner with column-wise shards of dim / max(ways) columns allowed (`torchrec_column`).
-    Memory: a whole table needs its `size_bytes`, as for the table-wise methods, and a split adds
-    one row-wise optimizer state per extra column shard (`shard_sizes`)."""
+def _planners(model, pool_features: pd.DataFrame, single_costs: np.ndarray, ways: tuple[int, ...], candidates: int,
+              milp: MilpConfig, seed: int, batch_size: int) -> dict[str, Callable[[Task], SplitPlacement]]:
+    """Every column-wise method splitting tables into `ways` column shards (see `planners`)."""
     costs = dict(enumerate(np.asarray(single_costs, dtype=float)))
     dims = pool_features["dim"].to_numpy(dtype=np.int64)
 
     def greedy(t: Task) -> SplitPlacement:
-        result = split_then_place(model, pool_features, t, cfg.ways, cfg.candidates)
+        result = split_then_place(model, pool_features, t, ways, candidates)
         return result.shards, result.placement
 
     def torchrec(t: Task) -> SplitPlacement:
-        planned = torchrec_column_plan(pool_features, t, batch_size, max(cfg.ways))
+        planned = torchrec_column_plan(pool_features, t, batch_size, max(ways))
         return ([ColumnShard(table, start, width, int(dims[table])) for table, start, width, _ in planned],
                 np.array([rank for *_, rank in planned], dtype=np.int64))
 
     return {"column_greedy": greedy,
-            "column_lpt": lambda t: lpt_split(costs, pool_features, t, cfg.ways),
-            "column_milp": lambda t: milp_split(costs, pool_features, t, cfg.ways, milp.node_limit, milp.time_limit_s,
+            "column_lpt": lambda t: lpt_split(costs, pool_features, t, ways),
+            "column_milp": lambda t: milp_split(costs, pool_features, t, ways, milp.node_limit, milp.time_limit_s,
                                                 seed),
             "torchrec_column": torchrec}
 
 
-def plan_columns(planner: Callable[[Task], SplitPlacement], tasks: list[Task]) -> list[SplitPlacement | None]:
-    """A column-wise planner's plan of each task (None where it finds no room)."""
+def planners(model, pool_features: pd.DataFrame, single_costs: np.ndarray, cfg: ColumnsConfig, milp: MilpConfig,
+             seed: int, batch_size: int) -> dict[str, Callable[[Task], SplitPlacement]]:
+    """The methods of `cfg.methods` and their table-wise twins (`TWIN`: the same planner with
+    `WHOLE` ways). The column-wise methods: split-then-place on the cost model (`column_greedy`);
+    the tables costlier than a balanced device split just enough, then LPT (`column_lpt`) or the
+    MILP (`column_milp`) on the measured single costs (ms per pool table) scaled by width; and
+    TorchRec's planner with column-wise shards of dim / max(ways) columns allowed (`torchrec_column`).
+    Memory: a whole table needs its `size_bytes`, as for the table-wise methods, and a split adds
+    one row-wise optimizer state per extra column shard (`shard_sizes`)."""
+    column = _planners(model, pool_features, single_costs, cfg.ways, cfg.candidates, milp, seed, batch_size)
+    whole = _planners(model, pool_features, single_costs, WHOLE, 0, milp, seed, batch_size)
+    return {m: column[m] for m in cfg.methods} | {TWIN[m]: whole[m] for m in cfg.methods}
+
+
+def within_memory(pool_features: pd.DataFrame, task: Task, plan: SplitPlacement) -> bool:
+    """True when no device of `plan` holds more than the task's cap (`shard_sizes`)."""
+    sizes = shard_sizes(pool_features, plan[0])
+    return all(int(sizes[s].sum()) <= task.memory_bytes for s in device_shards(plan[0], plan[1], task.devices))
+
+
+def plan_columns(planner: Callable[[Task], SplitPlacement], tasks: list[Task],
+                 pool_features: pd.DataFrame) -> list[SplitPlacement | None]:
+    """A planner's plan of each task, on one thread: None where it finds no room or its plan
+    breaks the memory cap (the same rule for column-wise plans and their twins)."""
     out: list[SplitPlacement | None] = []
-    for task in tasks:
-        try:
-            out.append(planner(task))
-        except ConfigError:  # Infeasible, or TorchRec's planner finding no plan
-            out.append(None)
+    with one_thread():
+        for task in tasks:
+            try:
+                plan = planner(task)
+            except ConfigError:  # Infeasible, or TorchRec's planner finding no plan
+                plan = None
+            out.append(plan if plan is not None and within_memory(pool_features, task, plan) else None)
     return out
 
 
-def per_task(results: pd.DataFrame, table_methods: Sequence[str], column_methods: Sequence[str]) -> pd.DataFrame:
-    """Per task: the best table-wise and the best column-wise plan by measurement, and their ratio."""
-    def best(kind: Sequence[str], label: str) -> pd.DataFrame:
-        pool = results[results["method"].isin(list(kind))].dropna(subset=["measured_ms"])
-        rows = pool.loc[pool.groupby("task", sort=False)["measured_ms"].idxmin()]
-        return rows.set_index("task")[["method", "measured_ms", "split_tables"]].add_prefix(f"{label}_")
-
-    info = results.groupby("task", sort=False)[["protocol", "unseen_ratio"]].first()
-    out = info.join(best(table_methods, "table"), how="inner").join(best(column_methods, "column"), how="inner")
-    out["ratio"] = out["column_measured_ms"] / out["table_measured_ms"]
-    return out.reset_index()
-
-
-def with_table_bound(table: pd.DataFrame, tasks: list[Task], single_costs: np.ndarray) -> pd.DataFrame:
-    """`per_task`'s frame plus each task's costliest table measured alone (`largest_single_ms`,
-    from the profile) and its share of the best table-wise bottleneck (`bound_share`): near 1,
-    the largest table is what bounds every table-wise plan and splitting it is the way to do
-    better; well below 1, it is not the limit and splitting can only add work."""
+def pair_frame(results: pd.DataFrame, methods: Sequence[str], tasks: list[Task],
+               single_costs: np.ndarray) -> pd.DataFrame:
+    """Per task and pair (each column-wise method of `methods` against its `TWIN`) where both
+    have a plan, measured in one pass (`paired.one_pass`): both bottlenecks, their ratio, the
+    column-wise plan's split tables, whether it split any (`split`) and whether the two are one
+    plan (`identical`), and `bound_share`: the task's costliest table measured alone (the profile's
+    single costs) over the twin's bottleneck. Near 1, the largest table bounds the table-wise plan
+    and splitting it is the way to do better; well below 1, splitting can only add work."""
+    one_pass(results)
     costs = np.asarray(single_costs, dtype=float)
     largest = {t.name: float(np.nanmax(costs[list(t.tables)])) for t in tasks}
-    out = table.copy()
-    out["largest_single_ms"] = out["task"].map(largest)
-    out["bound_share"] = out["largest_single_ms"] / out["table_measured_ms"]
-    return out
-
-
-def pair_frame(results: pd.DataFrame, table_methods: Sequence[str], column_methods: Sequence[str]) -> pd.DataFrame:
-    """Per task and pair (each column-wise method, and the best of them, against the best
-    table-wise plan): the measured ratio, as `figures.paired_ratios` draws it."""
-    best = per_task(results, table_methods, column_methods)
-    reference = best.set_index("task")["table_measured_ms"]
-    frames = [best.assign(pair="best column-wise / best table-wise")[["task", "protocol", "pair", "ratio"]]]
-    for method in column_methods:
-        g = results[(results["method"] == method) & results["task"].isin(reference.index)]
-        frames.append(pd.DataFrame({"task": g["task"], "protocol": g["protocol"], "pair": f"{method} / best table-wise",
-                                    "ratio": g["measured_ms"].to_numpy() / reference[g["task"]].to_numpy()}))
+    frames = []
+    for method in methods:
+        column = results[results["method"] == method].set_index("task")
+        twin = results[results["method"] == TWIN[method]].set_index("task")
+        both = column.join(twin[["measured_ms", "plan"]], rsuffix="_twin", how="inner")
+        frames.append(pd.DataFrame({
+            "task": both.index, "protocol": both["protocol"].to_numpy(),
+            "unseen_ratio": both["unseen_ratio"].to_numpy(),
+            "method": method, "twin": TWIN[method], "pair": f"{method} / {TWIN[method]}",
+            "column_ms": both["measured_ms"].to_numpy(), "table_ms": both["measured_ms_twin"].to_numpy(),
+            "ratio": (both["measured_ms"] / both["measured_ms_twin"]).to_numpy(),
+            "split_tables": both["split_tables"].to_numpy(), "split": (both["split_tables"] > 0).to_numpy(),
+            "identical": (both["plan"] == both["plan_twin"]).to_numpy(),
+            "bound_share": (both.index.map(largest).to_numpy() / both["measured_ms_twin"]).to_numpy(),
+            "pass": both["pass"].to_numpy()}))
     return pd.concat(frames, ignore_index=True)
 
 
-def columns_metrics(table: pd.DataFrame, cfg: ColumnsConfig, seed: int, shards_measured: int,
+def columns_metrics(pairs: pd.DataFrame, cfg: ColumnsConfig, seed: int, shards_measured: int,
                     seconds: float) -> ColumnsMetrics:
-    """Per protocol: the paired statistics of the best column-wise plan against the best
-    table-wise plan (`paired.compare`, strata: the unseen ratio), and whether the target holds
-    (the median ratio at most `cfg.target` with the interval's upper end below 1). A best
-    column-wise plan that splits no table is a table-wise plan (`unsplit_share` of the tasks)."""
-    protocols = {}
-    for protocol, frame in table.groupby("protocol", sort=False):
-        stats = compare(frame["column_measured_ms"].to_numpy(), frame["table_measured_ms"].to_numpy(),
-                        strata=frame["unseen_ratio"].to_numpy(), resamples=cfg.bootstrap, seed=seed,
-                        keys=("columns", str(protocol)))
-        median, high = stats["median_ratio"], stats["ci_high"]
-        protocols[str(protocol)] = {
-            **stats, "target": cfg.target,
-            "met": bool(median is not None and high is not None and median <= cfg.target and high < 1.0),
-            "split_tables_median": float(frame["column_split_tables"].median()),
-            "unsplit_share": float((frame["column_split_tables"] == 0).mean()),
-            "bound_share_median": (float(frame["bound_share"].median()) if "bound_share" in frame else None),
-            "column_wins": float((frame["ratio"] < 1.0).mean())}
+    """Per protocol and column-wise method: the paired statistics against its twin over the tasks
+    where both have a plan (`paired.compare`, strata: the unseen ratio), where the 95% interval
+    lies (`findings.direction`, exploratory: no verdict), the share of those tasks where a split
+    was chosen (`split_share`: elsewhere the two are one plan, ratio 1) and the median
+    `bound_share`."""
+    protocols: dict[str, dict] = {}
+    for (protocol, method), g in pairs.groupby(["protocol", "method"], sort=False):
+        stats = compare(g["column_ms"].to_numpy(), g["table_ms"].to_numpy(), strata=g["unseen_ratio"].to_numpy(),
+                        identical=g["identical"].to_numpy(), resamples=cfg.bootstrap, seed=seed,
+                        keys=("columns", str(protocol), str(method)))
+        protocols.setdefault(str(protocol), {})[str(method)] = {
+            **stats, "twin": TWIN[method],
+            "direction": direction(stats) if stats["median_ratio"] is not None else "no tasks",
+            "split_share": float(g["split"].mean()), "split_tables_median": float(g["split_tables"].median()),
+            "bound_share_median": float(g["bound_share"].median())}
+    tasks = pairs.groupby("protocol", sort=False)["task"].nunique()
     return {"seconds": float(seconds), "protocols": protocols, "ways": list(cfg.ways),
-            "table_methods": list(cfg.table_methods), "tasks": int(len(table)),
+            "pairs": {m: TWIN[m] for m in cfg.methods}, "tasks": {str(p): int(n) for p, n in tasks.items()},
+            "measuring_pass": str(pairs["pass"].iloc[0]) if len(pairs) else "",
             "shards_measured": int(shards_measured)}
