@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from autoshard.core.errors import ConfigError
-from autoshard.data.features import FEATURE_COLUMNS, REUSE_COLUMNS, feature_matrix, table_bytes
+from autoshard.data.features import FEATURE_COLUMNS, REUSE_COLUMNS, feature_matrix
+from autoshard.data.sizes import table_bytes
 from autoshard.data.tasks import Task
 from autoshard.measure.base import shard_bytes
 from autoshard.placement import columns

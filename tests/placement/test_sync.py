@@ -194,7 +194,7 @@ def test_paired_synchronized_compares_on_the_synchronized_cost():
         for method, measured, synced in (("naive", 10.0, 12.0), ("random", 10.0, 13.0),
                                          ("cost_greedy", 9.0, 14.0 + 0.1 * i)):
             rows.append({"task": name, "protocol": "dreamshard", "method": method, "measured_ms": measured,
-                         "synchronized_ms": synced, "unseen_ratio": 1.0})
+                         "synchronized_ms": synced, "predicted_ms": measured, "unseen_ratio": 1.0})
     ratios = pd.DataFrame(rows)
     plans = {m: [np.array([i % 2, 1 - i % 2, int(m == "cost_greedy")]) for i in range(8)]
              for m in ("naive", "random", "cost_greedy")}

@@ -37,7 +37,8 @@ from autoshard.core.inputs import (
     shown,
     table_name,
 )
-from autoshard.data.features import REUSE_BINS, REUSE_COLUMNS, reuse_histogram, table_bytes
+from autoshard.data.features import REUSE_BINS, REUSE_COLUMNS, reuse_histogram
+from autoshard.data.sizes import table_bytes
 from autoshard.data.synth import bag_trace
 from autoshard.data.traces import Traces, access_counts, from_lengths
 

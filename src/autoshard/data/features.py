@@ -4,6 +4,7 @@ import numpy as np
 import pandas as pd
 
 from autoshard.core.errors import ConfigError
+from autoshard.data.sizes import table_bytes
 from autoshard.data.traces import Traces, access_counts
 
 REUSE_BINS = 17
@@ -19,17 +20,6 @@ FEATURE_COLUMNS = ["dim", "rows", "pooling_factor", "size_bytes", *REUSE_COLUMNS
 
 
 LOG_COLUMNS = ("rows", "pooling_factor", "size_bytes")  # the models see their log1p: they span decades
-
-
-ROW_STATE_BYTES = 4  # EXACT_ROWWISE_ADAGRAD's state: one fp32 per row of every table or column shard
-
-
-def table_bytes(rows, dims, weight_bytes: int):
-    """The bytes the measured operator holds for a table (or a column shard `dims` wide): its
-    weights and its row-wise Adagrad state. The one memory accounting of the study: the pool's
-    `size_bytes`, every method's memory check, the tasks' caps, the backends' `shard_bytes` and
-    the budget TorchRec's planner sees. Ints or arrays, elementwise."""
-    return rows * dims * weight_bytes + rows * ROW_STATE_BYTES
 
 
 def feature_matrix(features: pd.DataFrame) -> np.ndarray:

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from autoshard.core.errors import ConfigError
-from autoshard.data.features import table_bytes
+from autoshard.data.sizes import table_bytes
 from autoshard.data.traces import Traces
 
 

@@ -10,7 +10,7 @@ since each column shard is one row of a features array (`shard_features`) and on
 A column shard of a table of dim d split k ways has the table's rows, pooling factor, trace
 and reuse histogram and dim d/k, which must be a multiple of 4 (the TBE kernel's rule). Its
 memory is its weights plus the row-wise optimizer state, one float per row *per shard*
-(`data.features.table_bytes`, the accounting of the pool's `size_bytes` and the study's caps),
+(`data.sizes.table_bytes`, the accounting of the pool's `size_bytes` and the study's caps),
 so splitting a table k ways costs k - 1 more row states.
 
 The planner is split-then-place (NeuroShard): a greedy search over which tables to split,
@@ -30,7 +30,8 @@ import numpy as np
 import pandas as pd
 
 from autoshard.core.errors import ConfigError
-from autoshard.data.features import ROW_STATE_BYTES, feature_matrix
+from autoshard.data.features import feature_matrix
+from autoshard.data.sizes import ROW_STATE_BYTES
 from autoshard.data.tasks import Task
 from autoshard.placement.heuristics import Infeasible, greedy
 

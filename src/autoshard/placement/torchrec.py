@@ -8,7 +8,7 @@ table is constrained to table-wise sharding (column-wise too for `torchrec_colum
 FUSED kernel (the one TorchRec allows on CPU besides data-parallel DENSE, and on CUDA the one
 keeping the whole table in device memory, as every other method assumes) and its pooling factor.
 
-Memory: TorchRec must see the study's one accounting, `data.features.table_bytes` (weights plus
+Memory: TorchRec must see the study's one accounting, `data.sizes.table_bytes` (weights plus
 row-wise Adagrad's state, the pool's `size_bytes`). Its storage estimate of a table-wise shard
 (`torchrec/distributed/planner/shard_estimators.py`, `calculate_shard_storages`) is the weights,
 plus the optimizer state of the parameter's `_optimizer_classes` (`_get_optimizer_multipler`:
@@ -32,7 +32,7 @@ import pandas as pd
 import torch
 
 from autoshard.core.errors import ConfigError
-from autoshard.data.features import ROW_STATE_BYTES
+from autoshard.data.sizes import ROW_STATE_BYTES
 from autoshard.data.tasks import Task
 
 
