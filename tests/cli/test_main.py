@@ -308,8 +308,52 @@ def test_a_policy_file_that_is_not_ours_is_refused(files, tmp_path, capsys):
 def test_missing_model_files_name_the_stage_that_makes_them(files, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("AUTOSHARD_MODELS", str(tmp_path))  # no models here
     assert main(["plan", "--tables", str(files["tables"]), "--devices", "2", "--memory-per-device", "1GiB",
-                 "--out", str(tmp_path / "plan.json")]) == 2
+                 "--method", "rl_greedy", "--out", str(tmp_path / "plan.json")]) == 2
     assert "run `dvc repro train_rl`" in capsys.readouterr().err
+
+
+def first_run(files, folder: Path, cache: Path, *extra: str) -> dict:
+    out = folder / f"plan{len(list(folder.glob('plan*.json')))}.json"
+    assert main(["plan", "--tables", str(files["tables"]), "--devices", "2", "--memory-per-device", "1GiB",
+                 "--cache", str(cache), "--out", str(out), "--batch-size", "64", "--runs", "1", *extra]) == 0
+    return json.loads(out.read_text())
+
+
+def test_a_fresh_clone_plans_on_costs_measured_here_and_reuses_them(files, tmp_path, capsys, monkeypatch):
+    """No trained models: every table is measured alone (FBGEMM on this CPU), cached, and LPT
+    places on those costs; the plan says so; a second run measures nothing and plans alike."""
+    monkeypatch.setenv("AUTOSHARD_MODELS", str(tmp_path))
+    cache = tmp_path / "cache"
+    doc = first_run(files, tmp_path, cache)
+    assert "no trained models" in capsys.readouterr().err
+    tables = read_tables(files["tables"])
+    assert doc["method"] == "lpt_measured" and doc["costs"]["kind"] == "measured"
+    assert doc["costs"]["backend"] == "fbgemm" and doc["costs"]["machine"]["cpu"]
+    assert doc["costs"]["tables_measured_now"] == len(tables.names) and doc["costs"]["tables_from_cache"] == 0
+    assert len(list((cache / "singles").glob("*.json"))) == len(tables.names), "one cached cost per table"
+    again = first_run(files, tmp_path, cache)
+    assert again["costs"]["tables_measured_now"] == 0 and again["costs"]["tables_from_cache"] == len(tables.names)
+    assert again["assignment"] == doc["assignment"], "the same costs, the same plan"
+    exact = first_run(files, tmp_path, cache, "--method", "milp")
+    assert exact["costs"]["tables_measured_now"] == 0 and set(exact["assignment"]) == set(tables.names)
+    out = tmp_path / "scored.json"
+    assert main(["score", "--tables", str(files["tables"]), "--plan", str(tmp_path / "plan0.json"),
+                 "--backend", "analytic", "--json"]) == 0, "the plan file reads back"
+    assert not out.exists()
+
+
+def test_the_single_cost_cache_is_keyed_by_what_the_measurement_depends_on(files, tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOSHARD_MODELS", str(tmp_path))
+    cache = tmp_path / "cache"
+    first_run(files, tmp_path, cache)
+    before = set((cache / "singles").glob("*.json"))
+    other = first_run(files, tmp_path, cache, "--batch-size", "32")
+    assert other["costs"]["tables_measured_now"] == len(read_tables(files["tables"]).names), \
+        "another batch size is another measurement"
+    damaged = sorted(set((cache / "singles").glob("*.json")) - before)[0]
+    damaged.write_text("{not json")
+    again = first_run(files, tmp_path, cache, "--batch-size", "32")
+    assert again["costs"]["tables_measured_now"] == 1, "a damaged entry is measured again, not trusted"
 
 
 def test_a_plan_for_other_tables_is_refused(files, tmp_path, capsys):

@@ -101,11 +101,22 @@ def document(options: dict, tables: UserTables, task: Task, result: SplitPlan, m
             "sharding_seconds": seconds, "model_files": files, "engine": "torch"}
 
 
+def without_costs(doc: object, path: Path) -> object:
+    """A plan document without its `costs` entry (what the plan placed on: `service.plan_document`),
+    checked to be an object naming its kind; the rest is `core.inputs`' to check."""
+    if not isinstance(doc, dict) or "costs" not in doc:
+        return doc
+    costs = doc["costs"]
+    if not isinstance(costs, dict) or not isinstance(costs.get("kind"), str):
+        raise ConfigError(f"{path}, field costs: {shown(costs)} (expected an object with a `kind`)")
+    return {k: v for k, v in doc.items() if k != "costs"}
+
+
 def read(path: str | Path, tables: UserTables) -> tuple[list[ColumnShard], np.ndarray, int]:
     """(column shards, device per shard, devices) of any plan file (ours or its TorchRec export),
     checked against the tables: every table placed, its columns covered, its shape as the file says."""
     path = Path(path)
-    per_table, devices, shapes = plan_columns(read_json(path, "plan file"), path)
+    per_table, devices, shapes = plan_columns(without_costs(read_json(path, "plan file"), path), path)
     names = tables.names
     unknown = sorted(set(per_table) - set(names))
     if unknown:

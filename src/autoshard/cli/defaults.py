@@ -18,6 +18,8 @@ PACKAGED = {
     "evaluate.timing.warmup": 1,
     "evaluate.timing.runs": 1,
     "evaluate.timing.rounds": 3,
+    "evaluate.milp.node_limit": 50,
+    "evaluate.milp.time_limit_s": 30,
     "rl.best_of": 16,
     "columns.ways": [1, 2, 4],
 }

@@ -1,6 +1,7 @@
 """`autoshard`: shard your own embedding tables with the study's methods.
 
-  autoshard plan    --tables T --devices D --memory-per-device 16GiB [--method rl] --out plan.json
+  autoshard plan    --tables T --devices D --memory-per-device 16GiB [--method M] --out plan.json
+                    (without trained models: each table measured alone here, then LPT; --method milp)
   autoshard plan    ... --sharding column [--column-ways 1,2,4] [--split NAME=K]   (column-wise shards)
   autoshard score   --tables T --plan plan.json [--backend fbgemm|torch|analytic] [--store DIR [--space KEY]]
   autoshard compare --tables T --devices D --memory-per-device 16GiB [--measure]
@@ -23,12 +24,11 @@ import pandas as pd
 
 from autoshard.cli.defaults import study_defaults, timed_runs
 from autoshard.cli.output import Interrupted, check_outputs, interruptible, write_files
+from autoshard.cli.service import FIRST_RUN, MEASURED, METHODS
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import check_arguments, shown
 from autoshard.measure.names import BACKENDS
-from autoshard.methods.registry import GREEDY, POLICY, SAMPLED, ids
-
-METHODS = ids("command")  # what the command offers
+from autoshard.methods.registry import GREEDY, POLICY, SAMPLED
 
 
 class UsageError(ConfigError):
@@ -71,6 +71,13 @@ def _measure_args(p: argparse.ArgumentParser) -> None:
                    help="timed runs per shard, their median (default evaluate.timing's runs x rounds)")
 
 
+def _cache_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache", type=Path, default=None,
+                   help=f"where the single-table costs that {', '.join(MEASURED)} place on are kept once measured "
+                        "here (default $AUTOSHARD_CACHE, else ~/.cache/autoshard): a table measured under the same "
+                        "settings, code and machine is not measured again")
+
+
 def parser() -> argparse.ArgumentParser:
     top = _Parser(prog="autoshard", description=__doc__.split("\n")[0],
                   formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -78,8 +85,10 @@ def parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="place the tables on devices and write the plan")
     _common(plan)
     _task_args(plan)
-    plan.add_argument("--method", default=None, help=f"one of {', '.join(METHODS)} (default {POLICY}; "
-                                                     f"{GREEDY} with --sharding column)")
+    plan.add_argument("--method", default=None,
+                      help=f"one of {', '.join(METHODS)} (default {POLICY} where the trained models are found, "
+                           f"else {FIRST_RUN} on single-table costs measured on this machine; {GREEDY} with "
+                           "--sharding column)")
     plan.add_argument("--best-of", type=int, default=None,
                       help="rl_best_of_n: the best of N sampled placements by predicted bottleneck "
                            "(default rl.best_of)")
@@ -91,6 +100,8 @@ def parser() -> argparse.ArgumentParser:
                            "(default columns.ways; each shard a multiple of 4 columns)")
     plan.add_argument("--split", action="append", metavar="NAME=K",
                       help="with --sharding column: split table NAME into K column shards (repeatable)")
+    _measure_args(plan)
+    _cache_arg(plan)
     plan.add_argument("--out", required=True, type=Path, help="plan file to write (JSON)")
     plan.add_argument("--torchrec", type=Path, help="also write the plan as a TorchRec sharding plan (JSON)")
     plan.add_argument("--torchrec-device", default="cuda", choices=("cuda", "cpu"),
@@ -112,6 +123,7 @@ def parser() -> argparse.ArgumentParser:
                          help=f"N for the {SAMPLED} row (default rl.best_of)")
     compare.add_argument("--measure", action="store_true", help="also measure every plan")
     _measure_args(compare)
+    _cache_arg(compare)
     worker = sub.add_parser("measure", help="measure the shards of a job file (see autoshard.measure.worker), "
                                             "or write the job files of the profile stage's shards")
     worker.add_argument("--jobs", type=Path, help="job file (JSON): shards, backend, pool")
@@ -150,9 +162,12 @@ def _print_devices(doc: dict) -> None:
           f"{'n/a (no cost model)' if predicted is None else f'{predicted:.3f} ms'}")
 
 
-def _check_plan_options(args: argparse.Namespace) -> None:
-    """`--method` is known, and options it does not use are refused rather than ignored (a
-    `--policy` it does not use is still checked, by `planning.load_models`)."""
+def _check_plan_options(args: argparse.Namespace, folder: Path) -> None:
+    """`--method` is known (unset: the policy where the trained models are, in `folder` or
+    given, else FIRST_RUN on costs measured here), and options it does not use are refused
+    rather than ignored (a `--policy` it does not use is still checked, by `planning.load_models`)."""
+    from autoshard.cli.service import has_models
+
     if args.sharding == "column":
         if args.method not in (None, GREEDY):
             raise ConfigError(f"--method: {shown(args.method)} (with --sharding column only cost_greedy, "
@@ -163,7 +178,10 @@ def _check_plan_options(args: argparse.Namespace) -> None:
             if value is not None:
                 raise ConfigError(f"{option}: only --sharding column uses it")
     if args.method is None:
-        args.method = POLICY
+        args.method = POLICY if has_models(folder) or args.policy or args.cost_model else FIRST_RUN
+        if args.method == FIRST_RUN:
+            print(f"no trained models in {folder}: placing with {FIRST_RUN} on each table's cost measured alone on "
+                  "this machine (--method to choose another)", file=sys.stderr)
     if args.method not in METHODS:
         raise ConfigError(f"--method: {shown(args.method)} (expected one of {', '.join(METHODS)})")
     if args.method != SAMPLED and args.best_of is not None:
@@ -177,9 +195,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from autoshard.cli.user_tables import parse_memory, read_tables
 
     check_arguments(args)
-    _check_plan_options(args)
-    memory = parse_memory(args.memory_per_device)
     folder = planning.models_folder(args.models)
+    _check_plan_options(args, folder)
+    memory = parse_memory(args.memory_per_device)
     check_outputs({"--out": args.out, "--torchrec": args.torchrec},
                   [args.tables, args.policy, args.cost_model, *planning.default_files(folder)])
     tables = read_tables(args.tables, args.weight_bytes)
@@ -189,9 +207,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     models = planning.load_models(args.method, args.policy, args.cost_model,
                                   need_torch=args.method == SAMPLED, folder=folder)
     options = {"best_of": args.best_of, "seed": args.seed} if args.method == SAMPLED else {}
+    singles = _singles(tables, args) if args.method in MEASURED else None
     placement, seconds = planning.timed_place(args.method, tables, task, models, best_of=args.best_of,
-                                              seed=planning.seed_for(tables, args.seed))
-    doc = planning.plan_document(args.method, options, tables, task, placement, models, seconds)
+                                              seed=planning.seed_for(tables, args.seed),
+                                              single_costs=None if singles is None else singles.costs)
+    doc = planning.plan_document(args.method, options, tables, task, placement, models, seconds,
+                                 costs=None if singles is None else singles.source())
     torchrec_doc = None
     if args.torchrec is not None:
         from autoshard.placement.torchrec import plan_to_json, sharding_plan
@@ -202,6 +223,27 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if torchrec_doc is not None:
         outputs[args.torchrec] = json.dumps(torchrec_doc, indent=1, allow_nan=False)
     return _write_and_show(args, doc, outputs)
+
+
+def _singles(tables, args: argparse.Namespace):
+    """Every table measured alone on this machine with `--backend`, `--batch-size` and `--runs`,
+    through the cache (`planner.singles`); a table too large to measure here is refused."""
+    from autoshard.data.pool import Pool
+    from autoshard.planner.singles import cache_folder, measure_singles
+
+    folder = cache_folder(args.cache)
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError(f"--cache: {folder} (not a folder)")
+    pool = Pool(features=tables.features, traces=tables.traces)
+    singles = measure_singles(pool, _backend_config(tables, args), folder,
+                              progress=not args.json and sys.stderr.isatty())
+    unmeasured = np.flatnonzero(~np.isfinite(singles.costs))
+    if len(unmeasured):
+        i = int(unmeasured[0])
+        raise ConfigError(f"{tables.source}: row {i + 1} ({tables.names[i]}): too large to measure alone on this "
+                          f"machine ({len(unmeasured)} such tables; use a method that needs no measurement, "
+                          "e.g. --method size_lookup_greedy)")
+    return singles
 
 
 def _write_and_show(args: argparse.Namespace, doc: dict, outputs: dict) -> int:
@@ -373,11 +415,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
                                   folder=planning.models_folder(args.models))
     seed = planning.seed_for(tables, args.seed)
     backend = _backend(tables, args) if args.measure else None
+    singles = _singles(tables, args).costs
     rows = []
     features = feature_matrix(tables.features)
     for name in METHODS:
         try:
-            placement, seconds = planning.timed_place(name, tables, task, models, seed=seed, best_of=args.best_of)
+            placement, seconds = planning.timed_place(name, tables, task, models, seed=seed, best_of=args.best_of,
+                                                      single_costs=singles)
         except ConfigError as exc:
             rows.append({"method": name, "status": f"no plan: {exc}"})
             continue

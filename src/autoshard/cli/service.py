@@ -25,8 +25,11 @@ if TYPE_CHECKING:  # torch is imported only when a method needs it
     from autoshard.costmodel.model import CostModel
     from autoshard.rl.policy import Policy
 
-METHODS = ids("command")  # the registry's ids the command offers
+# the methods that place on single-table costs, which the command measures on this machine itself
+MEASURED = tuple(m.id for m in REGISTRY.values() if m.needs == (("single_costs",),))
+METHODS = tuple(dict.fromkeys((*ids("command"), *MEASURED)))  # the registry's ids the command offers
 LEARNED = ids("learned")
+FIRST_RUN = MEASURED[0]  # without trained models (a fresh clone): LPT on costs measured here, instant at any size
 
 MODELS_ENV = "AUTOSHARD_MODELS"
 POLICY_FILE, COST_MODEL_FILE = "policy.pt", "cost_model.pt"
@@ -90,6 +93,11 @@ def models_folder(option: Path | None = None) -> Path:
 def default_files(folder: Path) -> list[Path]:
     """The model files looked for in `folder`."""
     return [folder / POLICY_FILE, folder / COST_MODEL_FILE, folder / numpy_planner.FILE_NAME]
+
+
+def has_models(folder: Path) -> bool:
+    """Whether `folder` holds the study's trained policy and cost model."""
+    return (folder / POLICY_FILE).is_file() and (folder / COST_MODEL_FILE).is_file()
 
 
 def _existing(path: Path | None, default: Path, what: str, option: str) -> Path:
@@ -172,27 +180,31 @@ def make_task(tables: UserTables, devices: int, memory_bytes: int) -> Task:
 
 
 def place(method: str, tables: UserTables, task: Task, models: Models, best_of: int | None = None, seed: int = 0,
-          batch_size: int | None = None) -> np.ndarray:
+          batch_size: int | None = None, single_costs: np.ndarray | None = None) -> np.ndarray:
     """A device per table by the method of that registry id, built by the registry from the
-    tables and the loaded models (`best_of` is rl_best_of_n's N, `seed` its sampling seed and the
-    random heuristic's; `batch_size` the training batch TorchRec plans for). Unset, both are the
-    study's (`rl.best_of`, `profile.batch_size`: `cli.defaults`)."""
+    tables, the loaded models and the tables' `single_costs` (ms, measured alone: what MEASURED
+    place on) (`best_of` is rl_best_of_n's N, `seed` its sampling seed and the random
+    heuristic's; `batch_size` the training batch TorchRec plans for). Unset, both are the
+    study's (`rl.best_of`, `profile.batch_size`: `cli.defaults`), as are the MILP's limits."""
     from autoshard.cli.defaults import study_defaults
     from autoshard.core.seeding import one_thread
     from autoshard.methods.artifacts import Artifacts, Settings
     from autoshard.methods.registry import build
+    from autoshard.placement.surrogate import MilpConfig
 
     if method not in METHODS:
         check(method)  # an unknown id: the registry's own message
         raise ConfigError(f"--method: {method!r} (the command offers {', '.join(METHODS)})")
     artifacts = Artifacts(pool_features=tables.features, features=feature_matrix(tables.features),
-                          cost_model=models.cost_model, policy=models.policy, numpy=models.numpy)
+                          cost_model=models.cost_model, policy=models.policy, numpy=models.numpy,
+                          single_costs=single_costs)
     study = study_defaults()
+    milp = MilpConfig(node_limit=study["evaluate.milp.node_limit"], time_limit_s=study["evaluate.milp.time_limit_s"])
     settings = Settings(seed=seed, batch_size=batch_size or study["profile.batch_size"],
-                        best_of=best_of or study["rl.best_of"], sample_seed=lambda t: seed)
+                        best_of=best_of or study["rl.best_of"], milp=milp, sample_seed=lambda t: seed)
     built = build((method,), artifacts, settings)
     if method in built.left_out:
-        raise ConfigError(f"--method {method}: {built.left_out[method]} (load_models gives them)")
+        raise ConfigError(f"--method {method}: {built.left_out[method]} (load_models and measure_singles give them)")
     try:
         if models.cost_model is None:  # heuristics, TorchRec and the NumPy export: no torch model to pin
             return built.planners[method](task)
@@ -233,8 +245,10 @@ def device_table(tables: UserTables, task: Task, placement: np.ndarray, models: 
 
 
 def plan_document(method: str, options: dict, tables: UserTables, task: Task, placement: np.ndarray,
-                  models: Models, seconds: float) -> dict:
-    """Everything a plan file holds: how it was made, the assignment, and per-device detail."""
+                  models: Models, seconds: float, costs: dict | None = None) -> dict:
+    """Everything a plan file holds: how it was made, the costs it placed on (`costs`: measured
+    here, as `planner.singles.Singles.source` says; else `cost_source`), the assignment, and
+    per-device detail."""
     devices = device_table(tables, task, placement, models)
     predicted = float(devices["predicted_ms"].max()) if "predicted_ms" in devices else None
     return {"format": FORMAT, "method": method, "options": options, "tables_file": tables.source,
@@ -242,7 +256,19 @@ def plan_document(method: str, options: dict, tables: UserTables, task: Task, pl
             "assignment": {name: int(d) for name, d in zip(tables.names, placement, strict=True)},
             "per_device": devices.to_dict("records"), "predicted_bottleneck_ms": predicted,
             "predicted": "by the cost model, not measured (measure with `autoshard score`)",
-            "sharding_seconds": seconds, "model_files": models.files, "engine": models.engine}
+            "sharding_seconds": seconds, "model_files": models.files, "engine": models.engine,
+            "costs": costs or cost_source(method, models)}
+
+
+def cost_source(method: str, models: Models) -> dict:
+    """What a method that measured nothing placed on: the cost model's predictions (with its
+    files), TorchRec's analytic estimate, or a heuristic's proxy (sizes, lookups)."""
+    kind = REGISTRY[method].kind
+    if method in LEARNED:
+        return {"kind": "predicted", "what": "the cost model's predicted cost per device", "model_files": models.files}
+    if kind == "heuristic":
+        return {"kind": "estimated", "what": f"{method}'s proxy: {REGISTRY[method].summary}"}
+    return {"kind": "estimated", "what": REGISTRY[method].summary}
 
 
 def finite_predictions(predicted: np.ndarray, models: Models) -> None:

@@ -20,7 +20,8 @@ import yaml
 
 from autoshard.core.digest import PACKAGE_DIR, source_files
 
-LAYERS = ("core", "data", "measure", "costmodel", "placement", "rl", "methods", "studies", "cli", "pipeline")
+LAYERS = ("core", "data", "measure", "costmodel", "placement", "rl", "methods", "planner", "studies", "cli",
+          "pipeline")
 RANK = {**{layer: i for i, layer in enumerate(LAYERS)}, "cli": LAYERS.index("studies")}
 
 
