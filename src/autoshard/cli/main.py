@@ -227,9 +227,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _singles(tables, args: argparse.Namespace):
     """Every table measured alone on this machine with `--backend`, `--batch-size` and `--runs`,
-    through the cache (`planner.singles`); a table too large to measure here is refused."""
+    through the cache (`cli.singles`); a table too large to measure here is refused."""
+    from autoshard.cli.singles import cache_folder, measure_singles
     from autoshard.data.pool import Pool
-    from autoshard.planner.singles import cache_folder, measure_singles
 
     folder = cache_folder(args.cache)
     if folder.exists() and not folder.is_dir():

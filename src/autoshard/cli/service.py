@@ -247,7 +247,7 @@ def device_table(tables: UserTables, task: Task, placement: np.ndarray, models: 
 def plan_document(method: str, options: dict, tables: UserTables, task: Task, placement: np.ndarray,
                   models: Models, seconds: float, costs: dict | None = None) -> dict:
     """Everything a plan file holds: how it was made, the costs it placed on (`costs`: measured
-    here, as `planner.singles.Singles.source` says; else `cost_source`), the assignment, and
+    here, as `cli.singles.Singles.source` says; else `cost_source`), the assignment, and
     per-device detail."""
     devices = device_table(tables, task, placement, models)
     predicted = float(devices["predicted_ms"].max()) if "predicted_ms" in devices else None

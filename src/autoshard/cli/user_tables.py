@@ -91,6 +91,14 @@ def read_tables(path: str | Path, weight_bytes: int = 4, trace_batch: int = DEFA
     return _features(rows, path, weight_bytes, trace_batch)
 
 
+def tables_from_records(records: list[dict], source: str, weight_bytes: int = 4,
+                        trace_batch: int = DEFAULT_TRACE_BATCH) -> UserTables:
+    """The tables of `records` (name, rows, dim, pooling_factor[, zipf_alpha]), checked as a file's
+    rows are; `source` names them in errors (for example "TorchRec's sharding options")."""
+    columns = list(dict.fromkeys(k for r in records for k in r))
+    return _features(_checked(columns, records, Path(source)), Path(source), weight_bytes, trace_batch)
+
+
 class _NoAliases(yaml.SafeLoader):
     """YAML without anchors and aliases: an alias bomb is refused at its first alias."""
 

@@ -20,7 +20,7 @@ import yaml
 
 from autoshard.core.digest import PACKAGE_DIR, source_files
 
-LAYERS = ("core", "data", "measure", "costmodel", "placement", "rl", "methods", "planner", "studies", "cli",
+LAYERS = ("core", "data", "measure", "costmodel", "placement", "rl", "methods", "studies", "cli", "planner",
           "pipeline")
 RANK = {**{layer: i for i, layer in enumerate(LAYERS)}, "cli": LAYERS.index("studies")}
 

@@ -40,10 +40,11 @@ def cache_folder(option: Path | None = None) -> Path:
 @dataclass(frozen=True)
 class Singles:
     """Per table (in table order) its measured forward + backward ms alone (NaN: too large for
-    this machine's memory limit), how many were measured now and how many read from the cache,
-    and where and how they were measured."""
+    this machine's memory limit) and its forward ms, how many were measured now and how many read
+    from the cache, and where and how they were measured."""
 
     costs: np.ndarray
+    forward: np.ndarray
     measured: int
     cached: int
     where: dict
@@ -61,14 +62,14 @@ def measure_singles(pool, cfg: BackendConfig, folder: Path, progress: bool = Tru
 
     store = folder / "singles"
     keys = [measurement_key(cfg, pool, [t]) for t in range(pool.num_tables)]
-    costs = np.full(pool.num_tables, np.nan)
+    costs, forward = np.full(pool.num_tables, np.nan), np.full(pool.num_tables, np.nan)
     todo = []
     for t, key in enumerate(keys):
         known = _read(store / f"{key}.json")
         if known is None:
             todo.append(t)
         else:
-            costs[t] = known
+            forward[t], costs[t] = known[0], known[0] + known[1]
     if todo:
         backend = make_backend(pool, cfg)
         bar = tqdm(total=len(todo), desc="measuring each table alone", unit="table", disable=not progress)
@@ -77,7 +78,7 @@ def measure_singles(pool, cfg: BackendConfig, folder: Path, progress: bool = Tru
             batch = measure_batch(backend, [[t] for t in chunk], [chunk[0]], cfg.batch_size, cfg.timing,
                                   rng(0, "singles", *[keys[t] for t in chunk]))
             for t, cost in zip(chunk, batch.costs, strict=True):
-                costs[t] = cost[0] + cost[1]  # NaN: too large to measure here, kept as such
+                forward[t], costs[t] = cost[0], cost[0] + cost[1]  # NaN: too large to measure here, kept as such
                 with atomic_file(store / f"{keys[t]}.json") as tmp:
                     tmp.write_text(json.dumps({"forward_ms": cost[0], "backward_ms": cost[1], "round_cv": cost[-1],
                                                "drift": batch.drift}))
@@ -85,14 +86,14 @@ def measure_singles(pool, cfg: BackendConfig, folder: Path, progress: bool = Tru
         bar.close()
     where = {"backend": cfg.backend, "device": cfg.device, "batch_size": cfg.batch_size, "threads": cfg.threads,
              "machine": machine(cfg.device), "cache": str(store)}
-    return Singles(costs=costs, measured=len(todo), cached=pool.num_tables - len(todo), where=where)
+    return Singles(costs=costs, forward=forward, measured=len(todo), cached=pool.num_tables - len(todo), where=where)
 
 
-def _read(path: Path) -> float | None:
-    """A cached table's total ms (NaN as written for a table too large to measure); None when
-    it is not cached or its file is damaged (measured again rather than trusted)."""
+def _read(path: Path) -> tuple[float, float] | None:
+    """A cached table's forward and backward ms (NaN as written for a table too large to
+    measure); None when it is not cached or its file is damaged (measured again, not trusted)."""
     try:
         record = json.loads(path.read_text())
-        return float(record["forward_ms"]) + float(record["backward_ms"])
+        return float(record["forward_ms"]), float(record["backward_ms"])
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -1,0 +1,87 @@
+"""A TorchRec `Partitioner` that places the proposed shards with any method of our registry.
+
+TorchRec's planner proposes sharding options (sharding type, kernel, shards with their storage
+and perf from its estimators); the partitioner gives every shard a rank. This one hands the
+shards to one of `autoshard`'s methods (`cli.service.METHODS`): `lpt_measured` and `milp` place
+on the shards' perf totals (whichever estimator filled them: ours measures, TorchRec's models),
+the heuristics and learned methods on the shards' features (learned methods need the study's
+models). Memory is TorchRec's own storage estimate on the device memory the shards use (HBM, or
+DDR on CPU), each device's capacity the smallest left in the topology (our methods take one cap;
+every device is checked after); where nothing fits it raises TorchRec's `PlannerError` of type
+`PARTITION`, as TorchRec's partitioners do. Options partitioned `uniform`ly (data-parallel: a
+shard on every rank) go first, shard i on rank i, as TorchRec's own partitioner puts them. Placed
+shards are charged to the topology's devices.
+
+    planner = EmbeddingShardingPlanner(topology=topology, enumerator=enumerator,
+                                       partitioner=AutoShardPartitioner(method="milp"))
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from torchrec.distributed.planner.types import Partitioner, PlannerError, PlannerErrorType
+
+from autoshard.cli import service
+from autoshard.core.errors import ConfigError
+from autoshard.data.tasks import Task
+from autoshard.planner.shards import as_tables, items
+
+
+class AutoShardPartitioner(Partitioner):
+    """Place proposals with registry method `method` (see the module); `models` is the folder of
+    the trained policy and cost model, for the learned methods (default `service.models_folder`);
+    `seed` seeds the sampled and random methods. `last` keeps the last placement's method,
+    bottleneck (the largest per-device sum of perf totals) and memory kind."""
+
+    def __init__(self, method: str = service.FIRST_RUN, models: Path | None = None, seed: int = 0) -> None:
+        if method not in service.METHODS:
+            raise ConfigError(f"method: {method!r} (expected one of {', '.join(service.METHODS)})")
+        self.method = method
+        self.seed = seed
+        self.models = (service.load_models(method, None, None, folder=service.models_folder(models))
+                       if method in service.LEARNED else service.Models(cost_model=None, policy=None, files={}))
+        self.last: dict = {}
+
+    def partition(self, proposal: list, storage_constraint) -> list:
+        devices = storage_constraint.devices
+        for option in (o for o in proposal if o.partition_by == "uniform"):
+            for rank, shard in enumerate(option.shards):
+                self._charge(shard, rank, devices, option.name)
+        shards = items(proposal, uniform=False)
+        if not shards:
+            self.last = {"method": self.method, "bottleneck": 0.0, "memory": None, "shards": 0}
+            return proposal
+        kind = "hbm" if any(proposal[s.option].shards[s.shard].storage.hbm > 0 for s in shards) else "ddr"
+        need = np.array([getattr(proposal[s.option].shards[s.shard].storage, kind) for s in shards], dtype=np.int64)
+        cap = min(getattr(d.storage, kind) for d in devices)
+        tables = as_tables(shards, 4, max(int(o.batch_size) for o in proposal))
+        tables.features["size_bytes"] = need  # TorchRec's storage estimate, not ours: its constraint is honoured
+        costs = np.array([proposal[s.option].shards[s.shard].perf.total for s in shards], dtype=float)
+        task = Task(name="torchrec", protocol="user", split="test", tables=tuple(range(len(shards))),
+                    devices=len(devices), memory_bytes=int(cap), unseen_ratio=1.0)
+        if need.max(initial=0) > cap or need.sum() > cap * len(devices):
+            raise PlannerError(error_type=PlannerErrorType.PARTITION,
+                               message=f"{self.method}: the shards need {int(need.sum())} bytes of {kind}, at most "
+                                       f"{int(need.max(initial=0))} each; the devices hold {int(cap)} each")
+        try:
+            placement = service.place(self.method, tables, task, self.models, seed=self.seed,
+                                      batch_size=max(int(o.batch_size) for o in proposal), single_costs=costs)
+        except ConfigError as exc:
+            raise PlannerError(error_type=PlannerErrorType.PARTITION, message=f"{self.method}: {exc}") from None
+        for s, rank in zip(shards, placement, strict=True):
+            self._charge(proposal[s.option].shards[s.shard], int(rank), devices, s.name)
+        loads = np.bincount(placement, weights=costs, minlength=len(devices))
+        self.last = {"method": self.method, "bottleneck": float(loads.max()), "memory": kind, "shards": len(shards)}
+        return proposal
+
+    def _charge(self, shard, rank: int, devices: list, name: str) -> None:
+        """Put `shard` on `rank` and charge its storage and perf there (TorchRec's error if it
+        does not fit what is left: every memory kind is checked, not only the one placed on)."""
+        if not shard.storage.fits_in(devices[rank].storage):
+            raise PlannerError(error_type=PlannerErrorType.PARTITION,
+                               message=f"{self.method}: a shard of {name} does not fit rank {rank}")
+        shard.rank = rank
+        devices[rank].storage -= shard.storage
+        devices[rank].perf += shard.perf

@@ -1,0 +1,151 @@
+"""autoshard inside TorchRec's planner: the estimator, the partitioner and the plan loader on
+meta-device modules, planned the way a TorchRec user plans (the README's example)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.partitioners import GreedyPerfPartitioner
+from torchrec.distributed.planner.shard_estimators import EmbeddingPerfEstimator, EmbeddingStorageEstimator
+from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+from torchrec.distributed.planner.types import PlannerError
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from autoshard.cli.main import main
+from autoshard.core.errors import ConfigError
+from autoshard.planner.estimator import AutoShardEstimator
+from autoshard.planner.loader import AutoShardPlanLoader
+from autoshard.planner.partitioner import AutoShardPartitioner
+
+TABLES = [("t_user", 4000, 16, 8.0), ("t_item", 20000, 32, 4.0), ("t_cat", 300, 16, 1.0), ("t_geo", 1000, 8, 2.0),
+          ("t_ad", 8000, 16, 12.0), ("t_time", 50, 4, 1.0), ("t_page", 12000, 16, 6.0)]
+BATCH = 256  # per rank
+GIB = 2**30
+
+
+def module() -> EmbeddingBagCollection:
+    return EmbeddingBagCollection(device=torch.device("meta"), tables=[
+        EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[n]) for n, r, d, _ in TABLES])
+
+
+def constraints() -> dict:
+    return {n: ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"], pooling_factors=[pf])
+            for n, _, _, pf in TABLES}
+
+
+def plan_with(partitioner, estimator=None, ranks: int = 2, ddr: int = GIB, loader=None):
+    """The README's ten lines: TorchRec's planner with our estimator and partitioner."""
+    topology = Topology(world_size=ranks, compute_device="cpu", ddr_cap=ddr)
+    perf = estimator(topology) if estimator else EmbeddingPerfEstimator(topology, constraints=constraints())
+    enumerator = EmbeddingEnumerator(topology=topology, batch_size=BATCH, constraints=constraints(),
+                                     estimator=[perf, EmbeddingStorageEstimator(topology, constraints=constraints())])
+    planner = EmbeddingShardingPlanner(topology=topology, batch_size=BATCH, enumerator=enumerator,
+                                       constraints=constraints(), partitioner=partitioner, plan_loader=loader,
+                                       storage_reservation=FixedPercentageStorageReservation(0.0))
+    return planner.plan(module(), [EmbeddingBagCollectionSharder()]).plan[""], perf
+
+
+def loads(plan, costs: dict[str, float], ranks: int) -> np.ndarray:
+    out = np.zeros(ranks)
+    for name, p in plan.items():
+        out[p.ranks[0]] += costs[name]
+    return out
+
+
+def estimates() -> dict[str, object]:
+    """TorchRec's own estimate of each table's shard (table-wise, fused, on CPU): fixed numbers."""
+    topology = Topology(world_size=2, compute_device="cpu", ddr_cap=GIB)
+    enumerator = EmbeddingEnumerator(topology=topology, batch_size=BATCH, constraints=constraints(), estimator=[
+        EmbeddingPerfEstimator(topology, constraints=constraints()),
+        EmbeddingStorageEstimator(topology, constraints=constraints())])
+    return {o.name: o.shards[0] for o in enumerator.enumerate(module(), [EmbeddingBagCollectionSharder()])}
+
+
+def torchrec_costs() -> dict[str, float]:
+    return {name: shard.perf.total for name, shard in estimates().items()}
+
+
+def test_our_estimator_measures_every_shard_here_and_our_partitioner_places_them(tmp_path):
+    made = []
+
+    def estimator(topology):
+        made.append(AutoShardEstimator(topology, cache=tmp_path, runs=1))
+        return made[-1]
+
+    partitioner = AutoShardPartitioner(method="lpt_measured")
+    plan, _ = plan_with(partitioner, estimator)
+    assert set(plan) == {n for n, *_ in TABLES} and all(p.sharding_type == "table_wise" for p in plan.values())
+    assert {p.ranks[0] for p in plan.values()} == {0, 1}
+    source = made[0].source
+    assert source["kind"] == "measured" and source["backend"] == "fbgemm" and source["batch_size"] == BATCH
+    assert len(list((tmp_path / "singles").glob("*.json"))) == len(TABLES), "each table measured alone, cached"
+    assert partitioner.last["memory"] == "ddr" and partitioner.last["shards"] == len(TABLES)
+
+
+def test_the_milp_partitioner_balances_at_least_as_well_as_torchrecs_greedy_on_the_same_estimates():
+    costs = torchrec_costs()
+    ours, _ = plan_with(AutoShardPartitioner(method="milp"), ranks=3)
+    theirs, _ = plan_with(GreedyPerfPartitioner(), ranks=3)
+    assert loads(ours, costs, 3).max() <= loads(theirs, costs, 3).max() * (1 + 1e-9)
+    lpt, _ = plan_with(AutoShardPartitioner(method="lpt_measured"), ranks=3)
+    assert loads(ours, costs, 3).max() <= loads(lpt, costs, 3).max() * (1 + 1e-9)
+
+
+def test_storage_is_honoured_and_nothing_fitting_is_torchrecs_own_error():
+    sizes = {name: shard.storage.ddr for name, shard in estimates().items()}  # TorchRec's storage estimate
+    tight = int(max(max(sizes.values()), sum(sizes.values()) / 4) * 1.3)
+    with pytest.raises(PlannerError):
+        plan_with(AutoShardPartitioner(method="milp"), ranks=4, ddr=max(sizes.values()) - 1)
+    plan, _ = plan_with(AutoShardPartitioner(method="lpt_measured"), ranks=4, ddr=tight)
+    per_rank = np.zeros(4)
+    for name, p in plan.items():
+        per_rank[p.ranks[0]] += sizes[name]
+    assert per_rank.max() <= tight
+
+
+def test_an_unknown_method_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"method: 'nope' \(expected one of .*lpt_measured"):
+        AutoShardPartitioner(method="nope")
+
+
+def write_tables(tmp_path):
+    path = tmp_path / "tables.csv"
+    path.write_text("name,rows,dim,pooling_factor\n" + "".join(f"{n},{r},{d},{pf}\n" for n, r, d, pf in TABLES))
+    return path
+
+
+def test_the_plan_loader_hands_our_plan_file_to_torchrecs_planner(tmp_path):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--tables", str(write_tables(tmp_path)), "--devices", "2", "--memory-per-device", "1GiB",
+                 "--method", "size_greedy", "--out", str(out)]) == 0
+    assignment = json.loads(out.read_text())["assignment"]
+    topology = Topology(world_size=2, compute_device="cpu", ddr_cap=GIB)
+    loader = AutoShardPlanLoader(out, module(), [EmbeddingBagCollectionSharder()], topology, BATCH, constraints())
+    plan, _ = plan_with(GreedyPerfPartitioner(), loader=loader)
+    assert {n: p.ranks[0] for n, p in plan.items()} == assignment, "TorchRec returns the file's plan"
+    with pytest.raises(ConfigError, match="a plan for 2 devices"):
+        AutoShardPlanLoader(out, module(), [EmbeddingBagCollectionSharder()],
+                            Topology(world_size=3, compute_device="cpu"), BATCH)
+
+
+@pytest.mark.slow
+def test_the_planned_module_runs_sharded_with_gloo_and_computes_what_the_unsharded_one_does(tmp_path):
+    from autoshard.cli.torchrec_check import check
+    from autoshard.placement.torchrec import plan_to_json
+
+    topology = Topology(world_size=2, compute_device="cpu", ddr_cap=GIB)
+    enumerator = EmbeddingEnumerator(topology=topology, batch_size=BATCH, constraints=constraints(), estimator=[
+        AutoShardEstimator(topology, cache=tmp_path, runs=1), EmbeddingStorageEstimator(topology, constraints())])
+    planner = EmbeddingShardingPlanner(topology=topology, batch_size=BATCH, enumerator=enumerator,
+                                       constraints=constraints(), partitioner=AutoShardPartitioner(method="milp"))
+    sharding = planner.plan(module(), [EmbeddingBagCollectionSharder()])
+    path = tmp_path / "plan.torchrec.json"
+    path.write_text(json.dumps(plan_to_json(sharding, 2, "cpu")))
+    result = check(write_tables(tmp_path), path)  # raises where the sharded output differs
+    assert {r["rank"]: sorted(r["tables"]) for r in result["ranks"]} == {
+        rank: sorted(n for n, p in sharding.plan[""].items() if p.ranks[0] == rank) for rank in range(2)}
