@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from autoshard.cli.defaults import study_defaults
 from autoshard.cli.user_tables import UserTables
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import PLAN_FORMAT, plan_columns, read_json, shown
@@ -16,8 +17,6 @@ from autoshard.data.features import feature_matrix
 from autoshard.data.tasks import Task
 from autoshard.methods.registry import GREEDY
 from autoshard.placement.columns import ColumnShard, SplitPlan, check_split, shard_features, shard_sizes
-
-CANDIDATES = 16  # tables tried for a split, largest predicted cost first
 
 
 def parse_ways(text: str) -> tuple[int, ...]:
@@ -56,7 +55,7 @@ def plan(model, tables: UserTables, task: Task, ways: tuple[int, ...], fixed: di
     from autoshard.placement.columns import split_then_place
 
     with one_thread():
-        return split_then_place(model, tables.features, task, ways, CANDIDATES, fixed)
+        return split_then_place(model, tables.features, task, ways, study_defaults()["columns.candidates"], fixed)
 
 
 def _label(shard: ColumnShard, names: list[str]) -> str:

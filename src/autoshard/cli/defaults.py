@@ -22,6 +22,7 @@ PACKAGED = {
     "evaluate.milp.time_limit_s": 30,
     "rl.best_of": 16,
     "columns.ways": [1, 2, 4],
+    "columns.candidates": 16,
 }
 
 
