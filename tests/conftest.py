@@ -108,3 +108,30 @@ def user_pool(tmp_path_factory):
     path.write_text(USER_TABLES)
     tables = read_tables(path)
     return Pool(features=tables.features, traces=tables.traces)
+
+
+@pytest.fixture(scope="session")
+def user_models(tmp_path_factory) -> dict:
+    """A table list (`helpers.USER_TABLES`) and a tiny cost model and policy trained for a few
+    steps on it: the command's and the TorchRec components' learned methods."""
+    from study_configs import study
+
+    from autoshard.cli.user_tables import read_tables
+    from autoshard.costmodel.model import CostModel, CostModelConfig, save_model
+    from autoshard.data.features import feature_matrix
+    from autoshard.data.tasks import Task
+    from autoshard.rl.policy import PolicyConfig
+    from autoshard.rl.ppo import RLConfig, train
+
+    from helpers import USER_TABLES
+
+    root = tmp_path_factory.mktemp("cli")
+    tables_csv = root / "tables.csv"
+    tables_csv.write_text(USER_TABLES)
+    x = feature_matrix(read_tables(tables_csv).features)
+    model = CostModel.fitted_to(study(CostModelConfig, hidden=16, encoding=8, head_hidden=8), x, scale=1.0)
+    save_model(model, root / "cost_model.pt")
+    tasks = [Task(f"t{k}", "user", "train", tuple(range(8)), 2, 2**30, 0.0) for k in range(4)]
+    cfg = study(RLConfig, policy=study(PolicyConfig, hidden=8, lstm_layers=1), iterations=2, tasks_per_batch=2)
+    train(model, x, tasks, cfg, 0, root / "policy.pt", progress=False)
+    return {"root": root, "tables": tables_csv, "model": root / "cost_model.pt", "policy": root / "policy.pt"}

@@ -11,6 +11,16 @@ from autoshard.placement.heuristics import every_plan
 
 # studies/test_transfer.py, studies/test_ablation.py
 
+USER_TABLES = """name,rows,dim,pooling_factor
+user_id,50000,32,1
+item_id,20000,32,3.5
+category,300,16,2
+query_terms,100000,16,12
+history,80000,32,25
+country,250,8,1
+device,40,8,1
+ads,30000,16,6
+"""
 PROFILE = {"backend": "fbgemm", "device": "cpu", "optimizer": "EXACT_SGD", "batch_size": 64, "threads": 1,
            "memory_limit_gib": 1.0}
 TIMING = {"timing": {"warmup": 0, "runs": 1, "rounds": 1, "drift_limit": 0.5, "retries": 0}}

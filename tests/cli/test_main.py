@@ -15,35 +15,11 @@ from autoshard.cli.user_tables import BINS, parse_memory, read_tables
 from autoshard.costmodel.model import CostModel, CostModelConfig, save_model
 from autoshard.data.features import feature_matrix
 from autoshard.data.tasks import Task
-from autoshard.rl.policy import PolicyConfig
-from autoshard.rl.ppo import RLConfig, train
-
-TABLES = """name,rows,dim,pooling_factor
-user_id,50000,32,1
-item_id,20000,32,3.5
-category,300,16,2
-query_terms,100000,16,12
-history,80000,32,25
-country,250,8,1
-device,40,8,1
-ads,30000,16,6
-"""
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory) -> dict[str, Path]:
-    """A table list and a tiny cost model and policy trained for a few steps on it."""
-    root = tmp_path_factory.mktemp("cli")
-    tables_csv = root / "tables.csv"
-    tables_csv.write_text(TABLES)
-    tables = read_tables(tables_csv)
-    x = feature_matrix(tables.features)
-    model = CostModel.fitted_to(study(CostModelConfig, hidden=16, encoding=8, head_hidden=8), x, scale=1.0)
-    save_model(model, root / "cost_model.pt")
-    tasks = [Task(f"t{k}", "user", "train", tuple(range(8)), 2, 2**30, 0.0) for k in range(4)]
-    cfg = study(RLConfig, policy=study(PolicyConfig, hidden=8, lstm_layers=1), iterations=2, tasks_per_batch=2)
-    train(model, x, tasks, cfg, 0, root / "policy.pt", progress=False)
-    return {"root": root, "tables": tables_csv, "model": root / "cost_model.pt", "policy": root / "policy.pt"}
+def files(user_models) -> dict[str, Path]:
+    return user_models
 
 
 def plan(files, out, *extra, method="rl_greedy") -> int:

@@ -108,6 +108,20 @@ def test_storage_is_honoured_and_nothing_fitting_is_torchrecs_own_error():
     assert per_rank.max() <= tight
 
 
+def test_the_cost_model_can_predict_the_shards_and_the_learned_sharder_place_them(user_models):
+    made = []
+
+    def estimator(topology):
+        made.append(AutoShardEstimator(topology, costs="predicted", models=user_models["root"]))
+        return made[-1]
+
+    plan, _ = plan_with(AutoShardPartitioner(method="rl_greedy", models=user_models["root"]), estimator)
+    assert set(plan) == {n for n, *_ in TABLES}
+    assert made[0].source["kind"] == "predicted" and "cost_model" in made[0].source["model_files"]
+    with pytest.raises(ConfigError, match="costs: 'guessed'"):
+        AutoShardEstimator(Topology(world_size=2, compute_device="cpu"), costs="guessed")
+
+
 def test_an_unknown_method_is_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"method: 'nope' \(expected one of .*lpt_measured"):
         AutoShardPartitioner(method="nope")
