@@ -71,8 +71,11 @@ def test_ablation_test_tasks_cover_every_unseen_ratio(params):
 def test_ablation_summary_spread_across_seeds():
     rows = [{"task": f"t{k}", "method": f"{v}|{s}", "measured_ms": base + 0.01 * s + 0.001 * k}
             for v, base in (("full", 0.9), ("no_lstm", 1.0)) for s in (0, 1, 2) for k in range(4)]
-    rows += [{"task": f"t{k}", "method": h, "measured_ms": 1.0} for k in range(4) for h in ("size_greedy", "naive")]
-    per_task = ablation.ratios(pd.DataFrame(rows))
+    rows += [{"task": f"t{k}", "method": h, "measured_ms": m} for k in range(4) for h, m in (("size_greedy", 1.0),
+                                                                                           ("naive", 0.5))]
+    predicted = pd.DataFrame(rows).assign(predicted_ms=lambda f: f["method"].map({"size_greedy": 1.0, "naive": 2.0}))
+    per_task = ablation.ratios(pd.DataFrame(rows), predicted.set_index(["task", "method"])["predicted_ms"])
+    assert per_task["ratio"].min() > 0.85, "the reference is size_greedy (predicted faster), not naive (measured)"
     assert set(per_task["variant"]) == {"full", "no_lstm"} and set(per_task["seed"]) == {0, 1, 2}
     table = ablation.summary(per_task, {"full": "full method", "no_lstm": "MLP"})
     assert list(table.index) == ["full", "no_lstm"]

@@ -319,13 +319,15 @@ def plans(cfg: AblationConfig, runs: dict[tuple[str, int], tuple[str, str]], fea
     return out
 
 
-def ratios(measured: pd.DataFrame) -> pd.DataFrame:
+def ratios(measured: pd.DataFrame, predicted: pd.Series) -> pd.DataFrame:
     """Per (task, run): the measured bottleneck over the task's best heuristic's, with the
-    variant and seed split out of the run name."""
-    heuristic = measured[measured["method"].isin(HEURISTICS)]
-    best = measured["task"].map(heuristic.groupby("task")["measured_ms"].min())
-    runs = measured[~measured["method"].isin(HEURISTICS)].copy()
-    runs["ratio"] = runs["measured_ms"] / best[runs.index]
+    variant and seed split out of the run name. The best heuristic is chosen on its predicted
+    bottleneck (`predicted`, per (task, method): the stage's cost model, fit on the profile) and
+    scored on this pass (`paired.chosen`), not picked as the lowest of this pass's measurements."""
+    frame = measured.merge(predicted.rename(paired.CHOSEN_BY).reset_index(), on=["task", "method"], how="left")
+    best = frame.loc[paired.chosen(frame, HEURISTICS)].set_index("task")["measured_ms"]
+    runs = frame[~frame["method"].isin(HEURISTICS)].copy()
+    runs["ratio"] = runs["measured_ms"] / runs["task"].map(best)
     runs[["variant", "seed"]] = runs["method"].str.split("|", expand=True)
     runs["seed"] = runs["seed"].astype(int)
     return runs
