@@ -86,7 +86,9 @@ def ablation_metrics(smoke_params) -> dict:
     cfg = ablation.AblationConfig.from_params(smoke_params["ablation"] | {"variants": ["full", "no_lstm"], "seeds": 3},
                                               smoke_params["rl"], smoke_params["profile"] | {"device": "cpu"},
                                               {"timing": smoke_params["evaluate"]["timing"]})
-    table = ablation.summary(ablation.ratios(pd.DataFrame(rows)), cfg.labels())
+    frame = pd.DataFrame(rows)
+    predicted = frame.set_index(["task", "method"])["measured_ms"]  # a prediction that agrees with the pass
+    table = ablation.summary(ablation.ratios(frame, predicted), cfg.labels())
     return _as_written(ablation.ablation_metrics(table, cfg, 0, test_tasks=4, shards_measured=12, seconds=40.0))
 
 
@@ -112,7 +114,7 @@ def user_pool(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def user_models(tmp_path_factory) -> dict:
-    """A table list (`helpers.USER_TABLES`) and a tiny cost model and policy trained for a few
+    """A table list (`helpers.MODEL_TABLES`) and a tiny cost model and policy trained for a few
     steps on it: the command's and the TorchRec components' learned methods."""
     from study_configs import study
 
@@ -123,11 +125,11 @@ def user_models(tmp_path_factory) -> dict:
     from autoshard.rl.policy import PolicyConfig
     from autoshard.rl.ppo import RLConfig, train
 
-    from helpers import USER_TABLES
+    from helpers import MODEL_TABLES
 
     root = tmp_path_factory.mktemp("cli")
     tables_csv = root / "tables.csv"
-    tables_csv.write_text(USER_TABLES)
+    tables_csv.write_text(MODEL_TABLES)
     x = feature_matrix(read_tables(tables_csv).features)
     model = CostModel.fitted_to(study(CostModelConfig, hidden=16, encoding=8, head_hidden=8), x, scale=1.0)
     save_model(model, root / "cost_model.pt")

@@ -11,7 +11,7 @@ from autoshard.placement.heuristics import every_plan
 
 # studies/test_transfer.py, studies/test_ablation.py
 
-USER_TABLES = """name,rows,dim,pooling_factor
+MODEL_TABLES = """name,rows,dim,pooling_factor
 user_id,50000,32,1
 item_id,20000,32,3.5
 category,300,16,2

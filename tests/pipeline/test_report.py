@@ -469,3 +469,16 @@ def test_the_hybrid_is_labelled_as_profiling_every_table():
     assert "every table is profiled alone first (here 856 single-table measurements" in text and "5.3 min" in text
     assert "not generalisation to tables never measured" in text
     assert "(here" not in hybrid_label(None), "a run without a profile says what the hybrid needs, not a count"
+
+
+def test_a_baseline_that_placed_as_another_on_most_tasks_is_shown_once():
+    from autoshard.pipeline.report import shown_once
+
+    block = {"dreamshard": {"sync_milp__vs__sync_local_search": {"identical_share": 0.7},
+                            "sync_local_search__vs__sync_greedy": {"identical_share": 0.1}}}
+    kept, notes = shown_once(("sync_greedy", "sync_local_search", "sync_milp"), block, ("dreamshard",))
+    assert kept == ("sync_greedy", "sync_local_search")
+    assert notes == ["`sync_milp` placed exactly as `sync_local_search` on most tasks (dreamshard 70% of them): "
+                     "shown once, as `sync_local_search`."]
+    assert shown_once(("sync_greedy", "sync_milp"), {"dreamshard": {}}, ("dreamshard",))[0] == ("sync_greedy",
+                                                                                                  "sync_milp")

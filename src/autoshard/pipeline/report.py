@@ -512,8 +512,38 @@ def sync_policy_table(evaluate: dict) -> str:
     protocols = sync_policy_protocols(evaluate.get("paired_synchronized", {}))
     if not protocols:
         return "(rl_sync_greedy was not evaluated: no policy trained on the synchronized stages)"
-    return regime_table(evaluate, SYNC_POLICY_METHODS, (*SYNC_REFERENCES, GREEDY, BEST_HEURISTIC),
-                        (("synchronized stages with communication", "paired_synchronized", protocols),))
+    block = evaluate.get("paired_synchronized", {})
+    references, notes = shown_once((*SYNC_REFERENCES, GREEDY, BEST_HEURISTIC), block, protocols)
+    table = regime_table(evaluate, SYNC_POLICY_METHODS, references,
+                         (("synchronized stages with communication", "paired_synchronized", protocols),))
+    return "\n\n".join([table, *notes])
+
+
+TWIN_SHARE = 0.5  # a reference that chose another's very plan on at least this share of tasks is shown once
+
+
+def shown_once(references: tuple[str, ...], block: dict, protocols: tuple[str, ...]
+               ) -> tuple[tuple[str, ...], list[str]]:
+    """`references` without those that placed exactly as an earlier one on at least TWIN_SHARE of
+    the tasks of every protocol (`identical_share` of their pair in `block`), and a line naming
+    each one left out: one baseline is not counted twice."""
+    kept: list[str] = []
+    notes = []
+    for reference in references:
+        twin = None
+        for earlier in kept:
+            shares = [(block.get(p, {}).get(f"{reference}__vs__{earlier}") or {}).get("identical_share")
+                      for p in protocols]
+            if shares and all(x is not None and x >= TWIN_SHARE for x in shares):
+                twin = (earlier, shares)
+                break
+        if twin is None:
+            kept.append(reference)
+            continue
+        where = ", ".join(f"{p} {x:.0%}" for p, x in zip(protocols, twin[1], strict=True))
+        notes.append(f"`{reference}` placed exactly as `{twin[0]}` on most tasks ({where} of them): shown once, "
+                     f"as `{twin[0]}`.")
+    return tuple(kept), notes
 
 
 def failed_table(evaluate: dict) -> str:
