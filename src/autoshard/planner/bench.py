@@ -4,7 +4,8 @@
 
 Three planners on each held-out task of a protocol (the study's pool and tasks: `dvc repro
 synthesize` first), planning for this machine (a CPU topology of the task's devices and memory
-cap, table-wise shards, the fused kernel, no storage reservation):
+cap, table-wise shards, the fused kernel, no storage reservation) at the per-rank batch the
+plans are measured at (`profile.batch_size` bags per table on every device):
   torchrec             TorchRec's planner with its defaults (its perf estimator, its greedy partitioner)
   torchrec+estimator   TorchRec's planner with our estimator (each table measured alone here)
   autoshard            our estimator and our partitioner (`--method`, default milp)
@@ -102,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     backend = make_backend(pool, cfg)
     rows = []
     for task in tasks:
-        per_rank = max(1, batch // task.devices)
+        # the planners' per-rank batch is the bags each device's shard runs per table when measured
+        per_rank = batch
         plans = {name: plan_task(pool, task, name, args.method, per_rank, args.cache) for name in PLANNERS}
         shards = sorted({tuple(sorted(int(t) for t, d in zip(task.tables, plan, strict=True) if d == dev))
                          for plan, _ in plans.values() for dev in range(task.devices)} - {()})
