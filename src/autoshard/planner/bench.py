@@ -6,13 +6,13 @@ Three planners on each held-out task of a protocol (the study's pool and tasks: 
 synthesize` first), planning for this machine (a CPU topology of the task's devices and memory
 cap, table-wise shards, the fused kernel, no storage reservation) at the per-rank batch the
 plans are measured at (`profile.batch_size` bags per table on every device):
-  torchrec             TorchRec's planner with its defaults (its perf estimator, its greedy partitioner)
-  torchrec+estimator   TorchRec's planner with our estimator (each table measured alone here)
-  autoshard            our estimator and our partitioner (`--method`, default milp)
+  torchrec_defaults    TorchRec's planner with its defaults (its perf estimator, its greedy partitioner)
+  our_estimator        TorchRec's planner with our estimator (each table measured alone here)
+  ours                 our estimator and our partitioner (`--method`, default the exact MILP on those costs)
 Every plan is scored two ways: measured (each task's device shards of all three plans in one
 interleaved batch, the study's backend and plan timing: ratios come from one pass) and by
 TorchRec's own estimate (the per-rank sum of its perf estimator's shard totals, what its stats
-report); and the planning time. The ratios against `torchrec` are exploratory (median with a
+report); and the planning time. The ratios against `torchrec_defaults` are exploratory (median with a
 bootstrap 95% interval over tasks, Wilcoxon p): no verdict.
 """
 
@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from autoshard.cli import service
 from autoshard.core.params import load_params
 from autoshard.core.paths import Paths
 from autoshard.core.seeding import rng
@@ -34,10 +35,12 @@ from autoshard.data.tasks import load_tasks
 from autoshard.measure.backends import BackendConfig, make_backend
 from autoshard.measure.interleaved import measure_batch
 from autoshard.measure.timing import TimingConfig
+from autoshard.methods.registry import ids
 from autoshard.placement.torchrec import planner_inputs, table_name
 from autoshard.studies.paired import compare
 
-PLANNERS = ("torchrec", "torchrec+estimator", "autoshard")
+PLANNERS = ("torchrec_defaults", "our_estimator", "ours")
+EXACT = next(m for m in service.MEASURED if m in ids("solver"))  # the MILP on single-shard costs
 
 
 def plan_task(pool, task, planner: str, method: str, batch: int, cache: Path) -> tuple[np.ndarray, float]:
@@ -52,11 +55,11 @@ def plan_task(pool, task, planner: str, method: str, batch: int, cache: Path) ->
     from autoshard.planner.partitioner import AutoShardPartitioner
 
     ebc, topology, constraints = planner_inputs(pool.features, task, compute_device="cpu")
-    perf = (EmbeddingPerfEstimator(topology, constraints=constraints) if planner == "torchrec"
+    perf = (EmbeddingPerfEstimator(topology, constraints=constraints) if planner == PLANNERS[0]
             else AutoShardEstimator(topology, cache=cache))
     enumerator = EmbeddingEnumerator(topology=topology, batch_size=batch, constraints=constraints,
                                      estimator=[perf, EmbeddingStorageEstimator(topology, constraints=constraints)])
-    partitioner = AutoShardPartitioner(method=method) if planner == "autoshard" else None
+    partitioner = AutoShardPartitioner(method=method) if planner == PLANNERS[2] else None
     start = time.perf_counter()
     plan = EmbeddingShardingPlanner(topology=topology, batch_size=batch, enumerator=enumerator,
                                     constraints=constraints, partitioner=partitioner,
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m autoshard.planner.bench", description=__doc__.split("\n")[0])
     p.add_argument("--protocol", default="dreamshard")
     p.add_argument("--tasks", type=int, default=10)
-    p.add_argument("--method", default="milp", help="our partitioner's method")
+    p.add_argument("--method", default=EXACT, help="our partitioner's method")
     p.add_argument("--cache", type=Path, default=Path("data/planner-bench-cache"))
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
@@ -121,11 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     summary = {}
     for name in PLANNERS[1:]:
         ours = np.array([r["measured_ms"] for r in rows if r["planner"] == name])
-        ref = np.array([r["measured_ms"] for r in rows if r["planner"] == "torchrec"])
+        ref = np.array([r["measured_ms"] for r in rows if r["planner"] == PLANNERS[0]])
         est = np.array([r["torchrec_estimate_ms"] for r in rows if r["planner"] == name])
-        est_ref = np.array([r["torchrec_estimate_ms"] for r in rows if r["planner"] == "torchrec"])
-        summary[name] = {"measured_vs_torchrec": compare(ours, ref, keys=("planner-bench", name)),
-                         "torchrec_estimate_vs_torchrec": compare(est, est_ref, keys=("planner-bench-est", name))}
+        est_ref = np.array([r["torchrec_estimate_ms"] for r in rows if r["planner"] == PLANNERS[0]])
+        summary[name] = {"measured_vs_defaults": compare(ours, ref, keys=("planner-bench", name)),
+                         "torchrec_estimate_vs_defaults": compare(est, est_ref, keys=("planner-bench-est", name))}
     seconds = {n: [r["planning_seconds"] for r in rows if r["planner"] == n] for n in PLANNERS}
     summary["planning_seconds_median"] = {n: float(np.median(v)) for n, v in seconds.items()}
     doc = {"protocol": args.protocol, "tasks": len(tasks), "method": args.method, "rows": rows, "summary": summary}

@@ -13,7 +13,7 @@ shard on every rank) go first, shard i on rank i, as TorchRec's own partitioner 
 shards are charged to the topology's devices.
 
     planner = EmbeddingShardingPlanner(topology=topology, enumerator=enumerator,
-                                       partitioner=AutoShardPartitioner(method="milp"))
+                                       partitioner=AutoShardPartitioner(method=...))  # any id of `cli.service.METHODS`
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ class AutoShardPartitioner(Partitioner):
         tables = as_tables(shards, 4, max(int(o.batch_size) for o in proposal))
         tables.features["size_bytes"] = need  # TorchRec's storage estimate, not ours: its constraint is honoured
         costs = np.array([proposal[s.option].shards[s.shard].perf.total for s in shards], dtype=float)
-        task = Task(name="torchrec", protocol="user", split="test", tables=tuple(range(len(shards))),
+        task = Task(name="torchrec-proposal", protocol="user", split="test", tables=tuple(range(len(shards))),
                     devices=len(devices), memory_bytes=int(cap), unseen_ratio=1.0)
         if need.max(initial=0) > cap or need.sum() > cap * len(devices):
             raise PlannerError(error_type=PlannerErrorType.PARTITION,
