@@ -291,7 +291,7 @@ def _plain(value):
 
 
 def _backend_config(tables, args: argparse.Namespace):
-    from autoshard.measure.backends import BackendConfig
+    from autoshard.cli.singles import study_backend
     from autoshard.measure.timing import one_round
 
     if args.batch_size < 1 or args.batch_size > tables.traces.batch_size:
@@ -299,11 +299,8 @@ def _backend_config(tables, args: argparse.Namespace):
                           f"{tables.traces.batch_size} bags)")
     if args.runs < 1:
         raise ConfigError(f"--runs: {args.runs} (must be at least 1)")
-    study = study_defaults()
-    timing = one_round(study["evaluate.timing.warmup"], args.runs)
-    return BackendConfig(backend=args.backend, device="cpu", optimizer=study["profile.optimizer"],
-                         batch_size=args.batch_size, threads=study["profile.threads"], timing=timing,
-                         memory_limit_bytes=64 * 2**30)
+    timing = one_round(study_defaults()["evaluate.timing.warmup"], args.runs)
+    return study_backend(args.backend, args.batch_size, timing)
 
 
 def _backend(tables, args: argparse.Namespace):

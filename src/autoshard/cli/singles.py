@@ -19,14 +19,27 @@ from pathlib import Path
 
 import numpy as np
 
+from autoshard.cli.defaults import study_defaults
 from autoshard.core.atomic import atomic_file
 from autoshard.core.digest import machine
 from autoshard.core.seeding import rng
 from autoshard.measure.backends import BackendConfig, make_backend, measurement_key
 from autoshard.measure.interleaved import measure_batch
+from autoshard.measure.timing import TimingConfig
 
 CACHE_ENV = "AUTOSHARD_CACHE"
 CHUNK = 32  # tables per interleaved batch
+
+
+MEMORY_LIMIT_BYTES = 64 * 2**30  # a shard measured here may take this much
+
+
+def study_backend(backend: str, batch_size: int, timing: TimingConfig) -> BackendConfig:
+    """How the command and the TorchRec estimator measure on this CPU: `backend` at `batch_size`
+    with `timing`, and the study's optimizer and threads (`cli.defaults`)."""
+    study = study_defaults()
+    return BackendConfig(backend=backend, device="cpu", optimizer=study["profile.optimizer"], batch_size=batch_size,
+                         threads=study["profile.threads"], timing=timing, memory_limit_bytes=MEMORY_LIMIT_BYTES)
 
 
 def cache_folder(option: Path | None = None) -> Path:

@@ -23,11 +23,10 @@ from torchrec.distributed.planner.types import Perf, ShardEstimator
 
 from autoshard.cli import service
 from autoshard.cli.defaults import study_defaults
-from autoshard.cli.singles import cache_folder, measure_singles
+from autoshard.cli.singles import cache_folder, measure_singles, study_backend
 from autoshard.core.errors import ConfigError
 from autoshard.data.features import feature_matrix
 from autoshard.data.pool import Pool
-from autoshard.measure.backends import BackendConfig
 from autoshard.measure.timing import TimingConfig
 from autoshard.methods.registry import GREEDY
 from autoshard.planner.shards import as_tables, items
@@ -65,10 +64,7 @@ class AutoShardEstimator(ShardEstimator):
         if self.models is not None:
             self._predict(sharding_options, shards, tables)
             return
-        study = study_defaults()
-        cfg = BackendConfig(backend=self.backend, device="cpu", optimizer=study["profile.optimizer"],
-                            batch_size=batch, threads=study["profile.threads"], timing=self.timing,
-                            memory_limit_bytes=64 * 2**30)
+        cfg = study_backend(self.backend, batch, self.timing)
         singles = measure_singles(Pool(features=tables.features, traces=tables.traces), cfg, self.cache,
                                   self.progress)
         index = {name: i for i, name in enumerate(tables.names)}
