@@ -194,6 +194,9 @@ def test_one_round_or_no_rounds_has_no_floor():
         assert metrics["mape_floor"] is None and metrics["mape_floor_honest"] is None
 
 
+COMM = {"heldout_share": 0.25, "device": "cpu", "mape_target": 0.10, "rounds": 3}
+
+
 def test_profile_comm_measures_in_seeded_interleaved_rounds(monkeypatch):
     """`measure_rounds` faked: each placement once, in CommTiming(rounds, warmup, runs), orders seeded."""
     from autoshard.core.schema import CommMetrics, check
@@ -211,7 +214,7 @@ def test_profile_comm_measures_in_seeded_interleaved_rounds(monkeypatch):
     monkeypatch.setattr(commmodel, "measure_rounds", fake)
     monkeypatch.setattr(commmodel, "honest_limit", lambda device: 2)
     args = (list(range(8, 200, 8)), [2, 4], 20, 1024, one_round(warmup=2, runs=5), 7)
-    rows, _, metrics = commmodel.profile_comm(*args, rounds=3)
+    rows, _, metrics = commmodel.profile_comm(*args, **COMM)
     assert [c[1] for c in calls] == [CommTiming(rounds=3, warmup=2, runs=5)] * 2
     assert metrics["rounds"] == 3 and metrics["mape_heldout_honest"] < 1e-9
     assert metrics["mape_floor_honest"] == pytest.approx(0.2) and metrics["mape_floor"] == pytest.approx(0.2)
@@ -219,10 +222,10 @@ def test_profile_comm_measures_in_seeded_interleaved_rounds(monkeypatch):
     check(metrics, CommMetrics, "profile.json")
     orders = [c[2] for c in calls]
     calls.clear()
-    commmodel.profile_comm(*args, rounds=3)
+    commmodel.profile_comm(*args, **COMM)
     assert [c[2] for c in calls] == orders, "the rounds' orders are seeded from the study seed"
     monkeypatch.setattr(commmodel, "random_placements", lambda dims, world, count, seed: [[8, 16], [24, 0]] * 4)
-    rows, _, _ = commmodel.profile_comm(*args[:2], 8, *args[3:], rounds=3)
+    rows, _, _ = commmodel.profile_comm(*args[:2], 8, *args[3:], **COMM)
     held = rows.groupby("placement")["heldout"].first()
     assert len(held) == 2 and held.sum() == 1, "a placement drawn twice is one placement: fitted or held out, not both"
 

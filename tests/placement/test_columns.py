@@ -157,20 +157,21 @@ def _torchrec_doc(widths, ranks, rows=100):
 
 
 def test_a_torchrec_plan_of_column_shards_is_read_strictly(tmp_path):
-    from autoshard.core.inputs import plan_columns, torchrec_assignment
+    from autoshard.core.inputs import Block, plan_assignment, plan_blocks
 
     path = tmp_path / "p.json"
-    shards, world, shapes = plan_columns(_torchrec_doc([16, 16], [1, 0]), path)
-    assert shards == {"a": [(0, 16, 1), (16, 16, 0)]} and world == 2 and shapes == {"a": [100, 32]}
-    with pytest.raises(ConfigError, match="column-wise shards"):
-        torchrec_assignment(_torchrec_doc([16, 16], [1, 0]), path)
+    plan = plan_blocks(_torchrec_doc([16, 16], [1, 0]), path)
+    assert plan.blocks == {"a": [Block(0, None, 0, 16, 1), Block(0, None, 16, 16, 0)]} and plan.devices == 2
+    assert plan.shapes == {"a": [100, 32]} and plan.kinds == {"a": "column_wise"}
+    with pytest.raises(ConfigError, match="column_wise shards"):
+        plan_assignment(_torchrec_doc([16, 16], [1, 0]), path)
     with pytest.raises(ConfigError, match="multiples of 4 columns"):
-        plan_columns(_torchrec_doc([10, 22], [0, 1]), path)
+        plan_blocks(_torchrec_doc([10, 22], [0, 1]), path)
     doc = _torchrec_doc([16, 16], [0, 1])
     doc["modules"][""]["a"]["shards"][1]["offsets"] = [0, 8]
     with pytest.raises(ConfigError, match=r"field offsets: \[0, 8\] \(expected \[0, 16\]\)"):
-        plan_columns(doc, path)
+        plan_blocks(doc, path)
     doc = _torchrec_doc([16, 16], [0, 1])
     doc["modules"][""]["a"]["shards"][1]["sizes"] = [99, 16]
     with pytest.raises(ConfigError, match="every shard has the table's 100 rows"):
-        plan_columns(doc, path)
+        plan_blocks(doc, path)

@@ -69,3 +69,61 @@ def test_an_unknown_compute_device_is_refused(pool):
     task = Task("t", "test", "test", (0, 1), 2, 10**12, 0.0)
     with pytest.raises(ConfigError, match="compute_device: 'tpu'"):
         torchrec_plan(pool.features, task, BATCH, compute_device="tpu")
+
+
+def _blocks_plan():
+    """Four tables in two modules: whole, column-wise, row-wise over every rank, and table-row-wise
+    on the second host of two; a sequence table in a module of its own."""
+    import pandas as pd
+
+    from autoshard.core.inputs import Block
+    from autoshard.data.footprint import row_split
+    from autoshard.data.sizes import table_bytes
+
+    rows, dims = [10, 100, 1001, 64, 5], [8, 16, 8, 8, 16]
+    sizes = [table_bytes(r, d, 4) for r, d in zip(rows, dims, strict=True)]
+    f = pd.DataFrame({"rows": rows, "dim": dims, "size_bytes": sizes, "sequence": [False] * 4 + [True]})
+    names = ["top.a", "top.b", "top.c", "d", "seq.e"]
+    split = row_split(1001, 4)
+    blocks = {"top.a": [Block(0, None, 0, None, 1)],
+              "top.b": [Block(0, None, 0, 8, 3), Block(0, None, 8, 8, 0)],
+              "top.c": [Block(sum(split[:i]), n, 0, None, i) for i, n in enumerate(split)],
+              "d": [Block(0, 32, 0, None, 2), Block(32, 32, 0, None, 3)],
+              "seq.e": [Block(0, 2, 0, None, 0), Block(2, 2, 0, None, 1), Block(4, 1, 0, None, 2),
+                        Block(5, 0, 0, None, 3)]}
+    kinds = {"top.b": "column_wise", "top.c": "row_wise", "d": "table_row_wise", "seq.e": "row_wise"}
+    return f, names, blocks, kinds
+
+
+def test_any_plans_blocks_export_to_torchrec_and_read_back_the_same(tmp_path):
+    from autoshard.core.inputs import plan_blocks
+    from autoshard.placement.torchrec import block_sharding_plan, plan_to_json
+
+    f, names, blocks, kinds = _blocks_plan()
+    kinds_all = {n: kinds.get(n, "table_wise") for n in names}
+    plan = block_sharding_plan(f, names, blocks, kinds, 4, local_size=2, device_type="cpu")
+    assert sorted(plan.plan) == ["", "seq", "top"]
+    assert plan.plan["top"]["c"].sharding_type == "row_wise" and plan.plan[""]["d"].ranks == [2, 3]
+    doc = plan_to_json(plan, 4, "cpu")
+    back = plan_blocks(doc, tmp_path / "p.json")
+    assert back.blocks == blocks and back.kinds == kinds_all and back.devices == 4
+    assert back.shapes == {n: [int(r), int(d)] for n, r, d in zip(names, f["rows"], f["dim"], strict=True)}
+
+
+def test_an_export_unlike_torchrecs_split_or_module_rules_is_refused():
+    from autoshard.core.inputs import Block
+    from autoshard.placement.torchrec import block_sharding_plan
+
+    f, names, blocks, kinds = _blocks_plan()
+    uneven = dict(blocks, **{"top.c": [Block(0, 500, 0, None, 0), Block(500, 501, 0, None, 1),
+                                       Block(1001, 0, 0, None, 2), Block(1001, 0, 0, None, 3)]})
+    with pytest.raises(ConfigError, match="not TorchRec's row_wise split"):
+        block_sharding_plan(f, names, uneven, kinds, 4, local_size=2, device_type="cpu")
+    with pytest.raises(ConfigError, match="table_row_wise shards of a sequence table"):
+        block_sharding_plan(f, names, blocks, dict(kinds, **{"seq.e": "table_row_wise"}), 4, 2, "cpu")
+    mixed = ["top.a", "top.b", "top.c", "d", "top.e"]
+    with pytest.raises(ConfigError, match="a sequence table in module 'top'"):
+        block_sharding_plan(f, mixed, {m: blocks[n] for m, n in zip(mixed, names, strict=True)}, {}, 4, 2, "cpu")
+    two = f.assign(sequence=True)
+    with pytest.raises(ConfigError, match="share one dim"):
+        block_sharding_plan(two, names, blocks, {}, 4, 2, "cpu")

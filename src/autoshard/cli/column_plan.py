@@ -12,7 +12,7 @@ import pandas as pd
 from autoshard.cli.defaults import study_defaults
 from autoshard.cli.user_tables import UserTables
 from autoshard.core.errors import ConfigError
-from autoshard.core.inputs import PLAN_FORMAT, plan_columns, read_json, shown
+from autoshard.core.inputs import PLAN_FORMAT, plan_blocks, read_json, shown
 from autoshard.data.features import feature_matrix
 from autoshard.data.tasks import Task
 from autoshard.methods.registry import GREEDY
@@ -115,7 +115,8 @@ def read(path: str | Path, tables: UserTables) -> tuple[list[ColumnShard], np.nd
     """(column shards, device per shard, devices) of any plan file (ours or its TorchRec export),
     checked against the tables: every table placed, its columns covered, its shape as the file says."""
     path = Path(path)
-    per_table, devices, shapes = plan_columns(without_costs(read_json(path, "plan file"), path), path)
+    plan = plan_blocks(without_costs(read_json(path, "plan file"), path), path)
+    per_table, devices, shapes = plan.blocks, plan.devices, plan.shapes
     names = tables.names
     unknown = sorted(set(per_table) - set(names))
     if unknown:
@@ -130,11 +131,14 @@ def read(path: str | Path, tables: UserTables) -> tuple[list[ColumnShard], np.nd
             raise ConfigError(f"{path}: table {shown(name)}, field sizes: {shapes[name]} (the table is "
                               f"[{rows}, {dim}] in {tables.source})")
         held = per_table[name]
-        covered = sum(dim if w is None else w for _, w, _ in held)
+        if plan.kinds[name] in ("row_wise", "table_row_wise"):
+            raise ConfigError(f"{path}: table {shown(name)}: row-wise shards (this reader takes table- and "
+                              "column-wise plans)")
+        covered = sum(dim if b.width is None else b.width for b in held)
         if covered != dim:
             raise ConfigError(f"{path}: table {shown(name)}: its column shards cover {covered} columns (its dim "
                               f"is {dim} in {tables.source})")
-        for start, width, d in held:
-            shards.append(ColumnShard(t, start, dim if width is None else width, dim))
-            placement.append(d)
+        for b in held:
+            shards.append(ColumnShard(t, b.column, dim if b.width is None else b.width, dim))
+            placement.append(b.device)
     return shards, np.array(placement, dtype=np.int64), devices

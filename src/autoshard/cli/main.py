@@ -26,7 +26,7 @@ from autoshard.cli.defaults import study_defaults, timed_runs
 from autoshard.cli.output import Interrupted, check_outputs, interruptible, write_files
 from autoshard.cli.service import FIRST_RUN, MEASURED, METHODS
 from autoshard.core.errors import ConfigError
-from autoshard.core.inputs import check_arguments, shown
+from autoshard.core.inputs import Block, check_arguments, shown
 from autoshard.measure.names import BACKENDS
 from autoshard.methods.registry import GREEDY, POLICY, SAMPLED
 
@@ -213,16 +213,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                               single_costs=None if singles is None else singles.costs)
     doc = planning.plan_document(args.method, options, tables, task, placement, models, seconds,
                                  costs=None if singles is None else singles.source())
-    torchrec_doc = None
-    if args.torchrec is not None:
-        from autoshard.placement.torchrec import plan_to_json, sharding_plan
-
-        plan = sharding_plan(tables.features, tables.names, placement, task.devices, args.torchrec_device)
-        torchrec_doc = plan_to_json(plan, task.devices, args.torchrec_device)
     outputs = {args.out: json.dumps(doc, indent=1, default=_plain, allow_nan=False)}
-    if torchrec_doc is not None:
-        outputs[args.torchrec] = json.dumps(torchrec_doc, indent=1, allow_nan=False)
+    if args.torchrec is not None:
+        blocks = {n: [Block(0, None, 0, None, int(d))] for n, d in zip(tables.names, placement, strict=True)}
+        outputs[args.torchrec] = _torchrec_export(tables, blocks, {}, task.devices, args)
     return _write_and_show(args, doc, outputs)
+
+
+def _torchrec_export(tables, blocks: dict, kinds: dict, devices: int, args: argparse.Namespace) -> str:
+    """The plan as TorchRec's `ShardingPlan` in JSON (`--torchrec`), for `--torchrec-device`."""
+    from autoshard.placement.torchrec import block_sharding_plan, plan_to_json
+
+    plan = block_sharding_plan(tables.features, tables.names, blocks, kinds, devices,
+                               getattr(args, "devices_per_host", None), args.torchrec_device)
+    return json.dumps(plan_to_json(plan, devices, args.torchrec_device), indent=1, allow_nan=False)
 
 
 def _singles(tables, args: argparse.Namespace):
@@ -275,12 +279,12 @@ def _plan_columns(args: argparse.Namespace, tables, task, folder: Path) -> int:
     planning.finite_predictions(np.array([doc["predicted_bottleneck_ms"]]), models)
     outputs = {args.out: json.dumps(doc, indent=1, default=_plain, allow_nan=False)}
     if args.torchrec is not None:
-        from autoshard.placement.torchrec import column_sharding_plan, plan_to_json
-
-        plan = column_sharding_plan(tables.features, tables.names, result.shards, result.placement, task.devices,
-                                    args.torchrec_device)
-        outputs[args.torchrec] = json.dumps(plan_to_json(plan, task.devices, args.torchrec_device), indent=1,
-                                            allow_nan=False)
+        blocks: dict[str, list[Block]] = {}
+        for shard, d in sorted(zip(result.shards, result.placement, strict=True), key=lambda p: p[0].start):
+            blocks.setdefault(tables.names[shard.table], []).append(
+                Block(0, None, shard.start, None if shard.whole else shard.width, int(d)))
+        kinds = {n: "column_wise" for n, b in blocks.items() if len(b) > 1}
+        outputs[args.torchrec] = _torchrec_export(tables, blocks, kinds, task.devices, args)
     return _write_and_show(args, doc, outputs)
 
 

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from autoshard.core.errors import ConfigError
-from autoshard.core.inputs import TORCHREC_FORMAT, read_json, torchrec_columns
+from autoshard.core.inputs import TORCHREC_FORMAT, read_json, torchrec_blocks
 
 TOLERANCE = 1e-4  # float32 sums of a few rows, in another order
 
@@ -26,7 +26,7 @@ def plan_ranks(plan: str | Path, processes: int | None) -> int:
     doc = read_json(plan, "TorchRec plan")
     if not isinstance(doc, dict) or doc.get("format") != TORCHREC_FORMAT:
         raise ConfigError(f"{plan}: not a TorchRec plan written by `autoshard plan --torchrec`")
-    _, world, _ = torchrec_columns(doc, plan)
+    world = torchrec_blocks(doc, plan).devices
     device = doc["device_type"]
     if device != "cpu":
         raise ConfigError(f"{plan}: a plan for {device} ranks; write it with `--torchrec-device cpu` to run it in "

@@ -13,18 +13,18 @@ import stat
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from autoshard.core.errors import ConfigError
 
 T = TypeVar("T")
 
-# Table-wise sharding keeps a table whole on one device: the bounds are beyond any device, and
-# keep every size exact in int64 (and a table's synthetic trace within a few hundred MiB).
+# Bounds beyond any real model (production models reach 80 million rows, dims of 2048 and
+# sequence features of a few thousand lookups a sample) that keep every size exact in int64.
 MAX_TABLES = 1_000_000
 MAX_ROWS = 2**31          # 32 GiB even at dim 4 in fp32
 MAX_DIM = 4096
-MAX_POOLING_FACTOR = 1024  # lookups per bag; a table's trace holds 2048 bags
+MAX_POOLING_FACTOR = 65_536  # lookups per sample: a sequence feature's reach a few thousand
 MAX_ZIPF_ALPHA = 10
 MAX_DEVICES = 65_536
 MAX_MEMORY = 2**50        # bytes per device (1 PiB)
@@ -34,6 +34,8 @@ MAX_RUNS = 1000
 MAX_FILE_BYTES = 256 * 2**20
 NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,127}")
 NAME_RULE = "letters, digits, '_' and '-', at most 128, as TorchRec's parameter names allow"
+MODULE = re.compile(r"[A-Za-z0-9_]{1,64}(\.[A-Za-z0-9_]{1,64}){0,15}")
+MODULE_RULE = "names of letters, digits and '_' joined by '.', as a module's path in a PyTorch model"
 
 
 def shown(value: object, limit: int = 60) -> str:
@@ -95,6 +97,16 @@ def table_name(value: object, where: str) -> str:
     if not NAME.fullmatch(name):
         raise ConfigError(f"{where}, field name: {shown(name)} (a table name has {NAME_RULE})")
     return name
+
+
+def module_path(value: object, where: str) -> str:
+    """A module path (`sparse.ebc`): where in the user's model a table's module sits."""
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: {shown(value)} (expected a string)")
+    path = value.strip()
+    if not MODULE.fullmatch(path):
+        raise ConfigError(f"{where}: {shown(path)} (a module path has {MODULE_RULE})")
+    return path
 
 
 def check_arguments(args) -> None:
@@ -204,23 +216,69 @@ PLAN_FORMAT = "autoshard-plan/1"
 TORCHREC_FORMAT = "autoshard-torchrec-plan/1"
 PLAN_FIELDS = {"format", "method", "options", "tables_file", "devices", "memory_per_device_bytes", "assignment",
                "per_device", "predicted_bottleneck_ms", "predicted", "sharding_seconds", "model_files", "engine"}
+SPLIT_FIELDS = {"sharding", "columns", "rows"}  # a plan of split tables: `sharding` and either or both
+SHARDINGS = ("table", "column", "row", "auto")
+COLUMN_FIELDS = {"start", "width", "device"}
+ROW_FIELDS = {"start", "rows", "device"}
+ROW_KINDS = ("row_wise", "table_row_wise")
 TORCHREC_FIELDS = {"format", "world_size", "device_type", "modules"}
 PARAMETER_FIELDS = {"sharding_type", "compute_kernel", "ranks", "shards"}
 SHARD_FIELDS = {"offsets", "sizes", "placement"}
+TORCHREC_KINDS = ("table_wise", "column_wise", *ROW_KINDS)
+
+
+class Block(NamedTuple):
+    """A table's piece on one device: rows [row, row + rows) and columns [column, column + width),
+    `rows` or `width` None for all of them (a whole table is `Block(0, None, 0, None, device)`)."""
+
+    row: int
+    rows: int | None
+    column: int
+    width: int | None
+    device: int
+
+
+class PlanBlocks(NamedTuple):
+    """What any plan file places: each table's blocks (by its qualified name, `module.name` where
+    it has a module), the devices, [rows, dim] per table where the file says, and each split
+    table's TorchRec sharding type (`column_wise`, `row_wise`, `table_row_wise`)."""
+
+    blocks: dict[str, list[Block]]
+    devices: int
+    shapes: dict[str, list[int]]
+    kinds: dict[str, str]
 
 
 def plan_assignment(doc: object, path: Path) -> tuple[dict[str, int], int, dict[str, list[int]]]:
-    """(device per table, devices, [rows, dim] per table where the file says) of a plan file of
-    ours or of its TorchRec export, every field checked for its exact type."""
+    """(device per table, devices, [rows, dim] per table where the file says) of a table-wise plan
+    file of ours or of its TorchRec export, every field checked for its exact type."""
+    plan = plan_blocks(doc, path)
+    split = next((name for name, kind in plan.kinds.items() if kind != "table_wise"), None)
+    if split is not None:
+        raise ConfigError(f"{path}, table {shown(split)}: {plan.kinds[split]} shards (this reader takes table-wise "
+                          "plans)")
+    return {name: blocks[0].device for name, blocks in plan.blocks.items()}, plan.devices, plan.shapes
+
+
+def plan_blocks(doc: object, path: Path) -> PlanBlocks:
+    """The blocks of any plan file: ours (table-wise; or split, its `columns` and `rows` listing the
+    split tables and `assignment` the whole ones) or its TorchRec export, every field checked for
+    its exact type, each split table's blocks covering it in order."""
     where = str(path)
     if not isinstance(doc, dict) or doc.get("format") not in (PLAN_FORMAT, TORCHREC_FORMAT):
         raise ConfigError(f"{where}: not a plan written by `autoshard plan` (no format {PLAN_FORMAT!r} "
                           f"or {TORCHREC_FORMAT!r})")
     if doc["format"] == TORCHREC_FORMAT:
-        return torchrec_assignment(doc, path)
-    if "columns" in doc:
-        raise ConfigError(f"{where}: a column-wise plan (this reader takes table-wise plans)")
-    _fields(doc, PLAN_FIELDS, where)
+        return torchrec_blocks(doc, path)
+    split = {k for k in SPLIT_FIELDS if k in doc}
+    _fields(doc, PLAN_FIELDS | split, where)
+    if split and ("sharding" not in split or split == {"sharding"}):
+        missing = "sharding" if "sharding" not in split else "columns"
+        raise ConfigError(f"{where}: field {missing!r} is missing (a plan of split tables has `sharding` and "
+                          "`columns` or `rows`)")
+    if split and doc["sharding"] not in SHARDINGS[1:]:
+        raise ConfigError(f"{where}, field sharding: {shown(doc['sharding'])} (expected one of "
+                          f"{', '.join(SHARDINGS[1:])})")
     devices = integer(doc["devices"], f"{where}, field devices", 1, MAX_DEVICES)
     integer(doc["memory_per_device_bytes"], f"{where}, field memory_per_device_bytes", 1, MAX_MEMORY)
     for key, kinds in (("method", (str,)), ("options", (dict,)), ("tables_file", (str,)), ("predicted", (str,)),
@@ -231,71 +289,70 @@ def plan_assignment(doc: object, path: Path) -> tuple[dict[str, int], int, dict[
         _typed(doc, "predicted_bottleneck_ms", (int, float), where)
     if len(doc["per_device"]) != devices:
         raise ConfigError(f"{where}, field per_device: {len(doc['per_device'])} devices (the plan has {devices})")
-    assignment = {name: integer(d, f"{where}, field assignment.{shown(name)}", 0, devices - 1)
-                  for name, d in doc["assignment"].items()}
-    return assignment, devices, {}
+    blocks = {name: [Block(0, None, 0, None, integer(d, f"{where}, field assignment.{shown(name)}", 0, devices - 1))]
+              for name, d in doc["assignment"].items()}
+    kinds = dict.fromkeys(blocks, "table_wise")
+    for name, shards in _typed(doc, "columns", (dict,), where).items() if "columns" in doc else ():
+        blocks[_new(name, blocks, f"{where}, columns.{shown(name)}")] = _column_blocks(
+            shards, devices, f"{where}, columns.{shown(name)}")
+        kinds[name] = "column_wise"
+    for name, entry in _typed(doc, "rows", (dict,), where).items() if "rows" in doc else ():
+        at = f"{where}, rows.{shown(name)}"
+        entry = _fields(entry, {"kind", "shards"}, at)
+        if entry["kind"] not in ROW_KINDS:
+            raise ConfigError(f"{at}, field kind: {shown(entry['kind'])} (expected {' or '.join(ROW_KINDS)})")
+        blocks[_new(name, blocks, at)] = _row_blocks(entry["shards"], devices, at)
+        kinds[name] = entry["kind"]
+    return PlanBlocks(blocks, devices, {}, kinds)
 
 
-COLUMN_PLAN_FIELDS = PLAN_FIELDS | {"sharding", "columns"}
-COLUMN_FIELDS = {"start", "width", "device"}
+def _new(name: str, blocks: dict, where: str) -> str:
+    if name in blocks:
+        raise ConfigError(f"{where}: the table is placed twice (in field assignment, columns or rows)")
+    return name
 
 
-def plan_columns(doc: object, path: Path) -> tuple[dict[str, list[tuple[int, int | None, int]]], int,
-                                                    dict[str, list[int]]]:
-    """(column shards per table as (first column, width, device), devices, [rows, dim] per table
-    where the file says) of any plan file: ours, table-wise (a whole table: (0, None, device)) or
-    column-wise (its `columns` list the split tables, `assignment` the whole ones), or a TorchRec export."""
-    where = str(path)
-    if isinstance(doc, dict) and doc.get("format") == TORCHREC_FORMAT:
-        return torchrec_columns(doc, path)
-    if not (isinstance(doc, dict) and doc.get("format") == PLAN_FORMAT and "columns" in doc):
-        assignment, devices, shapes = plan_assignment(doc, path)
-        return {n: [(0, None, d)] for n, d in assignment.items()}, devices, shapes
-    table_doc = {k: v for k, v in doc.items() if k not in ("sharding", "columns")}
-    _fields(doc, COLUMN_PLAN_FIELDS, where)
-    if doc["sharding"] != "column":
-        raise ConfigError(f"{where}, field sharding: {shown(doc['sharding'])} (expected 'column')")
-    assignment, devices, _ = plan_assignment(table_doc, path)
-    out: dict[str, list[tuple[int, int | None, int]]] = {n: [(0, None, d)] for n, d in assignment.items()}
-    _typed(doc, "columns", (dict,), where)
-    for name, shards in doc["columns"].items():
-        at = f"{where}, columns.{shown(name)}"
-        if name in out:
-            raise ConfigError(f"{at}: the table is also in field assignment")
-        if not isinstance(shards, list) or len(shards) < 2:
-            raise ConfigError(f"{at}: expected a list of at least two column shards")
-        start, found = 0, []
-        for shard in shards:
-            _fields(shard, COLUMN_FIELDS, at)
-            if integer(shard["start"], f"{at}, field start", 0, MAX_DIM) != start:
-                raise ConfigError(f"{at}, field start: {shown(shard['start'])} (expected {start}: shards cover "
-                                  "the columns left to right)")
-            width = integer(shard["width"], f"{at}, field width", 4, MAX_DIM)
-            if width % 4:
-                raise ConfigError(f"{at}, field width: {width} (column shards are multiples of 4 columns)")
-            found.append((start, width, integer(shard["device"], f"{at}, field device", 0, devices - 1)))
-            start += width
-        out[name] = found
-    return out, devices, {}
+def _column_blocks(shards: object, devices: int, at: str) -> list[Block]:
+    """Column shards left to right, each a multiple of 4 columns."""
+    if not isinstance(shards, list) or len(shards) < 2:
+        raise ConfigError(f"{at}: expected a list of at least two column shards")
+    start, found = 0, []
+    for shard in shards:
+        _fields(shard, COLUMN_FIELDS, at)
+        if integer(shard["start"], f"{at}, field start", 0, MAX_DIM) != start:
+            raise ConfigError(f"{at}, field start: {shown(shard['start'])} (expected {start}: shards cover "
+                              "the columns left to right)")
+        width = integer(shard["width"], f"{at}, field width", 4, MAX_DIM)
+        if width % 4:
+            raise ConfigError(f"{at}, field width: {width} (column shards are multiples of 4 columns)")
+        found.append(Block(0, None, start, width, integer(shard["device"], f"{at}, field device", 0, devices - 1)))
+        start += width
+    return found
 
 
-def torchrec_assignment(doc: dict, path: Path) -> tuple[dict[str, int], int, dict[str, list[int]]]:
-    """`plan_assignment` of a TorchRec plan written by `--torchrec`: table-wise shards only
-    (a column-wise plan is read with `torchrec_columns`)."""
-    columns, world, shapes = torchrec_columns(doc, path)
-    split = next((name for name, shards in columns.items() if len(shards) != 1), None)
-    if split is not None:
-        raise ConfigError(f"{path}, table {shown(split)}: column-wise shards (this reader takes table-wise plans)")
-    return {name: shards[0][2] for name, shards in columns.items()}, world, shapes
+def _row_blocks(shards: object, devices: int, at: str) -> list[Block]:
+    """Row shards top to bottom, on distinct devices."""
+    if not isinstance(shards, list) or len(shards) < 2:
+        raise ConfigError(f"{at}, field shards: expected a list of at least two row shards")
+    start, found = 0, []
+    for shard in shards:
+        _fields(shard, ROW_FIELDS, at)
+        if integer(shard["start"], f"{at}, field start", 0, MAX_ROWS) != start:
+            raise ConfigError(f"{at}, field start: {shown(shard['start'])} (expected {start}: shards cover "
+                              "the rows top to bottom)")
+        rows = integer(shard["rows"], f"{at}, field rows", 0, MAX_ROWS)
+        found.append(Block(start, rows, 0, None, integer(shard["device"], f"{at}, field device", 0, devices - 1)))
+        start += rows
+    if len({b.device for b in found}) != len(found):
+        raise ConfigError(f"{at}: two row shards on one device")
+    return found
 
 
-ColumnShards = list[tuple[int, int, int]]  # (first column, width, rank) per column shard, left to right
-
-
-def torchrec_columns(doc: dict, path: Path) -> tuple[dict[str, ColumnShards], int, dict[str, list[int]]]:
-    """(column shards per table, world size, [rows, dim] per table) of a TorchRec plan written by
-    `--torchrec`: each table `table_wise` (one shard) or `column_wise` (shards that cover its
-    columns left to right, one rank each, widths multiples of 4)."""
+def torchrec_blocks(doc: dict, path: Path) -> PlanBlocks:
+    """The blocks of a TorchRec plan written by `--torchrec`: per module (the module path `""` for
+    one EmbeddingBagCollection) each table `table_wise` (one shard), `column_wise` (shards covering
+    its columns left to right, multiples of 4 wide) or `row_wise` / `table_row_wise` (shards
+    covering its rows top to bottom, on distinct ranks), one rank per shard."""
     where = str(path)
     _fields(doc, TORCHREC_FIELDS, where)
     world = integer(doc["world_size"], f"{where}, field world_size", 1, MAX_DEVICES)
@@ -303,48 +360,64 @@ def torchrec_columns(doc: dict, path: Path) -> tuple[dict[str, ColumnShards], in
     if device_type not in ("cuda", "cpu"):
         raise ConfigError(f"{where}, field device_type: {shown(device_type)} (expected 'cuda' or 'cpu')")
     modules = doc["modules"]
-    if not isinstance(modules, dict) or list(modules) != [""]:
-        raise ConfigError(f"{where}, field modules: expected one module, \"\" (an EmbeddingBagCollection)")
-    params = modules[""]
-    if not isinstance(params, dict) or not params:
-        raise ConfigError(f"{where}, field modules[\"\"]: expected the tables' shardings")
-    columns, shapes = {}, {}
-    for name, p in params.items():
-        at = f"{where}, table {shown(name)}"
-        _fields(p, PARAMETER_FIELDS, at)
-        kind = p["sharding_type"]
-        if kind not in ("table_wise", "column_wise"):
-            raise ConfigError(f"{at}, field sharding_type: {shown(kind)} (expected 'table_wise' or 'column_wise')")
-        _typed(p, "compute_kernel", (str,), at)
-        ranks, shards = p["ranks"], p["shards"]
-        if not isinstance(ranks, list) or not ranks or (kind == "table_wise" and len(ranks) != 1):
-            raise ConfigError(f"{at}, field ranks: {shown(ranks)} (expected one rank per shard)")
-        if not isinstance(shards, list) or len(shards) != len(ranks):
-            raise ConfigError(f"{at}, field shards: expected {len(ranks)} shard(s), one per rank")
-        rows, start, found = None, 0, []
-        for rank_value, shard in zip(ranks, shards, strict=True):
-            rank = integer(rank_value, f"{at}, field ranks", 0, world - 1)
-            shard = _fields(shard, SHARD_FIELDS, f"{at}, shard")
-            if shard["offsets"] != [0, start] or any(type(v) is not int for v in shard["offsets"]):
-                raise ConfigError(f"{at}, field offsets: {shown(shard['offsets'])} (expected [0, {start}])")
-            sizes = shard["sizes"]
-            if not isinstance(sizes, list) or len(sizes) != 2:
-                raise ConfigError(f"{at}, field sizes: {shown(sizes)} (expected [rows, columns])")
-            shard_rows = integer(sizes[0], f"{at}, field sizes", 1, MAX_ROWS)
-            width = integer(sizes[1], f"{at}, field sizes", 1, MAX_DIM)
-            if rows is not None and shard_rows != rows:
-                raise ConfigError(f"{at}, field sizes: {shown(sizes)} (every shard has the table's {rows} rows)")
-            if kind == "column_wise" and width % 4:
-                raise ConfigError(f"{at}, field sizes: {shown(sizes)} (column shards are multiples of 4 columns)")
-            placement = f"rank:{rank}/{device_type}:{rank}" if device_type == "cuda" else f"rank:{rank}/cpu"
-            if shard["placement"] != placement:
-                raise ConfigError(f"{at}, field placement: {shown(shard['placement'])} (expected {placement!r})")
-            rows = shard_rows
-            found.append((start, width, rank))
-            start += width
-        columns[name] = found
-        shapes[name] = [rows, start]
-    return columns, world, shapes
+    if not isinstance(modules, dict) or not modules:
+        raise ConfigError(f"{where}, field modules: expected the modules' shardings (an object by module path)")
+    blocks, shapes, kinds = {}, {}, {}
+    for module, params in modules.items():
+        if module != "":
+            module_path(module, f"{where}, field modules")
+        if not isinstance(params, dict) or not params:
+            raise ConfigError(f"{where}, field modules[{shown(module)}]: expected the tables' shardings")
+        for name, p in params.items():
+            qualified = f"{module}.{name}" if module else name
+            at = f"{where}, table {shown(qualified)}"
+            table_name(name, at)
+            blocks[qualified], shapes[qualified], kinds[qualified] = _torchrec_param(p, world, device_type, at)
+    return PlanBlocks(blocks, world, shapes, kinds)
+
+
+def _torchrec_param(p: object, world: int, device_type: str, at: str) -> tuple[list[Block], list[int], str]:
+    """One parameter's sharding: its blocks, its [rows, dim] and its sharding type."""
+    _fields(p, PARAMETER_FIELDS, at)
+    kind = p["sharding_type"]
+    if kind not in TORCHREC_KINDS:
+        raise ConfigError(f"{at}, field sharding_type: {shown(kind)} (expected one of {', '.join(TORCHREC_KINDS)})")
+    _typed(p, "compute_kernel", (str,), at)
+    ranks, shards = p["ranks"], p["shards"]
+    if not isinstance(ranks, list) or not ranks or (kind == "table_wise" and len(ranks) != 1):
+        raise ConfigError(f"{at}, field ranks: {shown(ranks)} (expected one rank per shard)")
+    if not isinstance(shards, list) or len(shards) != len(ranks):
+        raise ConfigError(f"{at}, field shards: expected {len(ranks)} shard(s), one per rank")
+    by_rows = kind in ROW_KINDS
+    fixed, offset, found = None, 0, []  # fixed: the size every shard shares (rows, or columns by rows)
+    for rank_value, shard in zip(ranks, shards, strict=True):
+        rank = integer(rank_value, f"{at}, field ranks", 0, world - 1)
+        shard = _fields(shard, SHARD_FIELDS, f"{at}, shard")
+        expected = [offset, 0] if by_rows else [0, offset]
+        if shard["offsets"] != expected or any(type(v) is not int for v in shard["offsets"]):
+            raise ConfigError(f"{at}, field offsets: {shown(shard['offsets'])} (expected {expected})")
+        sizes = shard["sizes"]
+        if not isinstance(sizes, list) or len(sizes) != 2:
+            raise ConfigError(f"{at}, field sizes: {shown(sizes)} (expected [rows, columns])")
+        rows = integer(sizes[0], f"{at}, field sizes", 0 if by_rows else 1, MAX_ROWS)
+        width = integer(sizes[1], f"{at}, field sizes", 1, MAX_DIM)
+        shared, own = (width, rows) if by_rows else (rows, width)
+        if fixed is not None and shared != fixed:
+            raise ConfigError(f"{at}, field sizes: {shown(sizes)} (every shard has the table's "
+                              f"{fixed} {'columns' if by_rows else 'rows'})")
+        if kind == "column_wise" and width % 4:
+            raise ConfigError(f"{at}, field sizes: {shown(sizes)} (column shards are multiples of 4 columns)")
+        placement = f"rank:{rank}/{device_type}:{rank}" if device_type == "cuda" else f"rank:{rank}/cpu"
+        if shard["placement"] != placement:
+            raise ConfigError(f"{at}, field placement: {shown(shard['placement'])} (expected {placement!r})")
+        fixed = shared
+        found.append(Block(offset, rows, 0, None, rank) if by_rows else
+                     Block(0, None, offset, width if kind == "column_wise" else None, rank))
+        offset += own
+    if by_rows and len({b.device for b in found}) != len(found):
+        raise ConfigError(f"{at}, field ranks: {shown(ranks)} (row shards on distinct ranks)")
+    shape = [offset, fixed] if by_rows else [fixed, offset]
+    return found, shape, kind
 
 
 def check_state(path: Path, what: str, expected: dict, given: object) -> None:

@@ -219,8 +219,8 @@ def random_placements(table_dims: Sequence[int], world: int, count: int, seed: i
 
 
 def profile_comm(table_dims: Sequence[int], device_counts: Sequence[int], placements: int, batch_size: int,
-                 timing: TimingConfig, seed: int, heldout_share: float = 0.25, device: str = "cpu",
-                 mape_target: float = 0.10, rounds: int = 3) -> tuple[pd.DataFrame, CommModel, dict]:
+                 timing: TimingConfig, seed: int, *, heldout_share: float, device: str, mape_target: float,
+                 rounds: int) -> tuple[pd.DataFrame, CommModel, dict]:
     """Measure `placements` random placements per device count (those drawn twice, once) (one torchrun launch each, in
     `rounds` interleaved rounds of `timing.warmup` untimed and `timing.runs` timed all-to-alls,
     orders seeded from `seed`), fit the model on the placements not held out, and score it on the

@@ -135,61 +135,121 @@ def _planned(features: pd.DataFrame, task: Task, batch_size: int, column_ways: i
 TORCHREC_FORMAT = "autoshard-torchrec-plan/1"
 
 
-def embedding_configs(features: pd.DataFrame, names: list[str]) -> list:
-    """TorchRec `EmbeddingBagConfig`s of the tables (one feature per table, named as the table)."""
-    from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
+def embedding_configs(features: pd.DataFrame, names: list[str], sequence: bool = False) -> list:
+    """TorchRec embedding configs of the tables (one feature per table, named as the table):
+    `EmbeddingBagConfig`s, or with `sequence` the `EmbeddingConfig`s of an EmbeddingCollection."""
+    from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig, EmbeddingConfig
 
     weight_bytes = (features["size_bytes"] - features["rows"] * ROW_STATE_BYTES) / (features["rows"] * features["dim"])
     types = {4: DataType.FP32, 2: DataType.FP16}
-    return [EmbeddingBagConfig(name=n, embedding_dim=int(r.dim), num_embeddings=int(r.rows), feature_names=[n],
-                               data_type=types.get(int(round(w)), DataType.FP32))
+    config = EmbeddingConfig if sequence else EmbeddingBagConfig
+    return [config(name=n, embedding_dim=int(r.dim), num_embeddings=int(r.rows), feature_names=[n],
+                   data_type=types.get(int(round(w)), DataType.FP32))
             for n, r, w in zip(names, features.itertuples(), weight_bytes, strict=True)]
 
 
-def sharding_plan(features: pd.DataFrame, names: list[str], placement: np.ndarray, devices: int,
-                  device_type: str = "cuda"):
-    """TorchRec's `ShardingPlan` for an `EmbeddingBagCollection` of these tables (module path ""):
-    each table whole on its device, built with `construct_module_sharding_plan` and `table_wise`."""
+def split_name(qualified: str) -> tuple[str, str]:
+    """(module path, table name) of a qualified name: `sparse.ebc.user_id` is table `user_id` of
+    module `sparse.ebc`; a plain name is in the root module `""`."""
+    module, _, name = qualified.rpartition(".")
+    return module, name
+
+
+def modules_of(features: pd.DataFrame, names: list[str]) -> dict[str, tuple[list[int], bool]]:
+    """The embedding modules the tables make, by module path: their rows of `features` and whether
+    the module is an EmbeddingCollection (its tables `sequence`) rather than an EmbeddingBagCollection.
+    A module holds one kind (pooled and sequence tables in one module are refused), and an
+    EmbeddingCollection's tables share one dim, as TorchRec requires."""
+    sequence = features["sequence"].to_numpy(dtype=bool) if "sequence" in features else np.zeros(len(names), bool)
+    out: dict[str, tuple[list[int], bool]] = {}
+    for i, qualified in enumerate(names):
+        module = split_name(qualified)[0]
+        rows, kind = out.setdefault(module, ([], bool(sequence[i])))
+        if kind != bool(sequence[i]):
+            where = f"module {module!r}" if module else "the root module (give the tables a module)"
+            raise ConfigError(f"table {qualified}: {'a sequence' if sequence[i] else 'a pooled'} table in {where}, "
+                              f"which holds {'sequence' if kind else 'pooled'} tables (an EmbeddingCollection and an "
+                              "EmbeddingBagCollection are two modules)")
+        rows.append(i)
+    for module, (rows, kind) in out.items():
+        dims = sorted({int(features["dim"].iloc[i]) for i in rows})
+        if kind and len(dims) > 1:
+            raise ConfigError(f"module {module!r}: sequence tables of dims {dims[0]} and {dims[1]} (the tables of an "
+                              "EmbeddingCollection share one dim: give each dim its module)")
+    return out
+
+
+def embedding_module(features: pd.DataFrame, names: list[str], sequence: bool, device: str = "meta"):
+    """The EmbeddingBagCollection (or, `sequence`, EmbeddingCollection) of these tables, named by
+    their table names (the module path stripped)."""
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+    configs = embedding_configs(features, [split_name(n)[1] for n in names], sequence)
+    module = EmbeddingCollection if sequence else EmbeddingBagCollection
+    return module(tables=configs, device=torch.device(device))
+
+
+def block_sharding_plan(features: pd.DataFrame, names: list[str], blocks: dict, kinds: dict, devices: int,
+                        local_size: int | None = None, device_type: str = "cuda"):
+    """TorchRec's `ShardingPlan` of any plan (`core.inputs.PlanBlocks`: `blocks` and `kinds` by
+    qualified name, `features` rows in the order of `names`): per module path, each table
+    `table_wise`, `column_wise` (ranks left to right), `row_wise` (every rank, TorchRec's row
+    split) or `table_row_wise` (the ranks of one host of `local_size`), built with TorchRec's own
+    generators. A row split unlike the one TorchRec makes is refused rather than changed."""
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
+    from torchrec.distributed.sharding_plan import (
+        column_wise,
+        construct_module_sharding_plan,
+        row_wise,
+        table_row_wise,
+        table_wise,
+    )
     from torchrec.distributed.types import ShardingPlan
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    ebc = EmbeddingBagCollection(tables=embedding_configs(features, names), device=torch.device("meta"))
-    per_table = {n: table_wise(rank=int(d), compute_kernel=EmbeddingComputeKernel.FUSED.value)
-                 for n, d in zip(names, placement, strict=True)}
-    module_plan = construct_module_sharding_plan(ebc, per_table, local_size=devices, world_size=devices,
-                                                 device_type=device_type)
-    return ShardingPlan(plan={"": module_plan})
-
-
-def column_sharding_plan(features: pd.DataFrame, names: list[str], shards: list, placement: np.ndarray,
-                         devices: int, device_type: str = "cuda"):
-    """TorchRec's `ShardingPlan` of a column-wise plan: `shards` are `columns.ColumnShard`s whose
-    `table` is a row of `features`, `placement` a rank per shard. A whole table is `table_wise`;
-    a split one `column_wise` with its equal column shards' ranks left to right."""
-    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-    from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan, table_wise
-    from torchrec.distributed.types import ShardingPlan
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
-
-    ranks: dict[int, list[tuple[int, int]]] = {}
-    for shard, rank in zip(shards, placement, strict=True):
-        ranks.setdefault(int(shard.table), []).append((int(shard.start), int(rank)))
+    local = local_size or devices
     kernel = EmbeddingComputeKernel.FUSED.value
-    per_table = {}
-    for t, name in enumerate(names):
-        held = [r for _, r in sorted(ranks[t])]
-        per_table[name] = (table_wise(rank=held[0], compute_kernel=kernel) if len(held) == 1
-                           else column_wise(ranks=held, compute_kernel=kernel))
-    ebc = EmbeddingBagCollection(tables=embedding_configs(features, names), device=torch.device("meta"))
-    module_plan = construct_module_sharding_plan(ebc, per_table, local_size=devices, world_size=devices,
-                                                 device_type=device_type)
-    return ShardingPlan(plan={"": module_plan})
+    plan = {}
+    for module, (rows, sequence) in modules_of(features, names).items():
+        per_table = {}
+        for i in rows:
+            name = names[i]
+            held, kind = blocks[name], kinds.get(name, "table_wise")
+            ranks = [b.device for b in held]
+            if kind == "table_wise":
+                per_table[split_name(name)[1]] = table_wise(rank=ranks[0], compute_kernel=kernel)
+            elif kind == "column_wise":
+                per_table[split_name(name)[1]] = column_wise(ranks=ranks, compute_kernel=kernel)
+            elif kind == "row_wise":
+                per_table[split_name(name)[1]] = row_wise(compute_kernel=kernel)
+            elif sequence:
+                raise ConfigError(f"table {name}: table_row_wise shards of a sequence table (an EmbeddingCollection "
+                                  "is sharded table-, column- or row-wise)")
+            else:
+                per_table[split_name(name)[1]] = table_row_wise(host_index=ranks[0] // local)
+        subset = features.iloc[rows]
+        module_plan = construct_module_sharding_plan(embedding_module(subset, [names[i] for i in rows], sequence),
+                                                     per_table, local_size=local, world_size=devices,
+                                                     device_type=device_type)
+        for i in rows:
+            _same_rows(names[i], blocks[names[i]], module_plan[split_name(names[i])[1]])
+        plan[module] = module_plan
+    return ShardingPlan(plan=plan)
+
+
+def _same_rows(name: str, held: list, sharding) -> None:
+    """The row shards TorchRec made are the plan's (same ranks, same first rows, same sizes)."""
+    if sharding.sharding_type not in ("row_wise", "table_row_wise"):
+        return
+    made = [(int(s.shard_offsets[0]), int(s.shard_sizes[0]), int(r))
+            for s, r in zip(sharding.sharding_spec.shards, sharding.ranks, strict=True)]
+    wanted = [(b.row, b.rows, b.device) for b in held]
+    if made != wanted:
+        raise ConfigError(f"table {name}: row shards {wanted[:3]}... are not TorchRec's {sharding.sharding_type} split "
+                          f"({made[:3]}...)")
 
 
 def plan_to_json(plan, world_size: int, device_type: str) -> dict:
-    """A `ShardingPlan` of table-wise or column-wise shards as plain JSON (no pickles: loading it runs no code)."""
+    """A `ShardingPlan` as plain JSON (no pickles: loading it runs no code)."""
     modules = {}
     for path, module_plan in plan.plan.items():
         modules[path] = {name: {"sharding_type": p.sharding_type, "compute_kernel": p.compute_kernel,
@@ -202,18 +262,19 @@ def plan_to_json(plan, world_size: int, device_type: str) -> dict:
 
 def load_sharding_plan(path: str | Path):
     """The TorchRec `ShardingPlan` saved by `autoshard plan --torchrec`, to hand to
-    `DistributedModelParallel(module, plan=...)` (the module: an `EmbeddingBagCollection`)."""
+    `DistributedModelParallel(model, plan=...)`: its modules by path, `""` for a model that is
+    one `EmbeddingBagCollection`."""
     from torch.distributed._shard.metadata import ShardMetadata
     from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
     from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
 
-    from autoshard.core.inputs import read_json, torchrec_columns
+    from autoshard.core.inputs import read_json, torchrec_blocks
 
     path = Path(path)
     doc = read_json(path, "TorchRec plan")
     if not isinstance(doc, dict) or doc.get("format") != TORCHREC_FORMAT:
         raise ConfigError(f"{path}: not a TorchRec plan written by autoshard (format {TORCHREC_FORMAT!r})")
-    torchrec_columns(doc, path)
+    torchrec_blocks(doc, path)
     plan = {}
     for module, params in doc["modules"].items():
         plan[module] = EmbeddingModuleShardingPlan({

@@ -4,8 +4,9 @@
 batch_size))` then skips its search and returns the plan of the file, checked by TorchRec
 against the search space it enumerates for that module, topology and constraints: every table
 of the module must be in the file, each on a rank of the topology. The file is any plan of
-`autoshard plan` (table-wise: the table-wise option; column-wise: the column-wise option of as
-many shards) or its `--torchrec` export (the sharding type and kernel it names).
+`autoshard plan` (each table's sharding type: table-, column-, row- or table-row-wise, its option
+of as many shards) or its `--torchrec` export (the sharding type and kernel it names). Tables are
+matched by name in the module given (a plan's qualified names `module.name` by their last part).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from torchrec.distributed.types import ShardingType
 
 from autoshard.cli.column_plan import without_costs
 from autoshard.core.errors import ConfigError
-from autoshard.core.inputs import plan_columns, read_json, shown
+from autoshard.core.inputs import plan_blocks, read_json, shown
+from autoshard.placement.torchrec import split_name
 
 KERNEL_ORDER = ("fused", "dense")  # the kernel taken where the file does not name one: as every method assumes
 
@@ -32,7 +34,10 @@ class AutoShardPlanLoader(PlanLoader):
         self.module, self.sharders = module, sharders
         self.topology, self.batch_size, self.constraints = topology, batch_size, constraints
         self.doc = without_costs(read_json(self.path, "plan file"), self.path)
-        self.per_table, self.devices, _ = plan_columns(self.doc, self.path)
+        plan = plan_blocks(self.doc, self.path)
+        self.per_table = {split_name(n)[1]: b for n, b in plan.blocks.items()}
+        self.kinds = {split_name(n)[1]: k for n, k in plan.kinds.items()}
+        self.devices = plan.devices
         if self.devices != topology.world_size:
             raise ConfigError(f"{self.path}: a plan for {self.devices} devices (the topology has "
                               f"{topology.world_size})")
@@ -60,7 +65,7 @@ class AutoShardPlanLoader(PlanLoader):
         held = self.per_table[name]
         wanted = self._named(name)
         if wanted is None:
-            wanted = (ShardingType.TABLE_WISE.value if len(held) == 1 else ShardingType.COLUMN_WISE.value, None)
+            wanted = (self.kinds.get(name, ShardingType.TABLE_WISE.value), None)
         fitting = [o for o in candidates if o.sharding_type == wanted[0] and len(o.shards) == len(held)
                    and (wanted[1] is None or o.compute_kernel == wanted[1])]
         fitting.sort(key=lambda o: KERNEL_ORDER.index(o.compute_kernel) if o.compute_kernel in KERNEL_ORDER else 99)
@@ -68,8 +73,8 @@ class AutoShardPlanLoader(PlanLoader):
             raise ConfigError(f"{self.path}: table {shown(name)}: TorchRec offers no {wanted[0]} option of "
                               f"{len(held)} shards for it under these constraints")
         option = fitting[0]
-        for shard, (_, _, rank) in zip(sorted(option.shards, key=lambda s: s.offset[1]), held, strict=True):
-            shard.rank = int(rank)
+        for shard, block in zip(sorted(option.shards, key=lambda s: tuple(s.offset)), held, strict=True):
+            shard.rank = int(block.device)
         return option
 
     def _named(self, name: str) -> tuple[str, str] | None:
