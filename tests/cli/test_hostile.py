@@ -157,6 +157,53 @@ def test_a_signal_while_writing_leaves_nothing_and_prints_one_line(corpus, signu
     assert snapshot(corpus) == before
 
 
+def test_a_table_file_that_is_a_symlink_loop_is_refused(corpus):
+    (corpus / "loop.csv").symlink_to(corpus / "loop.csv")
+    argv = plan_argv(corpus, corpus / "out.json")
+    argv[argv.index("--tables") + 1] = str(corpus / "loop.csv")
+    assert "loop.csv" in refused(argv, corpus)
+
+
+def test_a_raw_pickle_or_a_planner_export_missing_a_field_is_one_line(corpus):
+    import json as _json
+    import pickle
+
+    import numpy as np
+
+    from autoshard.data.features import FEATURE_COLUMNS
+    from autoshard.rl.numpy_planner import FILE_NAME, FORMAT
+
+    with open(corpus / "raw.pkl", "wb") as fh:
+        pickle.dump({"weights": [1.0]}, fh, protocol=4)
+    argv = plan_argv(corpus, corpus / "out.json", "--cost-model", str(corpus / "raw.pkl"), method="cost_greedy")
+    assert "raw.pkl: not a cost model file" in refused(argv, corpus)
+    meta = {"format": FORMAT, "feature_columns": FEATURE_COLUMNS}  # the right tag; no `sources`
+    np.savez(corpus / FILE_NAME, meta=np.array(_json.dumps(meta)))
+    assert "not a usable NumPy planner (KeyError" in refused(argv, corpus)
+
+
+START = "from autoshard.cli.entry import run\nimport sys\nsys.argv[0] = 'autoshard'\nrun()\n"
+
+
+@pytest.mark.parametrize("delay", [0.3, 0.8])
+def test_an_interrupt_during_start_up_is_one_line(corpus, delay):
+    """Ctrl-C while the command's modules load: the line of any interrupted run, no traceback."""
+    import time
+
+    before = snapshot(corpus)
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)}
+    proc = subprocess.Popen([sys.executable, "-c", START, *plan_argv(corpus, corpus / "out.json")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    if proc.returncode == 0:
+        pytest.skip("the command finished before the signal")
+    assert proc.returncode == 130
+    assert len(err.splitlines()) == 1 and "interrupted by SIGINT; no partial output left" in err, err
+    assert snapshot(corpus) == before
+
+
 # ---- fuzzing: generated tables, plans and arguments ----
 
 HOSTILE = st.one_of(st.text(max_size=12), st.integers(-2**70, 2**70).map(str), st.floats().map(repr),

@@ -49,7 +49,7 @@ def test_plan_options_and_json_output(files, tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert plan(files, out, "--best-of", "4", "--json", method="rl_best_of_n") == 0
     printed = json.loads(capsys.readouterr().out)
-    assert printed["options"] == {"best_of": 4, "seed": 0}
+    assert printed["options"] == {"best_of": 4, "seed": 0, "batch_size": 2048}
     assert printed == json.loads(out.read_text())
 
 
@@ -141,7 +141,7 @@ def test_exported_plan_runs_in_torchrec_with_two_processes(files, tmp_path):
     assignment = json.loads(out.read_text())["assignment"]
     assert result["world_size"] == 2
     for r in result["ranks"]:
-        assert r["output_shape"] == [4, result["output_width"]]
+        assert r["max_abs_error"] < 1e-4
         assert r["tables"] == sorted(n for n, d in assignment.items() if d == r["rank"])
 
 
@@ -256,7 +256,7 @@ def test_reuse_bins_given_or_computed(tmp_path):
     (["--devices", "0"], r"--devices: 0 \(must be at least 1\)"),
     (["--method", "magic"], r"--method: 'magic'"),
     (["--memory-per-device", "40KB"], r"row 1 \(user_id\): .* do not fit one device's memory"),
-    (["--memory-per-device", "11MB"], r"more than the 2 devices hold together"),
+    (["--memory-per-device", "12MB"], r"more than the 2 devices hold together"),
 ])
 def test_bad_task_arguments_are_refused(files, tmp_path, capsys, args, pattern):
     import re
@@ -435,7 +435,6 @@ def test_a_column_wise_plan_runs_in_torchrec_and_computes_what_the_unsharded_mod
     result = check(files["tables"], exported, processes=2)
     assert result["world_size"] == 2
     for r in result["ranks"]:
-        assert r["output_shape"] == [4, result["output_width"]]
         assert r["max_abs_error"] < 1e-4
 
 
@@ -456,7 +455,7 @@ def test_column_wise_bad_input_is_refused_in_one_line(files, tmp_path, capsys, e
 
 def test_column_options_need_column_sharding(files, tmp_path, capsys):
     assert plan(files, tmp_path / "p.json", "--split", "history=2", method="size_greedy") == 2
-    assert "--split: only --sharding column uses it" in capsys.readouterr().err
+    assert "--split: --sharding table does not use it" in capsys.readouterr().err
     assert plan(files, tmp_path / "p.json", "--sharding", "column", method="rl_greedy") == 2
     assert "only cost_greedy" in capsys.readouterr().err
 

@@ -12,7 +12,7 @@ import pandas as pd
 from autoshard.cli.defaults import study_defaults
 from autoshard.cli.user_tables import UserTables
 from autoshard.core.errors import ConfigError
-from autoshard.core.inputs import PLAN_FORMAT, plan_blocks, read_json, shown
+from autoshard.core.inputs import PLAN_FORMAT, shown
 from autoshard.data.features import feature_matrix
 from autoshard.data.tasks import Task
 from autoshard.methods.registry import GREEDY
@@ -112,33 +112,19 @@ def without_costs(doc: object, path: Path) -> object:
 
 
 def read(path: str | Path, tables: UserTables) -> tuple[list[ColumnShard], np.ndarray, int]:
-    """(column shards, device per shard, devices) of any plan file (ours or its TorchRec export),
-    checked against the tables: every table placed, its columns covered, its shape as the file says."""
+    """(column shards, device per shard, devices) of any plan file of table- or column-wise shards
+    (ours or its TorchRec export), checked against the tables (`sharding_plan.read_blocks`)."""
+    from autoshard.cli.sharding_plan import read_blocks
+
     path = Path(path)
-    plan = plan_blocks(without_costs(read_json(path, "plan file"), path), path)
-    per_table, devices, shapes = plan.blocks, plan.devices, plan.shapes
-    names = tables.names
-    unknown = sorted(set(per_table) - set(names))
-    if unknown:
-        raise ConfigError(f"{path}: table {shown(unknown[0])} is not in {tables.source}")
-    absent = [n for n in names if n not in per_table]
-    if absent:
-        raise ConfigError(f"{path}: table {shown(absent[0])} of {tables.source} has no device")
-    f = tables.features
+    plan = read_blocks(path, tables)
+    dims = tables.features["dim"].tolist()
     shards, placement = [], []
-    for t, (name, rows, dim) in enumerate(zip(names, f["rows"].tolist(), f["dim"].tolist(), strict=True)):
-        if name in shapes and shapes[name] != [rows, dim]:
-            raise ConfigError(f"{path}: table {shown(name)}, field sizes: {shapes[name]} (the table is "
-                              f"[{rows}, {dim}] in {tables.source})")
-        held = per_table[name]
+    for t, (name, dim) in enumerate(zip(tables.names, dims, strict=True)):
         if plan.kinds[name] in ("row_wise", "table_row_wise"):
             raise ConfigError(f"{path}: table {shown(name)}: row-wise shards (this reader takes table- and "
                               "column-wise plans)")
-        covered = sum(dim if b.width is None else b.width for b in held)
-        if covered != dim:
-            raise ConfigError(f"{path}: table {shown(name)}: its column shards cover {covered} columns (its dim "
-                              f"is {dim} in {tables.source})")
-        for b in held:
+        for b in plan.blocks[name]:
             shards.append(ColumnShard(t, b.column, dim if b.width is None else b.width, dim))
             placement.append(b.device)
-    return shards, np.array(placement, dtype=np.int64), devices
+    return shards, np.array(placement, dtype=np.int64), plan.devices

@@ -3,6 +3,7 @@
   autoshard plan    --tables T --devices D --memory-per-device 16GiB [--method M] --out plan.json
                     (without trained models: each table measured alone here, then LPT; --method milp)
   autoshard plan    ... --sharding column [--column-ways 1,2,4] [--split NAME=K]   (column-wise shards)
+  autoshard plan    ... --sharding row|auto [--devices-per-host 8]   (row-wise too; auto: any sharding per table)
   autoshard score   --tables T --plan plan.json [--backend fbgemm|torch|analytic] [--store DIR [--space KEY]]
   autoshard compare --tables T --devices D --memory-per-device 16GiB [--measure]
   autoshard measure --jobs jobs.json --out rows.json   (the portable measurement worker)
@@ -17,6 +18,7 @@ SIGTERM stop it with one line, status 130 or 143, and no partial output.
 import argparse
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +27,9 @@ import pandas as pd
 from autoshard.cli.defaults import study_defaults, timed_runs
 from autoshard.cli.output import Interrupted, check_outputs, interruptible, write_files
 from autoshard.cli.service import FIRST_RUN, MEASURED, METHODS
+from autoshard.cli.sharding_plan import COST_METHODS
 from autoshard.core.errors import ConfigError
-from autoshard.core.inputs import Block, check_arguments, shown
+from autoshard.core.inputs import SHARDINGS, Block, check_arguments, shown
 from autoshard.measure.names import BACKENDS
 from autoshard.methods.registry import GREEDY, POLICY, SAMPLED
 
@@ -66,7 +69,9 @@ def _measure_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default=study["profile.backend"], choices=BACKENDS,
                    help="how device shards are measured (default profile.backend)")
     p.add_argument("--batch-size", type=int, default=study["profile.batch_size"],
-                   help="bags per table per measurement (default profile.batch_size)")
+                   help="the training batch (samples per step, all devices together): every table is measured at "
+                        "it, and with `plan` its input and output buffers take memory for it (default "
+                        "profile.batch_size)")
     p.add_argument("--runs", type=int, default=timed_runs(),
                    help="timed runs per shard, their median (default evaluate.timing's runs x rounds)")
 
@@ -92,11 +97,17 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("--best-of", type=int, default=None,
                       help="rl_best_of_n: the best of N sampled placements by predicted bottleneck "
                            "(default rl.best_of)")
-    plan.add_argument("--sharding", default="table", choices=("table", "column"),
+    plan.add_argument("--sharding", default="table", choices=SHARDINGS,
                       help="table: every table whole on one device; column: tables may be split into column "
-                           "shards, chosen with the placement (split-then-place on the cost model)")
+                           "shards, chosen with the placement (split-then-place on the cost model); row: tables may "
+                           "be split by rows over every device (row-wise) or a host's (table-row-wise); auto: any of "
+                           "these, chosen per table with the placement (row and auto: LPT over each table's shardings "
+                           f"on per-piece costs, measured here with {FIRST_RUN}, predicted with {GREEDY})")
+    plan.add_argument("--devices-per-host", type=int, default=None,
+                      help="with --sharding row or auto: devices per host, the ranks a table-row-wise table spans "
+                           "(default: all devices, one host)")
     plan.add_argument("--column-ways", default=None,
-                      help="with --sharding column: the numbers of column shards a table may be split into "
+                      help="with --sharding column or auto: the numbers of column shards a table may be split into "
                            "(default columns.ways; each shard a multiple of 4 columns)")
     plan.add_argument("--split", action="append", metavar="NAME=K",
                       help="with --sharding column: split table NAME into K column shards (repeatable)")
@@ -155,8 +166,10 @@ def _print_devices(doc: dict) -> None:
     frame["memory_share"] = frame["memory_share"].map("{:.1%}".format)
     print(frame.to_string(index=False))
     predicted = doc["predicted_bottleneck_ms"]
-    split = f" ({len(doc['columns'])} split into column shards)" if doc.get("columns") else ""
-    tables = len(doc["assignment"]) + len(doc.get("columns", {}))
+    splits = [f"{len(doc[k])} split into {what} shards" for k, what in (("columns", "column"), ("rows", "row"))
+              if doc.get(k)]
+    split = f" ({', '.join(splits)})" if splits else ""
+    tables = len(doc["assignment"]) + len(doc.get("columns", {})) + len(doc.get("rows", {}))
     print(f"\nmethod {doc['method']}: {tables} tables{split} on {doc['devices']} devices in "
           f"{doc['sharding_seconds']:.3f} s; predicted bottleneck "
           f"{'n/a (no cost model)' if predicted is None else f'{predicted:.3f} ms'}")
@@ -168,15 +181,25 @@ def _check_plan_options(args: argparse.Namespace, folder: Path) -> None:
     rather than ignored (a `--policy` it does not use is still checked, by `planning.load_models`)."""
     from autoshard.cli.service import has_models
 
+    unused = {"--column-ways": args.column_ways if args.sharding in ("table", "row") else None,
+              "--split": args.split if args.sharding != "column" else None,
+              "--devices-per-host": args.devices_per_host if args.sharding in ("table", "column") else None}
+    for option, value in unused.items():
+        if value is not None:
+            raise ConfigError(f"{option}: --sharding {args.sharding} does not use it")
     if args.sharding == "column":
         if args.method not in (None, GREEDY):
             raise ConfigError(f"--method: {shown(args.method)} (with --sharding column only cost_greedy, "
                               "split-then-place on the cost model, places column shards)")
         args.method = GREEDY
-    else:
-        for option, value in (("--column-ways", args.column_ways), ("--split", args.split)):
-            if value is not None:
-                raise ConfigError(f"{option}: only --sharding column uses it")
+    if args.sharding in ("row", "auto"):
+        if args.method is None:
+            args.method = GREEDY if has_models(folder) or args.cost_model else FIRST_RUN
+        if args.method not in COST_METHODS:
+            raise ConfigError(f"--method: {shown(args.method)} (with --sharding {args.sharding}: "
+                              f"{' or '.join(COST_METHODS)}, the costs of every piece measured here or predicted)")
+        if args.devices_per_host is not None and not 1 <= args.devices_per_host <= args.devices:
+            raise ConfigError(f"--devices-per-host: {args.devices_per_host} (between 1 and --devices {args.devices})")
     if args.method is None:
         args.method = POLICY if has_models(folder) or args.policy or args.cost_model else FIRST_RUN
         if args.method == FIRST_RUN:
@@ -201,7 +224,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     check_outputs({"--out": args.out, "--torchrec": args.torchrec},
                   [args.tables, args.policy, args.cost_model, *planning.default_files(folder)])
     tables = read_tables(args.tables, args.weight_bytes)
-    task = planning.make_task(tables, args.devices, memory)
+    if args.sharding in ("row", "auto"):
+        return _plan_sharded(args, tables, memory, folder)
+    held = tables.memory(args.batch_size)
+    task = planning.make_task(tables, args.devices, memory, held)
     if args.sharding == "column":
         return _plan_columns(args, tables, task, folder)
     models = planning.load_models(args.method, args.policy, args.cost_model,
@@ -210,9 +236,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     singles = _singles(tables, args) if args.method in MEASURED else None
     placement, seconds = planning.timed_place(args.method, tables, task, models, best_of=args.best_of,
                                               seed=planning.seed_for(tables, args.seed),
-                                              single_costs=None if singles is None else singles.costs)
-    doc = planning.plan_document(args.method, options, tables, task, placement, models, seconds,
-                                 costs=None if singles is None else singles.source())
+                                              single_costs=None if singles is None else singles.costs, memory=held)
+    planning.check_memory(args.method, task, placement, held)
+    doc = planning.plan_document(args.method, options | {"batch_size": args.batch_size}, tables, task, placement,
+                                 models, seconds, costs=None if singles is None else singles.source(), memory=held)
     outputs = {args.out: json.dumps(doc, indent=1, default=_plain, allow_nan=False)}
     if args.torchrec is not None:
         blocks = {n: [Block(0, None, 0, None, int(d))] for n, d in zip(tables.names, placement, strict=True)}
@@ -258,6 +285,35 @@ def _write_and_show(args: argparse.Namespace, doc: dict, outputs: dict) -> int:
     else:
         _print_devices(doc)
     return 0
+
+
+def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -> int:
+    """`plan --sharding row|auto`: every table's sharding chosen with its placement
+    (`cli.sharding_plan`), on piece costs measured here or predicted by the cost model."""
+    from autoshard.cli import column_plan, sharding_plan
+    from autoshard.cli import service as planning
+    from autoshard.cli.singles import cache_folder
+
+    local = args.devices_per_host or args.devices
+    ways = (column_plan.parse_ways(args.column_ways or ",".join(map(str, study_defaults()["columns.ways"])))
+            if args.sharding == "auto" else ())
+    if args.method == GREEDY:
+        models = planning.load_models(GREEDY, args.policy, args.cost_model, folder=folder)
+        costs = sharding_plan.predicted(tables, models)
+    else:
+        models = planning.Models(cost_model=None, policy=None, files={})
+        costs = sharding_plan.measured(tables, _backend_config(tables, args), cache_folder(args.cache),
+                                       progress=not args.json and sys.stderr.isatty())
+    result = sharding_plan.plan(tables, args.sharding, args.devices, local, memory, args.batch_size, ways, costs)
+    options = {"sharding": args.sharding, "devices_per_host": local, "batch_size": args.batch_size,
+               "column_ways": list(ways)}
+    doc = sharding_plan.document(args.method, options, tables, args.devices, memory, result, models.files,
+                                 models.engine)
+    outputs = {args.out: json.dumps(doc, indent=1, default=_plain, allow_nan=False)}
+    if args.torchrec is not None:
+        blocks, kinds = sharding_plan.blocks(tables, result.placed)
+        outputs[args.torchrec] = _torchrec_export(tables, blocks, kinds, args.devices, args)
+    return _write_and_show(args, doc, outputs)
 
 
 def _plan_columns(args: argparse.Namespace, tables, task, folder: Path) -> int:
@@ -523,12 +579,13 @@ def _one_line(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command; every failure is one line on stderr (status 2 for bad input, 130/143
-    when interrupted), never a traceback."""
+    when interrupted), never a traceback, and no library's warnings."""
     commands = {"plan": cmd_plan, "score": cmd_score, "compare": cmd_compare, "measure": cmd_measure,
                 "store": cmd_store}
     prog = "autoshard"
     try:
-        with interruptible():
+        with interruptible(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # libraries' warnings (torch.load, TorchRec) are not the command's output
             args = parser().parse_args(argv)
             prog = f"autoshard {args.command}"
             return commands[args.command](args)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from autoshard.cli.entry import stop
 from autoshard.core.errors import ConfigError
 
 NAME_MAX = 200  # leaves room for the temporary file's prefix and suffix within 255 bytes
@@ -29,7 +30,20 @@ class Interrupted(BaseException):
 
 
 def _raise(signum: int, frame) -> None:
+    """Raise `Interrupted`, unless the signal came while a module was being imported: an exception
+    there can unwind through an extension's initialisation (torch, FBGEMM) and abort the process,
+    so the command stops at once instead; nothing is being written then (see `write_files`)."""
+    if _importing(frame):
+        stop(signum)
     raise Interrupted(signum)
+
+
+def _importing(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 @contextmanager
@@ -59,11 +73,11 @@ def _signals_held() -> Iterator[None]:
 
 
 def _same(a: Path, b: Path) -> bool:
-    if a.resolve() == b.resolve():
-        return True
     try:
+        if a.resolve() == b.resolve():
+            return True
         return os.path.samefile(a, b)
-    except OSError:
+    except (OSError, RuntimeError):  # a missing file, or a symlink loop (RuntimeError before Python 3.13)
         return False
 
 
@@ -124,8 +138,9 @@ def write_files(files: dict[Path, str]) -> None:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot write ({exc.strerror})") from None
     finally:
-        for tmp in temps:
-            tmp.unlink(missing_ok=True)
+        with _signals_held():  # a second Ctrl-C cannot cut the cleanup short
+            for tmp in temps:
+                tmp.unlink(missing_ok=True)
 
 
 def _umask() -> int:

@@ -130,7 +130,7 @@ def load_models(method: str, policy_path: Path | None, model_path: Path | None, 
     files = {"cost_model": _file_version(model_path)} | ({"policy": _file_version(used)} if used else {})
     if not need_torch:
         export = (policy_path or model_path).parent / numpy_planner.FILE_NAME
-        planner = numpy_planner.load(export, model_path, policy_path)
+        planner = _loaded(lambda p: numpy_planner.load(p, model_path, policy_path), export, "NumPy planner")
         if planner is not None:
             return Models(cost_model=None, policy=None, files=files, numpy=planner)
     from autoshard.costmodel.model import load_model
@@ -161,31 +161,48 @@ def _loaded(load, path: Path, what: str):
                           f"{shown(str(exc).splitlines()[0] if str(exc) else '', 100)})") from None
 
 
-def make_task(tables: UserTables, devices: int, memory_bytes: int) -> Task:
+def make_task(tables: UserTables, devices: int, memory_bytes: int, memory: np.ndarray | None = None) -> Task:
     """The task of placing every table on `devices` devices of `memory_bytes` each; refused when
-    a table cannot fit one device or all of them cannot fit the devices together."""
+    a table cannot fit one device or all of them cannot fit the devices together. `memory` is
+    each table's bytes (default its `size_bytes`; the command's: `UserTables.memory`, training's)."""
     if devices < 1:
         raise ConfigError(f"--devices: {devices} (must be at least 1)")
-    sizes = tables.features["size_bytes"].tolist()  # Python ints: the sums never overflow
+    sizes = (tables.features["size_bytes"] if memory is None else memory).tolist()  # Python ints: exact sums
     too_big = [i for i, size in enumerate(sizes) if size > memory_bytes]
     if too_big:
         i = too_big[0]
-        raise ConfigError(f"{tables.source}: row {i + 1} ({tables.names[i]}): {sizes[i]} bytes do not fit one "
-                          f"device's memory ({memory_bytes} bytes, --memory-per-device)")
+        raise ConfigError(f"{tables.source}: row {i + 1} ({tables.names[i]}): {sizes[i]} bytes while training do not "
+                          f"fit one device's memory ({memory_bytes} bytes, --memory-per-device; --sharding row or "
+                          "auto splits such tables)")
     if sum(sizes) > devices * memory_bytes:
-        raise ConfigError(f"{tables.source}: the tables need {sum(sizes)} bytes, more than the {devices} devices "
-                          f"hold together ({devices * memory_bytes} bytes)")
+        raise ConfigError(f"{tables.source}: the tables need {sum(sizes)} bytes while training, more than the "
+                          f"{devices} devices hold together ({devices * memory_bytes} bytes)")
     return Task(name="user", protocol="user", split="test", tables=tuple(range(len(sizes))), devices=devices,
                 memory_bytes=int(memory_bytes), unseen_ratio=1.0)
 
 
+def check_memory(method: str, task: Task, placement: np.ndarray, memory: np.ndarray) -> None:
+    """Every device holds what the plan puts on it while training (a method that counts memory
+    its own way, TorchRec's batch-free estimate or the policy's table sizes, is held to it too)."""
+    used = np.bincount(placement, weights=memory.astype(float), minlength=task.devices)
+    over = np.flatnonzero(used > task.memory_bytes)
+    if len(over):
+        d = int(over[0])
+        raise ConfigError(f"--method {method}: its plan puts {int(used[d])} bytes (while training) on device {d}, "
+                          f"more than --memory-per-device {task.memory_bytes} (try a memory-aware heuristic such "
+                          "as size_lookup_greedy, or more memory)")
+
+
 def place(method: str, tables: UserTables, task: Task, models: Models, best_of: int | None = None, seed: int = 0,
-          batch_size: int | None = None, single_costs: np.ndarray | None = None) -> np.ndarray:
+          batch_size: int | None = None, single_costs: np.ndarray | None = None,
+          memory: np.ndarray | None = None) -> np.ndarray:
     """A device per table by the method of that registry id, built by the registry from the
     tables, the loaded models and the tables' `single_costs` (ms, measured alone: what MEASURED
     place on) (`best_of` is rl_best_of_n's N, `seed` its sampling seed and the random
     heuristic's; `batch_size` the training batch TorchRec plans for). Unset, both are the
-    study's (`rl.best_of`, `profile.batch_size`: `cli.defaults`), as are the MILP's limits."""
+    study's (`rl.best_of`, `profile.batch_size`: `cli.defaults`), as are the MILP's limits.
+    `memory` (bytes per table) is what the methods' memory checks count, in place of the tables'
+    `size_bytes` (which the cost model still reads as a feature); TorchRec counts its own."""
     from autoshard.cli.defaults import study_defaults
     from autoshard.core.seeding import one_thread
     from autoshard.methods.artifacts import Artifacts, Settings
@@ -195,7 +212,8 @@ def place(method: str, tables: UserTables, task: Task, models: Models, best_of: 
     if method not in METHODS:
         check(method)  # an unknown id: the registry's own message
         raise ConfigError(f"--method: {method!r} (the command offers {', '.join(METHODS)})")
-    artifacts = Artifacts(pool_features=tables.features, features=feature_matrix(tables.features),
+    held = tables.features if memory is None or method == "torchrec" else tables.features.assign(size_bytes=memory)
+    artifacts = Artifacts(pool_features=held, features=feature_matrix(tables.features),
                           cost_model=models.cost_model, policy=models.policy, numpy=models.numpy,
                           single_costs=single_costs)
     study = study_defaults()
@@ -226,12 +244,14 @@ def timed_place(method: str, tables: UserTables, task: Task, models: Models, **o
     return placement, time.perf_counter() - start
 
 
-def device_table(tables: UserTables, task: Task, placement: np.ndarray, models: Models) -> pd.DataFrame:
-    """Per device: its tables, the memory they use, and the cost model's predicted cost (ms)."""
+def device_table(tables: UserTables, task: Task, placement: np.ndarray, models: Models,
+                 memory: np.ndarray | None = None) -> pd.DataFrame:
+    """Per device: its tables, the memory they use (`memory` per table, default `size_bytes`),
+    and the cost model's predicted cost (ms)."""
     from autoshard.placement.shards import device_shards
 
     shards = device_shards(task, placement)
-    sizes = tables.features["size_bytes"].to_numpy()
+    sizes = tables.features["size_bytes"].to_numpy() if memory is None else memory
     out = pd.DataFrame({"device": range(task.devices), "tables": [len(s) for s in shards],
                         "memory_bytes": [int(sizes[s].sum()) for s in shards],
                         "memory_share": [float(sizes[s].sum() / task.memory_bytes) for s in shards]})
@@ -245,11 +265,11 @@ def device_table(tables: UserTables, task: Task, placement: np.ndarray, models: 
 
 
 def plan_document(method: str, options: dict, tables: UserTables, task: Task, placement: np.ndarray,
-                  models: Models, seconds: float, costs: dict | None = None) -> dict:
+                  models: Models, seconds: float, costs: dict | None = None, memory: np.ndarray | None = None) -> dict:
     """Everything a plan file holds: how it was made, the costs it placed on (`costs`: measured
     here, as `cli.singles.Singles.source` says; else `cost_source`), the assignment, and
     per-device detail."""
-    devices = device_table(tables, task, placement, models)
+    devices = device_table(tables, task, placement, models, memory)
     predicted = float(devices["predicted_ms"].max()) if "predicted_ms" in devices else None
     return {"format": FORMAT, "method": method, "options": options, "tables_file": tables.source,
             "devices": task.devices, "memory_per_device_bytes": task.memory_bytes,

@@ -1,7 +1,9 @@
-"""Apply an exported TorchRec plan for real: `DistributedModelParallel` over an
-`EmbeddingBagCollection` of the tables, one CPU process per rank (gloo, started by torchrun),
-and one forward pass whose output must equal the unsharded module's on the same weights. Proves
-the plan file is what TorchRec accepts, that it computes the same, and where each table went.
+"""Apply an exported TorchRec plan for real: `DistributedModelParallel` over the tables' modules
+(an `EmbeddingBagCollection` per module path, an `EmbeddingCollection` for sequence tables), one
+CPU process per rank (gloo, started by torchrun), and one forward pass of every module whose
+output must equal the unsharded one's on the same weights. Proves the plan file is what TorchRec
+accepts (table-, column-, row- and table-row-wise), that it computes the same, and where each
+table went.
 
   python -m autoshard.cli.torchrec_check TABLES PLAN.torchrec.json   (a plan for CPU ranks: --torchrec-device cpu)
 """
@@ -37,13 +39,13 @@ def plan_ranks(plan: str | Path, processes: int | None) -> int:
 
 
 def check(tables: str | Path, plan: str | Path, processes: int | None = None, timeout_s: float = 600) -> dict:
-    """Run the plan with one CPU process per rank; returns each rank's output shape, local tables
-    and largest difference from the unsharded module's output (beyond TOLERANCE: a failure)."""
+    """Run the plan with one CPU process per rank; returns each rank's local tables and largest
+    difference from the unsharded modules' outputs (beyond TOLERANCE: a failure)."""
     processes = plan_ranks(plan, processes)
-    from autoshard.cli.column_plan import read
+    from autoshard.cli.sharding_plan import read_blocks
     from autoshard.cli.user_tables import read_tables
 
-    read(plan, read_tables(tables))  # the plan is for these tables, before any process starts
+    read_blocks(plan, read_tables(tables))  # the plan is for these tables, before any process starts
     with tempfile.TemporaryDirectory(prefix="autoshard-torchrec-") as tmp:
         out = Path(tmp) / "out.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
@@ -66,59 +68,107 @@ def _worker(tables_path: str, plan_path: str, out_path: str) -> None:
     import torch.distributed as dist
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv
-    from torchrec.modules.embedding_modules import EmbeddingBagCollection
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     from autoshard.cli.user_tables import read_tables
-    from autoshard.placement.torchrec import embedding_configs, load_sharding_plan
+    from autoshard.placement.torchrec import load_sharding_plan, modules_of
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     tables = read_tables(tables_path)
     plan = load_sharding_plan(plan_path)
-    configs = embedding_configs(tables.features, tables.names)
-    ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-    model = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=plan,
-                                     env=ShardingEnv.from_process_group(dist.group.WORLD))
+    hosts = {len(p.ranks) for m in plan.plan.values() for p in m.values() if p.sharding_type == "table_row_wise"}
+    os.environ["LOCAL_WORLD_SIZE"] = str(min(hosts, default=world))  # the ranks of one host, as the plan has them
+    modules = modules_of(tables.features, tables.names)
+    model = _model(tables, modules, "meta")
+    sharded = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan,
+                                       env=ShardingEnv.from_process_group(dist.group.WORLD))
+    reference = _model(tables, modules, "cpu")
+    full = {n: torch.randn(int(r), int(d), generator=torch.Generator().manual_seed(i))
+            for i, (n, r, d) in enumerate(zip(tables.names, tables.features["rows"], tables.features["dim"],
+                                              strict=True))}  # the same weights on every rank
+    _load_local_shards(sharded, full)
+    _load_local_shards(reference, full)
     g = torch.Generator().manual_seed(rank)
-    batch = 4
-    bags = torch.randint(0, 3, (batch,), generator=g)  # lookups per bag, the same for every table
-    values = torch.cat([torch.randint(0, c.num_embeddings, (int(bags.sum()),), generator=g) for c in configs])
-    kjt = KeyedJaggedTensor(keys=[c.feature_names[0] for c in configs], values=values,
-                            lengths=bags.repeat(len(configs)))
-    full = {c.name: torch.randn(c.num_embeddings, c.embedding_dim, generator=torch.Generator().manual_seed(i))
-            for i, c in enumerate(configs)}  # the same weights on every rank
-    _load_local_shards(model, full)
-    pooled = model(kjt)
-    reference = EmbeddingBagCollection(tables=configs, device=torch.device("cpu"))
-    with torch.no_grad():
-        for name, bag in reference.embedding_bags.items():
-            bag.weight.copy_(full[name])
-    expected = reference(kjt).to_dict()
-    got = pooled.to_dict()
-    error = max(float((got[k] - expected[k]).abs().max()) for k in expected)
-    shape = list(pooled.values().shape)
-    local = sorted(n for n, p in plan.plan[""].items() if rank in p.ranks)
+    error, width, local = 0.0, 0, []
+    for path, (rows, sequence) in modules.items():
+        kjt = _batch([tables.names[i] for i in rows], tables.features["rows"].to_numpy()[rows], g)
+        got, expected = (_outputs(_submodule(m, path)(kjt), sequence) for m in (sharded.module, reference))
+        if not expected or set(got) != set(expected):
+            raise RuntimeError(f"module {path!r}: the sharded outputs {sorted(got)} are not {sorted(expected)}")
+        error = max([error, *(float((got[k] - expected[k]).abs().max()) for k in expected)])
+        width += sum(int(tables.features["dim"].iloc[i]) for i in rows)
+        local += [f"{path}.{n}" if path else n for n, p in plan.plan[path].items() if rank in p.ranks]
     gathered = [None] * world
-    dist.all_gather_object(gathered, {"rank": rank, "output_shape": shape, "tables": local,
-                                      "max_abs_error": error})
+    dist.all_gather_object(gathered, {"rank": rank, "tables": sorted(local), "max_abs_error": error})
     if rank == 0:
-        Path(out_path).write_text(json.dumps({"world_size": world, "ranks": gathered,
-                                              "output_width": sum(c.embedding_dim for c in configs)}))
+        Path(out_path).write_text(json.dumps({"world_size": world, "ranks": gathered, "output_width": width}))
     dist.destroy_process_group()
 
 
+def _model(tables, modules: dict, device: str):
+    """The model the plan is for: its embedding modules at their paths (the root itself where a
+    plan has the one module `""`)."""
+    import torch
+
+    from autoshard.placement.torchrec import embedding_module
+
+    built = {path: embedding_module(tables.features.iloc[rows], [tables.names[i] for i in rows], sequence, device)
+             for path, (rows, sequence) in modules.items()}
+    if list(built) == [""]:
+        return built[""]
+    root = torch.nn.Module()
+    for path, module in built.items():
+        parent = root
+        *above, last = path.split(".")
+        for part in above:
+            if not hasattr(parent, part):
+                parent.add_module(part, torch.nn.Module())
+            parent = getattr(parent, part)
+        parent.add_module(last, module)
+    return root
+
+
+def _submodule(model, path: str):
+    return model.get_submodule(path) if path else model
+
+
+def _batch(names: list[str], rows, g):
+    """A batch of 4 samples for the module's features (named as its tables), 0 to 2 lookups each."""
+    import torch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from autoshard.placement.torchrec import split_name
+
+    bags = torch.randint(0, 3, (4,), generator=g)
+    values = torch.cat([torch.randint(0, int(r), (int(bags.sum()),), generator=g) for r in rows])
+    return KeyedJaggedTensor(keys=[split_name(n)[1] for n in names], values=values, lengths=bags.repeat(len(names)))
+
+
+def _outputs(out, sequence: bool) -> dict:
+    """A module's output by feature: pooled embeddings, or a sequence module's per-lookup ones."""
+    return {k: v.values() for k, v in out.items()} if sequence else out.to_dict()
+
+
 def _load_local_shards(model, full: dict) -> None:
-    """Copy each rank's shards of the tables' weights (`full`, by table name) into the sharded
-    module, through its state dict (whose local shards are views of the fused weights)."""
+    """Copy each rank's shards of the tables' weights (`full`, by qualified table name) into the
+    module, through its state dict (a sharded module's local shards are views of its fused
+    weights; an unsharded one's are the weights themselves)."""
     import torch
 
     with torch.no_grad():
         for key, value in model.state_dict().items():
-            name = key.split(".")[-2]  # ...embedding_bags.<table>.weight
-            if name not in full:
+            for kind in (".embedding_bags.", ".embeddings."):
+                if kind in f".{key}":
+                    module, _, rest = f".{key}".partition(kind)
+                    name = f"{module.strip('.')}.{rest.split('.')[0]}".strip(".")
+                    break
+            else:
                 continue
-            for shard in value.local_shards():
+            shards = value.local_shards() if hasattr(value, "local_shards") else None
+            if shards is None:
+                value.copy_(full[name])
+                continue
+            for shard in shards:
                 (r, c), (h, w) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
                 shard.tensor.copy_(full[name][r:r + h, c:c + w])
 

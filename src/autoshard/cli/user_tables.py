@@ -2,12 +2,17 @@
 folder with traces, checked field by field, turned into the 21 features the models read.
 
 Table lists have one row per table: `name, rows, dim, pooling_factor` and, optionally, an
-index-skew `zipf_alpha` or the 17 reuse-histogram bins `reuse_bin_0..reuse_bin_16`. When the bins
-are absent they are computed from a synthetic trace of the table, made by the pool's own
-generator (`synth.bag_trace`): `trace_batch` bags whose lengths are gamma-Poisson around the
-table's mean pooling factor (the pool's `bag_dispersion`), indices drawn from a Zipf law with
-the table's `zipf_alpha` (default `DEFAULT_ZIPF_ALPHA`, a moderately skewed table) scattered over
-its rows, seeded by the table's name. The same traces are what `autoshard score` measures.
+index-skew `zipf_alpha`, the 17 reuse-histogram bins `reuse_bin_0..reuse_bin_16`, the `module`
+the table belongs to (a module path such as `sparse.ebc`: one table name may occur in two
+modules, and a table is then named `module.name`) and its `pooling`: `pooled` (the default, an
+EmbeddingBagCollection's) or `sequence` (an EmbeddingCollection's: one embedding out per
+lookup, which the memory of training counts, `data.footprint`). When the bins are absent they
+are those a synthetic trace of the table would have (`data.reuse`, computed without drawing it):
+the pool's own generator (`synth.bag_trace`), `trace_batch` bags whose lengths are gamma-Poisson
+around the table's mean pooling factor (the pool's `bag_dispersion`), indices drawn from a Zipf
+law with the table's `zipf_alpha` (default `DEFAULT_ZIPF_ALPHA`, a moderately skewed table)
+scattered over its rows, seeded by the table's name. Those traces, drawn when first needed, are
+what `autoshard score` and the measured methods measure.
 """
 
 import csv
@@ -16,7 +21,7 @@ import math
 import zlib
 from dataclasses import dataclass
 from decimal import Decimal
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 
 import numpy as np
@@ -32,19 +37,23 @@ from autoshard.core.inputs import (
     MAX_TABLES,
     MAX_ZIPF_ALPHA,
     decimal,
+    module_path,
     number,
     read_text,
     shown,
     table_name,
 )
-from autoshard.data.features import REUSE_BINS, REUSE_COLUMNS, reuse_histogram
+from autoshard.data.features import REUSE_BINS, REUSE_COLUMNS
+from autoshard.data.footprint import shard_footprint
+from autoshard.data.reuse import expected_histogram
 from autoshard.data.sizes import table_bytes
 from autoshard.data.synth import bag_trace
-from autoshard.data.traces import Traces, access_counts, from_lengths
+from autoshard.data.traces import Traces, from_lengths
 
 REQUIRED = ("name", "rows", "dim", "pooling_factor")
 BINS = tuple(f"reuse_bin_{i}" for i in range(REUSE_BINS))
-OPTIONAL = ("zipf_alpha", *BINS)
+OPTIONAL = ("zipf_alpha", "module", "pooling", *BINS)
+POOLINGS = ("pooled", "sequence")
 DEFAULT_ZIPF_ALPHA = 1.05
 DEFAULT_TRACE_BATCH = 4096  # params.yaml's pool.batch_size: the pool's features, which the models learnt
 # from, are computed over this many bags (the profile then measures the first profile.batch_size of them)
@@ -54,8 +63,8 @@ MAX_TRACE_LOOKUPS = 2**28  # 2 GiB of int64 indices to measure with
 
 @dataclass
 class UserTables:
-    """The tables, in file order: `features` (FEATURE_COLUMNS, `size_bytes`, `name`) and, made
-    when first asked for, index traces to measure them with."""
+    """The tables, in file order: `features` (FEATURE_COLUMNS, `size_bytes`, `name` qualified by
+    its module, `sequence`) and, made when first asked for, index traces to measure them with."""
 
     features: pd.DataFrame
     source: str
@@ -65,6 +74,20 @@ class UserTables:
     @property
     def names(self) -> list[str]:
         return self.features["name"].tolist()
+
+    @property
+    def weight_bytes(self) -> np.ndarray:
+        """Bytes per weight of each table (`size_bytes` less the row state, per element)."""
+        f = self.features
+        return np.rint((f["size_bytes"] - table_bytes(f["rows"], 0, 4)) / (f["rows"] * f["dim"])).astype(np.int64)
+
+    def memory(self, batch: int) -> np.ndarray:
+        """Bytes each whole table takes while training at a batch of `batch` samples: weights,
+        optimizer state, and input and output buffers (`data.footprint`, TorchRec's accounting)."""
+        f = self.features
+        return np.array([shard_footprint(int(r), int(d), int(w), batch, float(pf), bool(q)) for r, d, w, pf, q in
+                         zip(f["rows"], f["dim"], self.weight_bytes, f["pooling_factor"], f["sequence"],
+                             strict=True)], dtype=np.int64)
 
     @property
     def traces(self) -> Traces:
@@ -100,13 +123,21 @@ def tables_from_records(records: list[dict], source: str, weight_bytes: int = 4,
 
 
 class _NoAliases(yaml.SafeLoader):
-    """YAML without anchors and aliases: an alias bomb is refused at its first alias."""
+    """YAML without anchors and aliases (an alias bomb is refused at its first alias), and
+    without a key given twice in one mapping (which YAML would settle silently, keeping the last)."""
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             line = self.peek_event().start_mark.line + 1
             raise yaml.YAMLError(f"line {line}: aliases (*name) are not accepted in a table file")
         return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        keys = [k.value for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
+        twice = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+        if twice is not None:
+            raise yaml.YAMLError(f"line {node.start_mark.line + 1}: field {twice!r} given twice")
+        return super().construct_mapping(node, deep)
 
 
 def _read_rows(path: Path) -> tuple[list[str], list[dict]]:
@@ -125,6 +156,9 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict]]:
     except csv.Error as exc:
         raise ConfigError(f"{path}: not a valid CSV table (line {reader.line_num}: {exc})") from None
     columns = [c.strip() for c in lines[0]]
+    twice = next((c for i, c in enumerate(columns) if c in columns[:i]), None)
+    if twice is not None:
+        raise ConfigError(f"{path}: header: column {shown(twice)} named twice")
     for i, line in enumerate(lines[1:], start=1):
         if len(line) != len(columns):
             raise ConfigError(f"{path}: row {i}: {len(line)} fields, the header has {len(columns)}")
@@ -159,7 +193,7 @@ def _checked(columns: list[str], records: list[dict], path: Path) -> pd.DataFram
     extra = [c for c in columns if c not in REQUIRED and c not in OPTIONAL]
     if extra:
         raise ConfigError(f"{path}: unknown column {shown(extra[0])} (known: {', '.join(REQUIRED)}, zipf_alpha, "
-                          f"reuse_bin_0..reuse_bin_{REUSE_BINS - 1})")
+                          f"module, pooling, reuse_bin_0..reuse_bin_{REUSE_BINS - 1})")
     bins = [c for c in BINS if c in columns]
     if bins and len(bins) != len(BINS):
         absent = next(c for c in BINS if c not in columns)
@@ -168,14 +202,23 @@ def _checked(columns: list[str], records: list[dict], path: Path) -> pd.DataFram
         raise ConfigError(f"{path}: no tables (the file has a header only)")
     if len(records) > MAX_TABLES:
         raise ConfigError(f"{path}: {len(records)} tables (at most {MAX_TABLES})")
-    out: dict[str, list] = {c: [] for c in ("name", "rows", "dim", "pooling_factor", "zipf_alpha", *bins)}
+    out: dict[str, list] = {c: [] for c in ("name", "rows", "dim", "pooling_factor", "zipf_alpha", "sequence",
+                                            *bins)}
     seen: set[str] = set()
     for i, record in enumerate(records, start=1):
         name = table_name(record.get("name"), f"{path}: row {i}")
+        module = _text(record, "module", f"{path}: row {i} ({name})")
+        if module:
+            name = f"{module_path(module, f'{path}: row {i} ({name}), field module')}.{name}"
         where = f"{path}: row {i} ({name})"
         if name in seen:
-            raise ConfigError(f"{path}: row {i}, field name: {shown(name)} (a duplicate table name)")
+            inside = f" in module {shown(module)}" if module else " (give the tables a module column)"
+            raise ConfigError(f"{path}: row {i}, field name: {shown(name)} (a duplicate table name{inside})")
         seen.add(name)
+        pooling = _text(record, "pooling", where) or "pooled"
+        if pooling not in POOLINGS:
+            raise ConfigError(f"{where}, field pooling: {shown(pooling)} (expected {' or '.join(POOLINGS)})")
+        out["sequence"].append(pooling == "sequence")
         field = partial(_field, record, where)
         dim = field("dim", 1, MAX_DIM, whole=True)
         if dim % 4:
@@ -190,9 +233,25 @@ def _checked(columns: list[str], records: list[dict], path: Path) -> pd.DataFram
             raise ConfigError(f"{where}, fields reuse_bin_*: they sum to {sum(shares):.4f} (shares: expected 1)")
         for c, share in zip(bins, shares, strict=True):
             out[c].append(share)
+    modules = {"." in n for n in out["name"]}
+    if len(modules) > 1:
+        i = next(i for i, n in enumerate(out["name"]) if ("." in n) != ("." in out["name"][0]))
+        raise ConfigError(f"{path}: row {i + 1} ({out['name'][i]}), field module: "
+                          f"{'given' if '.' in out['name'][i] else 'blank'}, unlike row 1's (give every table a "
+                          "module or none: a model is one embedding module or a tree of them)")
     frame = pd.DataFrame(out)
     frame[["rows", "dim"]] = frame[["rows", "dim"]].astype(np.int64)
     return frame.rename(columns=dict(zip(BINS, REUSE_COLUMNS, strict=True)))
+
+
+def _text(record: dict, column: str, where: str) -> str:
+    """A text field's value, stripped ("" for a blank or absent one)."""
+    value = record.get(column)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}, field {column}: {shown(value)} (expected text)")
+    return value.strip()
 
 
 def _field(record: dict, where: str, column: str, lo: float, hi: float, whole: bool = False,
@@ -221,7 +280,8 @@ def name_rng(name: str) -> np.random.Generator:
 
 def _features(rows: pd.DataFrame, path: Path, weight_bytes: int, batch: int) -> UserTables:
     """The 21 features of each table: its own columns, and the reuse histogram it was given or
-    that of its synthetic trace (computed one table at a time, not kept)."""
+    the one its synthetic trace would have (`data.reuse`: no trace drawn, one computation per
+    distinct shape)."""
     features = pd.DataFrame({"table": np.arange(len(rows)), "dim": rows["dim"], "rows": rows["rows"],
                              "pooling_factor": rows["pooling_factor"].astype(float),
                              "size_bytes": np.array([table_bytes(r, d, weight_bytes) for r, d in  # exact: Python ints
@@ -230,13 +290,18 @@ def _features(rows: pd.DataFrame, path: Path, weight_bytes: int, batch: int) -> 
     if all(c in rows.columns for c in REUSE_COLUMNS):
         histograms = rows[REUSE_COLUMNS].to_numpy(dtype=float)
     else:
-        histograms = np.stack([reuse_histogram(access_counts(
-            table_trace(r.name, int(r.rows), float(r.pooling_factor), float(r.zipf_alpha), batch)[1], int(r.rows)))
-            for r in rows.itertuples()])
+        histograms = np.stack([_histogram(int(r.rows), float(r.pooling_factor) * batch, float(r.zipf_alpha))
+                               for r in rows.itertuples()])
     features[REUSE_COLUMNS] = histograms
     features["name"] = rows["name"].to_numpy()
     features["zipf_alpha"] = rows["zipf_alpha"].to_numpy(dtype=float)
+    features["sequence"] = rows["sequence"].to_numpy(dtype=bool)
     return UserTables(features=features.reset_index(drop=True), source=str(path), trace_batch=batch)
+
+
+@lru_cache(maxsize=65_536)
+def _histogram(rows: int, lookups: float, alpha: float) -> np.ndarray:
+    return expected_histogram(rows, lookups, alpha)
 
 
 def _from_pool(folder: Path) -> UserTables:
@@ -252,6 +317,7 @@ def _from_pool(folder: Path) -> UserTables:
         raise ConfigError(f"{folder}: not a readable pool folder ({exc.__class__.__name__})") from None
     features = pool.features.copy()
     features["name"] = [f"table_{t}" for t in features["table"]]
+    features["sequence"] = False
     return UserTables(features=features, source=str(folder), trace_batch=pool.traces.batch_size, _traces=pool.traces)
 
 

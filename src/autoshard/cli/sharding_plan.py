@@ -1,0 +1,252 @@
+"""`autoshard plan --sharding row|auto`: each table's sharding chosen with its placement
+(`placement.sharding`), on per-piece costs measured here (`lpt_measured`) or predicted by the
+cost model (`cost_greedy`), with the memory of training (`data.footprint`) for every piece, and
+the plan file listing whole tables (`assignment`), column shards (`columns`) and row shards (`rows`).
+
+`--sharding row` offers every table whole, row-wise over all devices and, with more than one
+host (`--devices-per-host`), table-row-wise over one host; `auto` offers column-wise splits
+(`--column-ways`) too. A row shard of a table holds its rows' share of the lookups (TorchRec's
+input split) and the table's reuse histogram (its rows are a random share of the table's
+popularity ranks, `synth.scatter`); measured, it is timed on its own slice of the table's trace.
+Sequence tables are not offered table-row-wise (TorchRec's EmbeddingCollection has no such sharding).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from autoshard.cli.user_tables import UserTables
+from autoshard.core.errors import ConfigError
+from autoshard.core.inputs import PLAN_FORMAT, Block, PlanBlocks, plan_blocks, read_json, shown
+from autoshard.data.features import REUSE_COLUMNS, feature_matrix
+from autoshard.data.footprint import row_split, shard_footprint
+from autoshard.data.sizes import table_bytes
+from autoshard.data.traces import from_lengths
+from autoshard.placement.columns import ALIGN
+from autoshard.placement.sharding import Layout, Piece, Placed, place
+
+COST_METHODS = ("lpt_measured", "cost_greedy")  # measured here, or predicted by the cost model
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A piece: table `table`'s rows [row, row + rows) and columns [column, column + width), one
+    of `ways` row shards (1: all its rows, the whole table or a column shard)."""
+
+    table: int
+    row: int
+    rows: int
+    column: int
+    width: int
+    ways: int
+
+    def block(self, dim: int) -> tuple[int, int | None, int, int | None]:
+        """(row, rows, column, width) as a plan's `Block` has them (None: all)."""
+        return (self.row, None if self.ways == 1 else self.rows, self.column,
+                None if self.width == dim else self.width)
+
+
+def shapes(tables: UserTables, sharding: str, devices: int, local: int,
+           column_ways: tuple[int, ...]) -> list[list[tuple[str, list[Shape]]]]:
+    """Each table's candidate layouts: (kind, pieces), whole first (`placement.sharding` breaks
+    ties towards fewer pieces)."""
+    f = tables.features
+    out = []
+    for t, (rows, dim, sequence) in enumerate(zip(f["rows"].tolist(), f["dim"].tolist(), f["sequence"].tolist(),
+                                                  strict=True)):
+        options = [("table_wise", [Shape(t, 0, rows, 0, dim, 1)])]
+        if sharding == "auto":
+            for k in column_ways:
+                if k > 1 and dim % k == 0 and (dim // k) % ALIGN == 0:
+                    w = dim // k
+                    options.append(("column_wise", [Shape(t, 0, rows, i * w, w, 1) for i in range(k)]))
+        for kind, k in (("row_wise", devices), ("table_row_wise", local)):
+            if k > 1 and rows >= k and not (kind == "table_row_wise" and (sequence or local == devices)):
+                split = row_split(rows, k)
+                starts = np.concatenate([[0], np.cumsum(split)[:-1]]).tolist()
+                pieces = [Shape(t, int(s), int(n), 0, dim, k) for s, n in zip(starts, split, strict=True)]
+                options.append((kind, pieces))
+        out.append(options)
+    return out
+
+
+def _key(s: Shape) -> tuple[int, int, int]:
+    """Pieces of one table with the same rows and width cost the same (their rows are a random share)."""
+    return s.table, s.rows, s.width
+
+
+def piece_tables(tables: UserTables, distinct: list[Shape], traces: bool) -> tuple[pd.DataFrame, object]:
+    """The distinct pieces as tables of their own: features (the table's reuse histogram, the
+    lookups of its rows) and, with `traces`, each piece's slice of its table's trace."""
+    f = tables.features
+    weight = tables.weight_bytes
+    t = np.array([s.table for s in distinct])
+    rows = np.array([s.rows for s in distinct], dtype=np.int64)
+    width = np.array([s.width for s in distinct], dtype=np.int64)
+    share = rows / f["rows"].to_numpy()[t]
+    pieces = pd.DataFrame({"table": np.arange(len(distinct)), "dim": width, "rows": rows,
+                           "pooling_factor": f["pooling_factor"].to_numpy()[t] * share,
+                           "size_bytes": [int(table_bytes(int(r), int(w), int(b)))
+                                          for r, w, b in zip(rows, width, weight[t], strict=True)]})
+    pieces[REUSE_COLUMNS] = f[REUSE_COLUMNS].to_numpy()[t]
+    if not traces:
+        return pieces, None
+    whole = tables.traces
+    lengths, parts = [], []
+    for s in distinct:
+        idx, counts = whole.table(s.table), whole.lengths[s.table]
+        keep = (idx >= s.row) & (idx < s.row + s.rows)
+        bags = np.repeat(np.arange(len(counts)), counts)
+        lengths.append(np.bincount(bags[keep], minlength=len(counts)))
+        parts.append((idx[keep] - s.row).astype(idx.dtype))
+    pieces["pooling_factor"] = [float(n.mean()) for n in lengths]
+    return pieces, from_lengths(np.concatenate(parts), np.stack(lengths))
+
+
+@dataclass(frozen=True)
+class Result:
+    placed: list[Placed]
+    seconds: float
+    costs: dict
+
+
+def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_bytes: int, batch: int,
+         column_ways: tuple[int, ...], piece_costs) -> Result:
+    """The tables' layouts and devices. `piece_costs(features, traces_needed)` gives each distinct
+    piece's cost (ms) and the plan file's `costs` entry."""
+    candidates = shapes(tables, sharding, devices, local, column_ways)
+    distinct = list({_key(s): s for c in candidates for _, pieces in c for s in pieces if s.rows}.values())
+    index = {_key(s): i for i, s in enumerate(distinct)}
+    costs, source = piece_costs(distinct)
+    f = tables.features
+    weight, pooling, sequence = tables.weight_bytes, f["pooling_factor"].to_numpy(), f["sequence"].to_numpy()
+    layouts: list[list[Layout]] = []
+    for t, options in enumerate(candidates):
+        dim, found = int(f["dim"].iloc[t]), []
+        for kind, pieces in options:
+            cost = [0.0 if s.rows == 0 else float(costs[index[_key(s)]]) for s in pieces]
+            if not np.isfinite(cost).all():
+                continue  # too large to measure here: not offered
+            found.append(Layout(kind, tuple(
+                Piece(*s.block(dim), c, shard_footprint(s.rows, s.width, int(weight[t]), batch, float(pooling[t]),
+                                                        bool(sequence[t]), s.ways))
+                for s, c in zip(pieces, cost, strict=True))))
+        if not found:
+            raise ConfigError(f"{tables.source}: table {tables.names[t]}: too large to measure on this machine, "
+                              "whole or split (use --method cost_greedy)")
+        layouts.append(found)
+    start = time.perf_counter()
+    placed = place(layouts, devices, local, memory_bytes, tables.names)
+    return Result(placed, time.perf_counter() - start, source)
+
+
+def measured(tables: UserTables, cfg, folder, progress: bool):
+    """Piece costs measured alone on this machine (`cli.singles`, cached), each on its own slice
+    of its table's trace."""
+    from autoshard.cli.singles import measure_singles
+    from autoshard.data.pool import Pool
+
+    def costs(distinct: list[Shape]) -> tuple[np.ndarray, dict]:
+        features, traces = piece_tables(tables, distinct, traces=True)
+        singles = measure_singles(Pool(features=features, traces=traces), cfg, folder, progress)
+        return singles.costs, {**singles.source(), "what": "each piece (whole table, column or row shard) alone, on "
+                                                           "its slice of the trace, forward + backward (ms)"}
+    return costs
+
+
+def predicted(tables: UserTables, models):
+    """Piece costs predicted one piece at a time by the cost model (`service.Models`)."""
+    from autoshard.cli.service import finite_predictions
+
+    def costs(distinct: list[Shape]) -> tuple[np.ndarray, dict]:
+        x = feature_matrix(piece_tables(tables, distinct, traces=False)[0])
+        cost = models.shard_costs(x, [[i] for i in range(len(x))])
+        finite_predictions(cost, models)
+        return cost, {"kind": "predicted", "what": "the cost model's prediction of each piece (whole table, column "
+                                                   "or row shard) alone (ms)", "model_files": models.files}
+    return costs
+
+
+def blocks(tables: UserTables, placed: list[Placed]) -> tuple[dict[str, list[Block]], dict[str, str]]:
+    """The plan as `core.inputs` blocks and TorchRec sharding types, by table name."""
+    out, kinds = {}, {}
+    for name, p in zip(tables.names, placed, strict=True):
+        out[name] = [Block(q.row, q.rows, q.column, q.width, d) for q, d in zip(p.layout.pieces, p.devices,
+                                                                                 strict=True)]
+        kinds[name] = p.layout.kind
+    return out, kinds
+
+
+def document(method: str, options: dict, tables: UserTables, devices: int, memory_bytes: int, result: Result,
+             models_files: dict, engine: str) -> dict:
+    """The plan file: whole tables in `assignment`, split ones in `columns` or `rows` (with their
+    TorchRec sharding type), and per device its pieces, their memory while training and the
+    sum of the costs the plan placed on (`costs` says whether measured alone or predicted)."""
+    kind = result.costs["kind"]
+    column = "predicted_ms" if kind == "predicted" else "measured_alone_ms"
+    load, used, count = np.zeros(devices), np.zeros(devices, dtype=np.int64), np.zeros(devices, dtype=np.int64)
+    names: list[list[str]] = [[] for _ in range(devices)]
+    assignment, columns, rows = {}, {}, {}
+    for name, p in zip(tables.names, result.placed, strict=True):
+        for q, d in zip(p.layout.pieces, p.devices, strict=True):
+            load[d] += q.cost
+            used[d] += q.memory
+            count[d] += 1
+            names[d].append(name if p.layout.kind == "table_wise" else
+                            f"{name}[{q.row}:{q.row + q.rows}, :]" if q.rows is not None else
+                            f"{name}[:, {q.column}:{q.column + q.width}]")
+        if p.layout.kind == "table_wise":
+            assignment[name] = int(p.devices[0])
+        elif p.layout.kind == "column_wise":
+            columns[name] = [{"start": q.column, "width": q.width, "device": int(d)}
+                             for q, d in zip(p.layout.pieces, p.devices, strict=True)]
+        else:
+            rows[name] = {"kind": p.layout.kind, "shards": [{"start": q.row, "rows": q.rows, "device": int(d)}
+                                                            for q, d in zip(p.layout.pieces, p.devices, strict=True)]}
+    per_device = [{"device": d, "shards": int(count[d]), "memory_bytes": int(used[d]),
+                   "memory_share": float(used[d] / memory_bytes), column: float(load[d]), "names": names[d]}
+                  for d in range(devices)]
+    return {"format": PLAN_FORMAT, "method": method, "options": options, "tables_file": tables.source,
+            "devices": devices, "memory_per_device_bytes": memory_bytes, "sharding": options["sharding"],
+            "assignment": assignment, "columns": columns, "rows": rows, "per_device": per_device,
+            "predicted_bottleneck_ms": float(load.max()) if kind == "predicted" else None,
+            "predicted": "by the cost model, one piece at a time, summed per device, not measured (measure with "
+                         "`autoshard score`)" if kind == "predicted" else "nothing (the plan placed on costs measured "
+                                                                          "alone, summed per device)",
+            "sharding_seconds": result.seconds, "model_files": models_files, "engine": engine,
+            "costs": result.costs}
+
+
+def read_blocks(path: str | Path, tables: UserTables) -> PlanBlocks:
+    """The blocks of any plan file (ours or its TorchRec export), checked against the tables: every
+    table placed, none unknown, its shape as the file says, its columns or rows covered."""
+    from autoshard.cli.column_plan import without_costs
+
+    path = Path(path)
+    plan = plan_blocks(without_costs(read_json(path, "plan file"), path), path)
+    names = tables.names
+    unknown = sorted(set(plan.blocks) - set(names))
+    if unknown:
+        raise ConfigError(f"{path}: table {shown(unknown[0])} is not in {tables.source}")
+    absent = [n for n in names if n not in plan.blocks]
+    if absent:
+        raise ConfigError(f"{path}: table {shown(absent[0])} of {tables.source} has no device")
+    f = tables.features
+    for name, rows, dim in zip(names, f["rows"].tolist(), f["dim"].tolist(), strict=True):
+        if name in plan.shapes and plan.shapes[name] != [rows, dim]:
+            raise ConfigError(f"{path}: table {shown(name)}, field sizes: {plan.shapes[name]} (the table is "
+                              f"[{rows}, {dim}] in {tables.source})")
+        held = plan.blocks[name]
+        columns = sum(dim if b.width is None else b.width for b in held if b.row == 0)
+        covered = sum(rows if b.rows is None else b.rows for b in held if b.column == 0)
+        if columns != dim or covered != rows:
+            what, got, has = ("columns", columns, f"dim is {dim}") if columns != dim else ("rows", covered,
+                                                                                        f"rows are {rows}")
+            raise ConfigError(f"{path}: table {shown(name)}: its shards cover {got} {what} (its {has} in "
+                              f"{tables.source})")
+    return plan

@@ -1,0 +1,128 @@
+"""Each table's sharding chosen with its placement: table-wise (whole, on any device),
+column-wise (k column shards, each on any device), row-wise (a row shard on every device) or
+table-row-wise (a row shard on every device of one host), as TorchRec's proposers offer them.
+
+The caller lists each table's candidate layouts, every piece with its cost (ms on its device,
+measured or predicted: the caller's) and its memory (bytes while training, `data.footprint`).
+The search is LPT over layouts: the tables that fit no device whole first (by the memory of
+their smallest split), then the others by decreasing cost, each given the feasible layout and
+devices that leave the lowest bound on the final bottleneck, the larger of the busiest device's
+load and the average load once every table is placed (the load so far, this layout's pieces and
+the cheapest layout of each table still to place, over the devices). The first term is LPT's;
+the second charges a split for the work it adds (every piece pays its kernel's fixed cost), so a
+table is split where the balance gained outweighs that, or where it fits no device whole.
+Costs are summed per device (single-piece costs, as LPT's), communication is not modelled.
+Torch-free and deterministic: ties go to fewer pieces, then to the lower device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from autoshard.core.errors import ConfigError
+
+KINDS = ("table_wise", "column_wise", "row_wise", "table_row_wise")
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A table's rows [row, row + rows) and columns [column, column + width) (None: all), its
+    cost (ms) and memory (bytes) on the device it goes to."""
+
+    row: int
+    rows: int | None
+    column: int
+    width: int | None
+    cost: float
+    memory: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way to shard a table. Table- and column-wise pieces go to any device; row-wise ones
+    to devices 0..D-1 in order; table-row-wise ones to the devices of one host, in order."""
+
+    kind: str
+    pieces: tuple[Piece, ...]
+
+    @property
+    def cost(self) -> float:
+        return float(sum(p.cost for p in self.pieces))
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A table's chosen layout and the device of each of its pieces."""
+
+    layout: Layout
+    devices: tuple[int, ...]
+
+
+def place(candidates: Sequence[Sequence[Layout]], devices: int, local_size: int, memory_bytes: int,
+          names: Sequence[str]) -> list[Placed]:
+    """Every table's layout and devices (see the module); a table no layout of which fits what
+    is left is refused by name."""
+    if devices % local_size:
+        raise ConfigError(f"--devices-per-host: {local_size} (must divide --devices {devices})")
+    loads, used = np.zeros(devices), np.zeros(devices, dtype=np.int64)
+    cheapest = np.array([min(layout.cost for layout in c) for c in candidates])
+    # tables that fit no device whole go first, largest first: they need the room the others would take
+    need = [min(max(p.memory for p in layout.pieces) for layout in c) for c in candidates]
+    forced = [not any(len(layout.pieces) == 1 and layout.pieces[0].memory <= memory_bytes for layout in c)
+              for c in candidates]
+    order = sorted(range(len(candidates)), key=lambda t: (not forced[t], -need[t] if forced[t] else -cheapest[t], t))
+    remaining = float(cheapest.sum())
+    out: list[Placed | None] = [None] * len(candidates)
+    for t in order:
+        remaining -= cheapest[t]
+        best, best_key = None, None
+        for layout in candidates[t]:
+            spots = _fit(layout, loads, used, memory_bytes, local_size)
+            if spots is None:
+                continue
+            new = loads.copy()
+            np.add.at(new, list(spots), [p.cost for p in layout.pieces])
+            key = (max(new.max(), (new.sum() + remaining) / devices), len(layout.pieces), spots)
+            if best_key is None or key < best_key:
+                best, best_key = Placed(layout, spots), key
+        if best is None:
+            whole = min(layout.pieces[0].memory for layout in candidates[t] if len(layout.pieces) == 1)
+            split = [max(p.memory for p in layout.pieces) for layout in candidates[t] if len(layout.pieces) > 1]
+            rows = (f"; split, its largest piece needs {min(split)} (the fullest device has "
+                    f"{int(memory_bytes - used.max())} left)") if split else ""
+            raise ConfigError(f"table {names[t]}: no sharding of it fits what the devices have left (whole it needs "
+                              f"{whole} bytes, the freest device has {int(memory_bytes - used.min())}{rows}; more "
+                              "memory or devices)")
+        for p, d in zip(best.layout.pieces, best.devices, strict=True):
+            loads[d] += p.cost
+            used[d] += p.memory
+        out[t] = best
+    return [p for p in out if p is not None]
+
+
+def _fit(layout: Layout, loads: np.ndarray, used: np.ndarray, cap: int, local: int) -> tuple[int, ...] | None:
+    """The devices `layout`'s pieces go to, the least loaded that fit; None if they do not fit."""
+    free = cap - used
+    if layout.kind in ("table_wise", "column_wise"):
+        spots, load, room = [], loads.copy(), free.copy()
+        for p in layout.pieces:
+            fits = np.flatnonzero(room >= p.memory)
+            if not len(fits):
+                return None
+            d = int(fits[np.argmin(load[fits] + p.cost)])
+            spots.append(d)
+            load[d] += p.cost
+            room[d] -= p.memory
+        return tuple(spots)
+    hosts = [0] if layout.kind == "row_wise" else range(len(loads) // local)
+    best, best_load = None, None
+    for h in hosts:
+        spots = tuple(h * local + i for i in range(len(layout.pieces)))
+        if all(free[d] >= p.memory for d, p in zip(spots, layout.pieces, strict=True)):
+            peak = max(loads[d] + p.cost for d, p in zip(spots, layout.pieces, strict=True))
+            if best_load is None or peak < best_load:
+                best, best_load = spots, peak
+    return best

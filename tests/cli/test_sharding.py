@@ -1,0 +1,117 @@
+"""`autoshard plan --sharding row|auto` on a scaled-down production-shaped model: tables larger
+than a device split by rows, sequence features, modules, the memory of training, and the
+TorchRec export run for real under gloo."""
+
+import json
+
+import numpy as np
+import pytest
+
+from autoshard.cli.main import main
+from autoshard.core.inputs import plan_blocks
+from autoshard.data.footprint import shard_footprint
+
+MODEL = """name,rows,dim,pooling_factor,module,pooling
+user_id,2000000,128,1,sparse,pooled
+item_id,200000,64,3.5,sparse,pooled
+category,300,4,2,sparse,pooled
+query,100000,8,12,sparse,pooled
+ads,30000,8,6,sparse,pooled
+clicks,300000,128,1516.5,seq,sequence
+views,250000,128,900,seq,sequence
+"""
+SMALL = """name,rows,dim,pooling_factor,module,pooling
+user_id,20000,64,1,sparse,pooled
+item_id,2000,32,3.5,sparse,pooled
+category,300,4,2,sparse,pooled
+query,1000,8,12,sparse,pooled
+clicks,3000,16,150,seq,sequence
+views,2500,16,90,seq,sequence
+"""  # the same shape, a hundredth of the rows: user_id (5.2 MB while training) fits no device of 6 MB with another
+BATCH = 256
+
+
+@pytest.fixture
+def model(tmp_path):
+    path = tmp_path / "model.csv"
+    path.write_text(MODEL)
+    return path
+
+
+def plan(model, out, *extra) -> int:
+    return main(["plan", "--tables", str(model), "--devices", "4", "--memory-per-device", "600MB",
+                 "--backend", "analytic", "--batch-size", str(BATCH), "--cache", str(out.parent / "cache"),
+                 "--out", str(out), *extra])
+
+
+def test_tables_too_large_for_a_device_are_split_by_rows_and_every_device_holds_its_share(model, tmp_path):
+    out, exported = tmp_path / "plan.json", tmp_path / "plan.torchrec.json"
+    assert main(["plan", "--tables", str(model), "--devices", "4", "--memory-per-device", "600MB", "--method",
+                 "size_lookup_greedy", "--batch-size", str(BATCH), "--out", str(out)]) == 2  # whole, they do not fit
+    assert plan(model, out, "--sharding", "auto", "--devices-per-host", "2", "--torchrec", str(exported),
+                "--torchrec-device", "cpu") == 0
+    doc = json.loads(out.read_text())
+    assert "sparse.user_id" in doc["rows"]  # 1.03 GB while training: on no device whole
+    assert all(doc["rows"][n]["kind"] == "row_wise" for n in ("seq.clicks", "seq.views") if n in doc["rows"])
+    spec = {r.split(",")[4] + "." + r.split(",")[0]: r.split(",") for r in MODEL.strip().splitlines()[1:]}
+    held = np.zeros(4, dtype=np.int64)
+    plan_doc = plan_blocks({k: v for k, v in doc.items() if k != "costs"}, out)
+    for name, blocks in plan_doc.blocks.items():
+        _, rows, dim, pooling, _, kind = spec[name]
+        ways = len(blocks) if plan_doc.kinds[name] in ("row_wise", "table_row_wise") else 1
+        for b in blocks:
+            held[b.device] += shard_footprint(int(rows) if b.rows is None else b.rows,
+                                              int(dim) if b.width is None else b.width, 4, BATCH, float(pooling),
+                                              kind == "sequence", ways)
+    assert [d["memory_bytes"] for d in doc["per_device"]] == held.tolist()
+    assert held.max() <= 600_000_000
+    back = plan_blocks(json.loads(exported.read_text()), exported)
+    assert back.blocks == plan_doc.blocks and back.kinds == plan_doc.kinds
+
+
+def test_the_exported_row_wise_plan_runs_in_torchrec_and_computes_what_the_unsharded_model_does(model, tmp_path):
+    from autoshard.cli.torchrec_check import check
+
+    out, exported = tmp_path / "plan.json", tmp_path / "plan.torchrec.json"
+    model.write_text(SMALL)
+    assert plan(model, out, "--sharding", "auto", "--devices-per-host", "2", "--memory-per-device", "6MB",
+                "--torchrec", str(exported), "--torchrec-device", "cpu") == 0
+    kinds = {p["sharding_type"] for m in json.loads(exported.read_text())["modules"].values() for p in m.values()}
+    assert "row_wise" in kinds and "sparse.user_id" in json.loads(out.read_text())["rows"]
+    result = check(model, exported, processes=4)
+    assert result["world_size"] == 4 and all(r["max_abs_error"] < 1e-4 for r in result["ranks"])
+    doc = json.loads(out.read_text())
+    placed = set(doc["rows"]) | set(doc["assignment"]) | set(doc["columns"])
+    assert {t for r in result["ranks"] for t in r["tables"]} == placed
+
+
+def test_row_sharding_on_predicted_costs_splits_what_does_not_fit(user_models, tmp_path):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--tables", str(user_models["tables"]), "--devices", "4", "--memory-per-device", "11MB",
+                 "--sharding", "row", "--cost-model", str(user_models["model"]), "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["method"] == "cost_greedy" and doc["costs"]["kind"] == "predicted"
+    assert "history" in doc["rows"] and doc["predicted_bottleneck_ms"] == pytest.approx(
+        max(d["predicted_ms"] for d in doc["per_device"]))
+    assert main(["score", "--tables", str(user_models["tables"]), "--backend", "analytic", "--plan", str(out)]) == 2
+
+
+def test_production_bounds_are_accepted_and_absurd_values_refused(tmp_path, capsys):
+    tables = tmp_path / "t.csv"
+    out = tmp_path / "p.json"
+    tables.write_text("name,rows,dim,pooling_factor,module,pooling\nseq_a,80000000,128,1516.5,m,sequence\n"
+                      "seq_a,1000,4,60000,n,pooled\nwide,10000,4096,1,n,pooled\n")
+    argv = ["plan", "--tables", str(tables), "--devices", "96", "--memory-per-device", "138GiB", "--method",
+            "size_lookup_greedy", "--batch-size", "1", "--out", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert set(json.loads(out.read_text())["assignment"]) == {"m.seq_a", "n.seq_a", "n.wide"}
+    for bad, pattern in (("1e6", r"field pooling_factor: '1e6' \(must be at most 65536\)"),
+                         ("2", None)):
+        if pattern is None:
+            tables.write_text("name,rows,dim,pooling_factor\na,100,8192,2\n")
+            pattern = r"field dim: '8192' \(must be at most 4096\)"
+        else:
+            tables.write_text(f"name,rows,dim,pooling_factor\na,100,16,{bad}\n")
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and __import__("re").search(pattern, err), err
