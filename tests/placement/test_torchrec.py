@@ -104,6 +104,7 @@ def test_any_plans_blocks_export_to_torchrec_and_read_back_the_same(tmp_path):
     plan = block_sharding_plan(f, names, blocks, kinds, 4, local_size=2, device_type="cpu")
     assert sorted(plan.plan) == ["", "seq", "top"]
     assert plan.plan["top"]["c"].sharding_type == "row_wise" and plan.plan[""]["d"].ranks == [2, 3]
+    assert {p.compute_kernel for m in plan.plan.values() for p in m.values()} == {"fused"}
     doc = plan_to_json(plan, 4, "cpu")
     back = plan_blocks(doc, tmp_path / "p.json")
     assert back.blocks == blocks and back.kinds == kinds_all and back.devices == 4
@@ -127,3 +128,17 @@ def test_an_export_unlike_torchrecs_split_or_module_rules_is_refused():
     two = f.assign(sequence=True)
     with pytest.raises(ConfigError, match="share one dim"):
         block_sharding_plan(two, names, blocks, {}, 4, 2, "cpu")
+
+
+def test_a_gpu_plan_of_several_hosts_places_each_rank_on_its_hosts_gpu(tmp_path):
+    from autoshard.core.inputs import plan_blocks
+    from autoshard.placement.torchrec import block_sharding_plan, plan_to_json
+
+    f, names, blocks, kinds = _blocks_plan()
+    doc = plan_to_json(block_sharding_plan(f, names, blocks, kinds, 4, local_size=2, device_type="cuda"), 4, "cuda")
+    placements = {s["placement"] for m in doc["modules"].values() for p in m.values() for s in p["shards"]}
+    assert {"rank:2/cuda:0", "rank:3/cuda:1"} <= placements and "rank:3/cuda:3" not in placements
+    assert plan_blocks(doc, tmp_path / "p.json").blocks == blocks
+    doc["modules"][""]["d"]["shards"][1]["placement"] = "rank:3/cuda:3"
+    with pytest.raises(ConfigError, match=r"field placement: 'rank:3/cuda:.' \(expected .*ranks fill hosts of"):
+        plan_blocks(doc, tmp_path / "p.json")

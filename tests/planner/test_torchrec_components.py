@@ -163,3 +163,28 @@ def test_the_planned_module_runs_sharded_with_gloo_and_computes_what_the_unshard
     result = check(write_tables(tmp_path), path)  # raises where the sharded output differs
     assert {r["rank"]: sorted(r["tables"]) for r in result["ranks"]} == {
         rank: sorted(n for n, p in sharding.plan[""].items() if p.ranks[0] == rank) for rank in range(2)}
+
+
+def test_a_row_wise_plan_of_a_production_shaped_model_loads_into_torchrecs_planner(tmp_path):
+    """Our `--sharding auto` plan of a small production-shaped model (modules, a sequence module,
+    row-, table-row- and column-wise shards) is what TorchRec's planner accepts through the plan
+    loader: every table on the ranks the plan gives, scored by TorchRec's estimators."""
+    from autoshard.cli.main import main
+    from autoshard.core.inputs import plan_blocks
+    from autoshard.planner.production import production_tables, torchrec_plan
+
+    tables = production_tables(0, tables=40)
+    tables["rows"] = (tables["rows"] // 2000).clip(lower=10)  # a two-thousandth of the rows
+    path, out, exported = tmp_path / "model.csv", tmp_path / "plan.json", tmp_path / "plan.torchrec.json"
+    tables.to_csv(path, index=False)
+    assert main(["plan", "--tables", str(path), "--devices", "8", "--devices-per-host", "4", "--memory-per-device",
+                 "2GiB", "--sharding", "auto", "--method", "lpt_measured", "--backend", "analytic", "--batch-size",
+                 "2048", "--cache", str(tmp_path / "cache"), "--out", str(out), "--torchrec", str(exported)]) == 0
+    stats, _, plan = torchrec_plan(tables, 8, 4, 2 * 2**30, 256, loader_plan=exported)
+    ours = plan_blocks(json.loads(exported.read_text()), exported)
+    for module, params in plan.plan.items():
+        for name, sharding in params.items():
+            qualified = f"{module}.{name}" if module else name
+            assert sharding.sharding_type == ours.kinds[qualified]
+            assert list(sharding.ranks) == [b.device for b in ours.blocks[qualified]]
+    assert stats["hbm_max_bytes"] > 0 and stats["perf_max_ms"] > 0

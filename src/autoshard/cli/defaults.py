@@ -10,6 +10,7 @@ from autoshard.core.errors import ConfigError
 from autoshard.core.params import flatten, load_params
 
 PACKAGED = {
+    "seed": 0,
     "pool.weight_bytes": 4,
     "profile.backend": "fbgemm",
     "profile.optimizer": "EXACT_ROWWISE_ADAGRAD",

@@ -79,10 +79,10 @@ def _worker(tables_path: str, plan_path: str, out_path: str) -> None:
     hosts = {len(p.ranks) for m in plan.plan.values() for p in m.values() if p.sharding_type == "table_row_wise"}
     os.environ["LOCAL_WORLD_SIZE"] = str(min(hosts, default=world))  # the ranks of one host, as the plan has them
     modules = modules_of(tables.features, tables.names)
-    model = _model(tables, modules, "meta")
+    model = embedding_model(tables, modules, "meta")
     sharded = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan,
                                        env=ShardingEnv.from_process_group(dist.group.WORLD))
-    reference = _model(tables, modules, "cpu")
+    reference = embedding_model(tables, modules, "cpu")
     full = {n: torch.randn(int(r), int(d), generator=torch.Generator().manual_seed(i))
             for i, (n, r, d) in enumerate(zip(tables.names, tables.features["rows"], tables.features["dim"],
                                               strict=True))}  # the same weights on every rank
@@ -105,7 +105,7 @@ def _worker(tables_path: str, plan_path: str, out_path: str) -> None:
     dist.destroy_process_group()
 
 
-def _model(tables, modules: dict, device: str):
+def embedding_model(tables, modules: dict, device: str):
     """The model the plan is for: its embedding modules at their paths (the root itself where a
     plan has the one module `""`)."""
     import torch

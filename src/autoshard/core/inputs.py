@@ -352,7 +352,8 @@ def torchrec_blocks(doc: dict, path: Path) -> PlanBlocks:
     """The blocks of a TorchRec plan written by `--torchrec`: per module (the module path `""` for
     one EmbeddingBagCollection) each table `table_wise` (one shard), `column_wise` (shards covering
     its columns left to right, multiples of 4 wide) or `row_wise` / `table_row_wise` (shards
-    covering its rows top to bottom, on distinct ranks), one rank per shard."""
+    covering its rows top to bottom, on distinct ranks), one rank per shard, placed on GPU
+    `rank % G` of its host for hosts of G GPUs (or on the CPU)."""
     where = str(path)
     _fields(doc, TORCHREC_FIELDS, where)
     world = integer(doc["world_size"], f"{where}, field world_size", 1, MAX_DEVICES)
@@ -362,7 +363,7 @@ def torchrec_blocks(doc: dict, path: Path) -> PlanBlocks:
     modules = doc["modules"]
     if not isinstance(modules, dict) or not modules:
         raise ConfigError(f"{where}, field modules: expected the modules' shardings (an object by module path)")
-    blocks, shapes, kinds = {}, {}, {}
+    blocks, shapes, kinds, devices = {}, {}, {}, []
     for module, params in modules.items():
         if module != "":
             module_path(module, f"{where}, field modules")
@@ -372,12 +373,34 @@ def torchrec_blocks(doc: dict, path: Path) -> PlanBlocks:
             qualified = f"{module}.{name}" if module else name
             at = f"{where}, table {shown(qualified)}"
             table_name(name, at)
-            blocks[qualified], shapes[qualified], kinds[qualified] = _torchrec_param(p, world, device_type, at)
+            blocks[qualified], shapes[qualified], kinds[qualified] = _torchrec_param(p, world, device_type, at,
+                                                                                     devices)
+    local = 1 + max(k for _, k, _ in devices)  # GPUs per host: ranks fill the hosts in order
+    for rank, k, placement in devices:
+        if k != rank % local or world % local:
+            raise ConfigError(f"{where}, field placement: {shown(placement)} (expected 'rank:{rank}/cuda:"
+                              f"{rank % local}': ranks fill hosts of {local} GPUs in order, {world} ranks in all)")
     return PlanBlocks(blocks, world, shapes, kinds)
 
 
-def _torchrec_param(p: object, world: int, device_type: str, at: str) -> tuple[list[Block], list[int], str]:
-    """One parameter's sharding: its blocks, its [rows, dim] and its sharding type."""
+def _local_device(placement: object, rank: int, device_type: str, at: str) -> int:
+    """The device index on its host of a shard's placement (`rank:R/cuda:K`; `rank:R/cpu`: 0)."""
+    if device_type == "cpu":
+        if placement != f"rank:{rank}/cpu":
+            raise ConfigError(f"{at}, field placement: {shown(placement)} (expected 'rank:{rank}/cpu')")
+        return 0
+    prefix = f"rank:{rank}/cuda:"
+    index = placement[len(prefix):] if isinstance(placement, str) and placement.startswith(prefix) else ""
+    if not index.isdigit() or int(index) > rank or str(int(index)) != index:
+        raise ConfigError(f"{at}, field placement: {shown(placement)} (expected {prefix}K, K the rank's GPU on its "
+                          "host)")
+    return int(index)
+
+
+def _torchrec_param(p: object, world: int, device_type: str, at: str,
+                    devices: list[tuple[int, int, str]]) -> tuple[list[Block], list[int], str]:
+    """One parameter's sharding: its blocks, its [rows, dim] and its sharding type; each shard's
+    (rank, device on its host, placement) is added to `devices`."""
     _fields(p, PARAMETER_FIELDS, at)
     kind = p["sharding_type"]
     if kind not in TORCHREC_KINDS:
@@ -407,9 +430,8 @@ def _torchrec_param(p: object, world: int, device_type: str, at: str) -> tuple[l
                               f"{fixed} {'columns' if by_rows else 'rows'})")
         if kind == "column_wise" and width % 4:
             raise ConfigError(f"{at}, field sizes: {shown(sizes)} (column shards are multiples of 4 columns)")
-        placement = f"rank:{rank}/{device_type}:{rank}" if device_type == "cuda" else f"rank:{rank}/cpu"
-        if shard["placement"] != placement:
-            raise ConfigError(f"{at}, field placement: {shown(shard['placement'])} (expected {placement!r})")
+        local = _local_device(shard["placement"], rank, device_type, at)
+        devices.append((rank, local, shard["placement"]))
         fixed = shared
         found.append(Block(offset, rows, 0, None, rank) if by_rows else
                      Block(0, None, offset, width if kind == "column_wise" else None, rank))

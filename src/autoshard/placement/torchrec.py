@@ -231,7 +231,10 @@ def block_sharding_plan(features: pd.DataFrame, names: list[str], blocks: dict, 
                                                      per_table, local_size=local, world_size=devices,
                                                      device_type=device_type)
         for i in rows:
-            _same_rows(names[i], blocks[names[i]], module_plan[split_name(names[i])[1]])
+            name = split_name(names[i])[1]
+            _same_rows(names[i], blocks[names[i]], module_plan[name])
+            if module_plan[name].compute_kernel != kernel:  # table_row_wise takes no kernel: it would be dense
+                module_plan[name] = dataclasses.replace(module_plan[name], compute_kernel=kernel)
         plan[module] = module_plan
     return ShardingPlan(plan=plan)
 

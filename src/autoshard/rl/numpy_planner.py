@@ -289,7 +289,8 @@ def load(path: str | Path, cost_model_path: str | Path, policy_path: str | Path 
     except Exception as exc:  # noqa: BLE001 - any unreadable file gets the same clear error
         raise ConfigError(f"{path}: not a NumPy planner file ({exc.__class__.__name__}); "
                           "delete it or run `dvc repro train_rl`") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("feature_columns") != FEATURE_COLUMNS:
+    if (not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("feature_columns") != FEATURE_COLUMNS
+            or not isinstance(meta.get("sources"), dict)):
         raise ConfigError(f"{path}: not a NumPy planner file of this version ({FORMAT}); "
                           "delete it or run `dvc repro train_rl`")
     sources = meta["sources"]

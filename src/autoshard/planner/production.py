@@ -1,0 +1,172 @@
+"""A production-shaped model planned by `autoshard plan --sharding auto` and by TorchRec's own
+planner with its defaults, side by side (a benchmark, not a stage).
+
+  python -m autoshard.planner.production [--tables 1900] [--devices 96] [--devices-per-host 8]
+      [--memory-per-device 138GiB] [--batch-per-rank 2048] [--method cost_greedy] [--out bench.json]
+
+The model (`production_tables`, seeded by params.yaml's `seed`): about 1,900 tables in three
+pooled modules and one sequence module; dims 4 to 2048, most of them 4, 8 or 128; hash sizes up
+to 80 million rows (log-uniform, most small); pooling factors mostly 1 to a few tens; two sequence
+features of 128 columns with about 1,500 lookups a sample. The training batch is the per-rank
+batch times the devices.
+
+Both plans are scored by TorchRec's own estimators on a GPU topology of the devices (hosts of
+`--devices-per-host`, HBM of `--memory-per-device`): each rank's storage (weights, optimizer
+state, input and output buffers) and perf (the sum of its shards' perf totals, what TorchRec's
+`EmbeddingStats` reports), our plan read through `AutoShardPlanLoader`; and by our cost model's
+prediction, where one is given. The command is timed end to end (start-up, reading, placing,
+writing both files) with its peak memory; TorchRec's planner in its own process, likewise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+MODULES = ("sparse.user", "sparse.item", "sparse.context")
+DIMS = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+DIM_SHARES = (0.34, 0.25, 0.05, 0.05, 0.04, 0.22, 0.02, 0.015, 0.01, 0.005)
+MAX_ROWS = 80_000_000
+SEQUENCES = (("clicked_items", 50_000_000, 1516.5), ("viewed_items", 30_000_000, 1480.0))
+
+
+def production_tables(seed: int, tables: int = 1900) -> pd.DataFrame:
+    """The seeded production-shaped table list (see the module): name, rows, dim, pooling_factor,
+    module, pooling."""
+    from autoshard.core.seeding import rng
+
+    g = rng(seed, "bench", "production", tables)
+    n = tables - len(SEQUENCES)
+    rows = np.minimum(MAX_ROWS, np.floor(10 ** g.uniform(1, math.log10(MAX_ROWS), n))).astype(np.int64)
+    frame = pd.DataFrame({"name": [f"f{i}" for i in range(n)], "rows": rows,
+                          "dim": g.choice(DIMS, n, p=DIM_SHARES),
+                          "pooling_factor": np.round(np.minimum(200, g.lognormal(0.5, 1.2, n)), 2),
+                          "module": g.choice(MODULES, n), "pooling": "pooled"})
+    sequences = pd.DataFrame({"name": [s[0] for s in SEQUENCES], "rows": [s[1] for s in SEQUENCES], "dim": 128,
+                              "pooling_factor": [s[2] for s in SEQUENCES], "module": "sequence",
+                              "pooling": "sequence"})
+    return pd.concat([frame, sequences], ignore_index=True)
+
+
+def model_and_topology(tables: pd.DataFrame, devices: int, local: int, hbm: int):
+    """The meta-device model of the tables (an EmbeddingBagCollection per module path, an
+    EmbeddingCollection for the sequences, row-wise Adagrad) and TorchRec's GPU topology."""
+    import torch
+    from torch.distributed.optim import _apply_optimizer_in_backward
+    from torchrec.distributed.planner import Topology
+    from torchrec.optim import RowWiseAdagrad
+
+    from autoshard.cli.torchrec_check import embedding_model
+    from autoshard.cli.user_tables import tables_from_records
+    from autoshard.placement.torchrec import modules_of
+
+    user = tables_from_records(tables.to_dict("records"), "the production-shaped model")
+    model = embedding_model(user, modules_of(user.features, user.names), "meta")
+    _apply_optimizer_in_backward(RowWiseAdagrad, model.parameters(), {"lr": 0.01})
+    del torch
+    return model, Topology(world_size=devices, local_world_size=local, compute_device="cuda", hbm_cap=hbm), user
+
+
+def sharders() -> list:
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    return [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
+
+
+def per_rank(options: list, devices: int) -> dict:
+    """Each rank's storage (HBM bytes) and perf (ms) under TorchRec's estimators."""
+    hbm, perf = np.zeros(devices), np.zeros(devices)
+    for option in options:
+        for shard in option.shards:
+            hbm[shard.rank] += shard.storage.hbm
+            perf[shard.rank] += shard.perf.total
+    return {"hbm_max_bytes": int(hbm.max()), "hbm_mean_bytes": float(hbm.mean()), "perf_max_ms": float(perf.max()),
+            "perf_mean_ms": float(perf.mean()),
+            "sharding_types": dict(pd.Series([o.sharding_type for o in options]).value_counts())}
+
+
+def torchrec_plan(tables: pd.DataFrame, devices: int, local: int, hbm: int, batch_per_rank: int,
+                  loader_plan: Path | None = None) -> tuple[dict, float, object]:
+    """TorchRec's planner with its defaults (or, with `loader_plan`, our plan read through
+    `AutoShardPlanLoader`): per-rank stats, planning seconds and the TorchRec plan."""
+    import logging
+
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+
+    from autoshard.planner.loader import AutoShardPlanLoader
+
+    for name in ("torchrec", "torchrec.distributed.planner"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    model, topology, _ = model_and_topology(tables, devices, local, hbm)
+    loader = (AutoShardPlanLoader(loader_plan, model, sharders(), topology, batch_per_rank)
+              if loader_plan is not None else None)
+    planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch_per_rank, plan_loader=loader)
+    start = time.perf_counter()
+    plan = planner.plan(model, sharders())
+    seconds = time.perf_counter() - start
+    return per_rank(planner._best_plan, devices), seconds, plan  # noqa: SLF001 - the options TorchRec chose
+
+
+def main(argv: list[str] | None = None) -> int:
+    from autoshard.cli.bench import run_once
+    from autoshard.cli.defaults import study_defaults
+    from autoshard.cli.user_tables import parse_memory
+
+    p = argparse.ArgumentParser(prog="python -m autoshard.planner.production", description=__doc__.split("\n")[0])
+    p.add_argument("--tables", type=int, default=1900)
+    p.add_argument("--devices", type=int, default=96)
+    p.add_argument("--devices-per-host", type=int, default=8)
+    p.add_argument("--memory-per-device", default="138GiB")
+    p.add_argument("--batch-per-rank", type=int, default=2048)
+    p.add_argument("--method", default="cost_greedy", help="cost_greedy (predicted, needs --models) or "
+                                                           "lpt_measured (measures every piece here)")
+    p.add_argument("--models", type=Path, default=Path("data/rl"))
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args(argv)
+    hbm = parse_memory(args.memory_per_device)
+    tables = production_tables(study_defaults()["seed"], args.tables)
+    result: dict = {"tables": len(tables), "devices": args.devices, "devices_per_host": args.devices_per_host,
+                    "memory_per_device_bytes": hbm, "batch_per_rank": args.batch_per_rank}
+    with tempfile.TemporaryDirectory(prefix="autoshard-production-") as tmp:
+        path, out, exported = Path(tmp) / "model.csv", Path(tmp) / "plan.json", Path(tmp) / "plan.torchrec.json"
+        tables.to_csv(path, index=False)
+        cmd = ["plan", "--tables", str(path), "--devices", str(args.devices), "--memory-per-device", str(hbm),
+               "--sharding", "auto", "--devices-per-host", str(args.devices_per_host), "--method", args.method,
+               "--batch-size", str(args.batch_per_rank * args.devices), "--models", str(args.models),
+               "--out", str(out), "--torchrec", str(exported)]
+        seconds, peak = run_once(cmd)
+        doc = json.loads(out.read_text())
+        ours, _, _ = torchrec_plan(tables, args.devices, args.devices_per_host, hbm, args.batch_per_rank, exported)
+        result["autoshard"] = {"method": args.method, "feasible": True, "command_seconds": seconds,
+                               "peak_memory_gib": peak, "placing_seconds": doc["sharding_seconds"],
+                               "our_memory_max_bytes": max(d["memory_bytes"] for d in doc["per_device"]),
+                               "predicted_bottleneck_ms": doc["predicted_bottleneck_ms"],
+                               "split": {"rows": len(doc["rows"]), "columns": len(doc["columns"])},
+                               "torchrec_estimate": ours}
+        print(json.dumps(result["autoshard"]), flush=True)
+        start = time.perf_counter()
+        try:
+            theirs, planning, _ = torchrec_plan(tables, args.devices, args.devices_per_host, hbm,
+                                                args.batch_per_rank)
+            result["torchrec_defaults"] = {"feasible": True, "planning_seconds": planning,
+                                           "seconds": time.perf_counter() - start, "torchrec_estimate": theirs}
+        except Exception as exc:  # noqa: BLE001 - TorchRec's planner fails in many ways; the failure is the result
+            result["torchrec_defaults"] = {"feasible": False, "error": f"{exc.__class__.__name__}: {str(exc)[:300]}",
+                                           "seconds": time.perf_counter() - start}
+        print(json.dumps(result["torchrec_defaults"]), flush=True)
+    if args.out is not None:
+        args.out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
