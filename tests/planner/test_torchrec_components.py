@@ -188,3 +188,23 @@ def test_a_row_wise_plan_of_a_production_shaped_model_loads_into_torchrecs_plann
             assert sharding.sharding_type == ours.kinds[qualified]
             assert list(sharding.ranks) == [b.device for b in ours.blocks[qualified]]
     assert stats["hbm_max_bytes"] > 0 and stats["perf_max_ms"] > 0
+
+
+def test_our_partitioner_puts_row_shards_on_every_rank_and_table_row_shards_on_one_host():
+    """TorchRec proposes row-wise (`uniform`) and table-row-wise (`host`) options too: each row
+    shard lands on its rank, each table-row-wise table on the ranks of one host, in order."""
+    kinds = {"t_user": "row_wise", "t_item": "table_row_wise", "t_ad": "table_row_wise"}
+    wanted = {n: ParameterConstraints(sharding_types=[kinds.get(n, "table_wise")], compute_kernels=["fused"],
+                                      pooling_factors=[pf]) for n, _, _, pf in TABLES}
+    topology = Topology(world_size=4, local_world_size=2, compute_device="cuda", hbm_cap=GIB)  # CPU: no RW
+    enumerator = EmbeddingEnumerator(topology=topology, batch_size=BATCH, constraints=wanted, estimator=[
+        EmbeddingPerfEstimator(topology, constraints=wanted), EmbeddingStorageEstimator(topology, constraints=wanted)])
+    partitioner = AutoShardPartitioner(method="lpt_measured")
+    planner = EmbeddingShardingPlanner(topology=topology, batch_size=BATCH, enumerator=enumerator, constraints=wanted,
+                                       partitioner=partitioner,
+                                       storage_reservation=FixedPercentageStorageReservation(0.0))
+    plan = planner.plan(module(), [EmbeddingBagCollectionSharder()]).plan[""]
+    assert plan["t_user"].sharding_type == "row_wise" and list(plan["t_user"].ranks) == [0, 1, 2, 3]
+    hosts = [list(plan[n].ranks) for n in ("t_item", "t_ad")]
+    assert all(r in ([0, 1], [2, 3]) for r in hosts) and hosts[0] != hosts[1], "two heavy tables, two hosts"
+    assert partitioner.last["shards"] == len(TABLES) - 3

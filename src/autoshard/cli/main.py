@@ -266,7 +266,7 @@ def _singles(tables, args: argparse.Namespace):
     if folder.exists() and not folder.is_dir():
         raise ConfigError(f"--cache: {folder} (not a folder)")
     pool = Pool(features=tables.features, traces=tables.traces)
-    singles = measure_singles(pool, _backend_config(tables, args), folder,
+    singles = measure_singles(pool, _backend_config(tables, args, training=True), folder,
                               progress=not args.json and sys.stderr.isatty())
     unmeasured = np.flatnonzero(~np.isfinite(singles.costs))
     if len(unmeasured):
@@ -302,7 +302,7 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
         costs = sharding_plan.predicted(tables, models)
     else:
         models = planning.Models(cost_model=None, policy=None, files={})
-        costs = sharding_plan.measured(tables, _backend_config(tables, args), cache_folder(args.cache),
+        costs = sharding_plan.measured(tables, _backend_config(tables, args, training=True), cache_folder(args.cache),
                                        progress=not args.json and sys.stderr.isatty())
     result = sharding_plan.plan(tables, args.sharding, args.devices, local, memory, args.batch_size, ways, costs)
     options = {"sharding": args.sharding, "devices_per_host": local, "batch_size": args.batch_size,
@@ -350,17 +350,20 @@ def _plain(value):
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
-def _backend_config(tables, args: argparse.Namespace):
+def _backend_config(tables, args: argparse.Namespace, training: bool = False):
+    """How to measure: `--backend` at `--batch-size` bags (with `training`, a plan's training
+    batch, at most the traces' bags: a larger batch is for the memory, the costs scale with it)."""
     from autoshard.cli.singles import study_backend
     from autoshard.measure.timing import one_round
 
-    if args.batch_size < 1 or args.batch_size > tables.traces.batch_size:
-        raise ConfigError(f"--batch-size: {args.batch_size} (between 1 and the traces' "
-                          f"{tables.traces.batch_size} bags)")
+    bags = tables.trace_batch
+    batch = min(args.batch_size, bags) if training else args.batch_size
+    if batch < 1 or batch > bags:
+        raise ConfigError(f"--batch-size: {args.batch_size} (between 1 and the traces' {bags} bags)")
     if args.runs < 1:
         raise ConfigError(f"--runs: {args.runs} (must be at least 1)")
     timing = one_round(study_defaults()["evaluate.timing.warmup"], args.runs)
-    return study_backend(args.backend, args.batch_size, timing)
+    return study_backend(args.backend, batch, timing)
 
 
 def _backend(tables, args: argparse.Namespace):

@@ -57,6 +57,10 @@ class AutoShardEstimator(ShardEstimator):
     def estimate(self, sharding_options: list, sharder_data_map=None) -> None:
         """Set every shard's perf (in place), measuring the shards not yet in the cache."""
         shards = items(sharding_options)
+        for s in (s for s in shards if s.rows == 0):  # a row shard with no rows does no work
+            sharding_options[s.option].shards[s.shard].perf = Perf(fwd_compute=0.0, fwd_comms=0.0, bwd_compute=0.0,
+                                                                 bwd_comms=0.0)
+        shards = [s for s in shards if s.rows > 0]
         if not shards:
             return
         batch = max(int(o.batch_size) for o in sharding_options)

@@ -8,9 +8,12 @@ the heuristics and learned methods on the shards' features (learned methods need
 models). Memory is TorchRec's own storage estimate on the device memory the shards use (HBM, or
 DDR on CPU), each device's capacity the smallest left in the topology (our methods take one cap;
 every device is checked after); where nothing fits it raises TorchRec's `PlannerError` of type
-`PARTITION`, as TorchRec's partitioners do. Options partitioned `uniform`ly (data-parallel: a
-shard on every rank) go first, shard i on rank i, as TorchRec's own partitioner puts them. Placed
-shards are charged to the topology's devices.
+`PARTITION`, as TorchRec's partitioners do. Options partitioned `uniform`ly (row-wise and
+data-parallel: a shard on every rank) go first, shard i on rank i, as TorchRec's own partitioner
+puts them; then those partitioned by `host` (table-row-wise: a shard on every rank of one host),
+largest perf first, each on the host where it fits and leaves the busiest rank least busy, shard
+i on the host's rank i; our method places the rest. Placed shards are charged to the topology's
+devices.
 
     planner = EmbeddingShardingPlanner(topology=topology, enumerator=enumerator,
                                        partitioner=AutoShardPartitioner(method=...))  # any id of `cli.service.METHODS`
@@ -49,7 +52,9 @@ class AutoShardPartitioner(Partitioner):
         for option in (o for o in proposal if o.partition_by == "uniform"):
             for rank, shard in enumerate(option.shards):
                 self._charge(shard, rank, devices, option.name)
-        shards = items(proposal, uniform=False)
+        self._by_host([o for o in proposal if o.partition_by == "host"], devices,
+                      storage_constraint.local_world_size)
+        shards = items(proposal, fixed=False)
         if not shards:
             self.last = {"method": self.method, "bottleneck": 0.0, "memory": None, "shards": 0}
             return proposal
@@ -75,6 +80,23 @@ class AutoShardPartitioner(Partitioner):
         loads = np.bincount(placement, weights=costs, minlength=len(devices))
         self.last = {"method": self.method, "bottleneck": float(loads.max()), "memory": kind, "shards": len(shards)}
         return proposal
+
+    def _by_host(self, options: list, devices: list, local: int) -> None:
+        """Each option's shards on the ranks of one host, in order (see the module)."""
+        for option in sorted(options, key=lambda o: -sum(s.perf.total for s in o.shards)):
+            best, best_peak = None, None
+            for host in range(len(devices) // local):
+                ranks = range(host * local, host * local + len(option.shards))
+                if all(s.storage.fits_in(devices[r].storage) for s, r in zip(option.shards, ranks, strict=False)):
+                    peak = max(devices[r].perf.total + s.perf.total for s, r in zip(option.shards, ranks,
+                                                                                   strict=False))
+                    if best_peak is None or peak < best_peak:
+                        best, best_peak = host, peak
+            if best is None:
+                raise PlannerError(error_type=PlannerErrorType.PARTITION,
+                                   message=f"{self.method}: {option.name}'s table-row-wise shards fit no host")
+            for i, shard in enumerate(option.shards):
+                self._charge(shard, best * local + i, devices, option.name)
 
     def _charge(self, shard, rank: int, devices: list, name: str) -> None:
         """Put `shard` on `rank` and charge its storage and perf there (TorchRec's error if it

@@ -4,11 +4,8 @@ planner with its defaults, side by side (a benchmark, not a stage).
   python -m autoshard.planner.production [--tables 1900] [--devices 96] [--devices-per-host 8]
       [--memory-per-device 138GiB] [--batch-per-rank 2048] [--method cost_greedy] [--out bench.json]
 
-The model (`production_tables`, seeded by params.yaml's `seed`): about 1,900 tables in three
-pooled modules and one sequence module; dims 4 to 2048, most of them 4, 8 or 128; hash sizes up
-to 80 million rows (log-uniform, most small); pooling factors mostly 1 to a few tens; two sequence
-features of 128 columns with about 1,500 lookups a sample. The training batch is the per-rank
-batch times the devices.
+The model is `cli.bench.production_tables` (seeded by params.yaml's `seed`); the training batch
+is the per-rank batch times the devices.
 
 Both plans are scored by TorchRec's own estimators on a GPU topology of the devices (hosts of
 `--devices-per-host`, HBM of `--memory-per-device`): each rank's storage (weights, optimizer
@@ -22,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
 import time
@@ -31,29 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-MODULES = ("sparse.user", "sparse.item", "sparse.context")
-DIMS = (4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
-DIM_SHARES = (0.34, 0.25, 0.05, 0.05, 0.04, 0.22, 0.02, 0.015, 0.01, 0.005)
-MAX_ROWS = 80_000_000
-SEQUENCES = (("clicked_items", 50_000_000, 1516.5), ("viewed_items", 30_000_000, 1480.0))
-
-
-def production_tables(seed: int, tables: int = 1900) -> pd.DataFrame:
-    """The seeded production-shaped table list (see the module): name, rows, dim, pooling_factor,
-    module, pooling."""
-    from autoshard.core.seeding import rng
-
-    g = rng(seed, "bench", "production", tables)
-    n = tables - len(SEQUENCES)
-    rows = np.minimum(MAX_ROWS, np.floor(10 ** g.uniform(1, math.log10(MAX_ROWS), n))).astype(np.int64)
-    frame = pd.DataFrame({"name": [f"f{i}" for i in range(n)], "rows": rows,
-                          "dim": g.choice(DIMS, n, p=DIM_SHARES),
-                          "pooling_factor": np.round(np.minimum(200, g.lognormal(0.5, 1.2, n)), 2),
-                          "module": g.choice(MODULES, n), "pooling": "pooled"})
-    sequences = pd.DataFrame({"name": [s[0] for s in SEQUENCES], "rows": [s[1] for s in SEQUENCES], "dim": 128,
-                              "pooling_factor": [s[2] for s in SEQUENCES], "module": "sequence",
-                              "pooling": "sequence"})
-    return pd.concat([frame, sequences], ignore_index=True)
+from autoshard.cli.bench import production_tables
 
 
 def model_and_topology(tables: pd.DataFrame, devices: int, local: int, hbm: int):
@@ -129,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-per-rank", type=int, default=2048)
     p.add_argument("--method", default="cost_greedy", help="cost_greedy (predicted, needs --models) or "
                                                            "lpt_measured (measures every piece here)")
+    p.add_argument("--backend", default=None, help="with lpt_measured: the command's --backend (analytic: "
+                                                       "TorchRec's estimate per piece, instant)")
     p.add_argument("--models", type=Path, default=Path("data/rl"))
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
@@ -142,11 +118,14 @@ def main(argv: list[str] | None = None) -> int:
         cmd = ["plan", "--tables", str(path), "--devices", str(args.devices), "--memory-per-device", str(hbm),
                "--sharding", "auto", "--devices-per-host", str(args.devices_per_host), "--method", args.method,
                "--batch-size", str(args.batch_per_rank * args.devices), "--models", str(args.models),
-               "--out", str(out), "--torchrec", str(exported)]
+               "--out", str(out), "--torchrec", str(exported), "--cache", str(Path(tmp) / "cache")]
+        if args.backend:
+            cmd += ["--backend", args.backend]
         seconds, peak = run_once(cmd)
         doc = json.loads(out.read_text())
         ours, _, _ = torchrec_plan(tables, args.devices, args.devices_per_host, hbm, args.batch_per_rank, exported)
-        result["autoshard"] = {"method": args.method, "feasible": True, "command_seconds": seconds,
+        result["autoshard"] = {"method": args.method, "costs": doc["costs"]["kind"],
+                               "backend": doc["costs"].get("backend"), "feasible": True, "command_seconds": seconds,
                                "peak_memory_gib": peak, "placing_seconds": doc["sharding_seconds"],
                                "our_memory_max_bytes": max(d["memory_bytes"] for d in doc["per_device"]),
                                "predicted_bottleneck_ms": doc["predicted_bottleneck_ms"],

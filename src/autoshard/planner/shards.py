@@ -27,18 +27,22 @@ def safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", name)[:100] or "table"
 
 
-def items(proposal: list, uniform: bool = True) -> list[Item]:
-    """Every shard of every option of `proposal`, in order (without `uniform`: only the options
-    TorchRec lets a partitioner place, those not partitioned `uniform`ly, one shard per rank)."""
+def items(proposal: list, fixed: bool = True) -> list[Item]:
+    """Every shard of every option of `proposal`, in order (without `fixed`: only the shards
+    placed one by one, those of options partitioned by `device`; `uniform` ones have a shard on
+    every rank, `host` ones on every rank of a host). A row shard holds its rows' share of the
+    table's lookups (TorchRec's even input split)."""
     out = []
     for i, option in enumerate(proposal):
-        if not uniform and option.partition_by == "uniform":
+        if not fixed and option.partition_by in ("uniform", "host"):
             continue
         pooling = float(sum(option.input_lengths)) or 1.0
+        table_rows = int(option.tensor.shape[0]) if getattr(option, "tensor", None) is not None else None
         for j, shard in enumerate(option.shards):
             rows, dim = (int(x) for x in shard.size)
             row, column = (int(x) for x in shard.offset)
-            out.append(Item(i, j, f"{safe(option.name)}-{row}-{column}-{rows}x{dim}", rows, dim, pooling))
+            share = rows / table_rows if table_rows and option.sharding_type in ("row_wise", "table_row_wise") else 1.0
+            out.append(Item(i, j, f"{safe(option.name)}-{row}-{column}-{rows}x{dim}", rows, dim, pooling * share))
     return out
 
 
