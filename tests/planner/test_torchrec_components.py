@@ -208,3 +208,26 @@ def test_our_partitioner_puts_row_shards_on_every_rank_and_table_row_shards_on_o
     hosts = [list(plan[n].ranks) for n in ("t_item", "t_ad")]
     assert all(r in ([0, 1], [2, 3]) for r in hosts) and hosts[0] != hosts[1], "two heavy tables, two hosts"
     assert partitioner.last["shards"] == len(TABLES) - 3
+
+
+def test_the_production_benchmark_scores_any_plan_with_our_cost_model_as_the_command_does(user_models, tmp_path):
+    """`predicted_load` of our own exported plan is the bottleneck the command predicted for it,
+    so TorchRec's plan is predicted the same way; TorchRec's planner with its defaults plans the
+    small production-shaped model too."""
+    from autoshard.cli import service
+    from autoshard.placement.torchrec import load_sharding_plan
+    from autoshard.planner.production import model_and_topology, predicted_load, production_tables, torchrec_plan
+
+    tables = production_tables(0, tables=24)
+    tables["rows"] = (tables["rows"] // 2000).clip(lower=10)
+    path, out, exported = tmp_path / "model.csv", tmp_path / "plan.json", tmp_path / "plan.torchrec.json"
+    tables.to_csv(path, index=False)
+    assert main(["plan", "--tables", str(path), "--devices", "4", "--devices-per-host", "2", "--memory-per-device",
+                 "2GiB", "--sharding", "auto", "--method", "cost_greedy", "--cost-model", str(user_models["model"]),
+                 "--batch-size", "1024", "--out", str(out), "--torchrec", str(exported)]) == 0
+    models = service.load_models("cost_greedy", None, user_models["model"])
+    _, _, user = model_and_topology(tables, 4, 2, 2 * GIB)
+    ours = predicted_load(user, load_sharding_plan(exported), 4, models)
+    assert ours == pytest.approx(json.loads(out.read_text())["predicted_bottleneck_ms"], rel=1e-6)
+    stats, _, plan = torchrec_plan(tables, 4, 2, 2 * GIB, 256)
+    assert np.isfinite(predicted_load(user, plan, 4, models)) and stats["perf_max_ms"] > 0

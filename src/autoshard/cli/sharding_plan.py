@@ -75,7 +75,7 @@ def shapes(tables: UserTables, sharding: str, devices: int, local: int,
     return out
 
 
-def _key(s: Shape) -> tuple[int, int, int]:
+def piece_key(s: Shape) -> tuple[int, int, int]:
     """Pieces of one table with the same rows and width cost the same (their rows are a random share)."""
     return s.table, s.rows, s.width
 
@@ -120,8 +120,8 @@ def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_byt
     """The tables' layouts and devices. `piece_costs(features, traces_needed)` gives each distinct
     piece's cost (ms) and the plan file's `costs` entry."""
     candidates = shapes(tables, sharding, devices, local, column_ways)
-    distinct = list({_key(s): s for c in candidates for _, pieces in c for s in pieces if s.rows}.values())
-    index = {_key(s): i for i, s in enumerate(distinct)}
+    distinct = list({piece_key(s): s for c in candidates for _, pieces in c for s in pieces if s.rows}.values())
+    index = {piece_key(s): i for i, s in enumerate(distinct)}
     costs, source = piece_costs(distinct)
     f = tables.features
     weight, pooling, sequence = tables.weight_bytes, f["pooling_factor"].to_numpy(), f["sequence"].to_numpy()
@@ -129,7 +129,7 @@ def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_byt
     for t, options in enumerate(candidates):
         dim, found = int(f["dim"].iloc[t]), []
         for kind, pieces in options:
-            cost = [0.0 if s.rows == 0 else float(costs[index[_key(s)]]) for s in pieces]
+            cost = [0.0 if s.rows == 0 else float(costs[index[piece_key(s)]]) for s in pieces]
             if not np.isfinite(cost).all():
                 continue  # too large to measure here: not offered
             found.append(Layout(kind, tuple(

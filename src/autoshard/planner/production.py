@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import tempfile
 import time
@@ -90,6 +91,34 @@ def torchrec_plan(tables: pd.DataFrame, devices: int, local: int, hbm: int, batc
     return per_rank(planner._best_plan, devices), seconds, plan  # noqa: SLF001 - the options TorchRec chose
 
 
+def predicted_load(user, plan, devices: int, models) -> float:
+    """Our cost model's predicted bottleneck of a TorchRec `ShardingPlan` of `user`'s tables: each
+    shard predicted alone (`cli.sharding_plan.predicted`), summed per rank; a data-parallel table
+    as a row shard's share of its lookups on every rank."""
+    from autoshard.cli.sharding_plan import Shape, piece_key, predicted
+
+    index = {n: i for i, n in enumerate(user.names)}
+    placed = []
+    for module, params in plan.plan.items():
+        for name, p in params.items():
+            t = index[f"{module}.{name}" if module else name]
+            if p.sharding_type == "data_parallel":  # a replica on every rank, serving its 1/world of the batch
+                share = math.ceil(int(user.features["rows"].iloc[t]) / devices)
+                placed += [(Shape(t, 0, share, 0, int(user.features["dim"].iloc[t]), devices), r) for r in p.ranks]
+                continue
+            ways = len(p.ranks) if p.sharding_type in ("row_wise", "table_row_wise") else 1
+            for shard, rank in zip(p.sharding_spec.shards, p.ranks, strict=True):
+                (row, column), (rows, width) = shard.shard_offsets, shard.shard_sizes
+                placed.append((Shape(t, int(row), int(rows), int(column), int(width), ways), int(rank)))
+    distinct = list({piece_key(s): s for s, _ in placed if s.rows}.values())
+    costs, _ = predicted(user, models)(distinct)
+    cost = {piece_key(s): float(c) for s, c in zip(distinct, costs, strict=True)}
+    load = np.zeros(devices)
+    for s, rank in placed:
+        load[rank] += cost.get(piece_key(s), 0.0)
+    return float(load.max())
+
+
 def main(argv: list[str] | None = None) -> int:
     from autoshard.cli.bench import run_once
     from autoshard.cli.defaults import study_defaults
@@ -134,10 +163,17 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result["autoshard"]), flush=True)
         start = time.perf_counter()
         try:
-            theirs, planning, _ = torchrec_plan(tables, args.devices, args.devices_per_host, hbm,
-                                                args.batch_per_rank)
+            theirs, planning, plan = torchrec_plan(tables, args.devices, args.devices_per_host, hbm,
+                                                   args.batch_per_rank)
             result["torchrec_defaults"] = {"feasible": True, "planning_seconds": planning,
                                            "seconds": time.perf_counter() - start, "torchrec_estimate": theirs}
+            if args.method == "cost_greedy":
+                from autoshard.cli import service
+
+                models = service.load_models("cost_greedy", None, None, folder=args.models)
+                _, _, user = model_and_topology(tables, args.devices, args.devices_per_host, hbm)
+                result["torchrec_defaults"]["predicted_bottleneck_ms"] = predicted_load(user, plan, args.devices,
+                                                                                        models)
         except Exception as exc:  # noqa: BLE001 - TorchRec's planner fails in many ways; the failure is the result
             result["torchrec_defaults"] = {"feasible": False, "error": f"{exc.__class__.__name__}: {str(exc)[:300]}",
                                            "seconds": time.perf_counter() - start}
