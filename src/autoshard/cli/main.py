@@ -195,6 +195,9 @@ def _check_plan_options(args: argparse.Namespace, folder: Path) -> None:
     if args.sharding in ("row", "auto"):
         if args.method is None:
             args.method = GREEDY if has_models(folder) or args.cost_model else FIRST_RUN
+            if args.method == FIRST_RUN:
+                print(f"no trained models in {folder}: each piece's cost measured alone on this machine (--method "
+                      f"{GREEDY} to predict them)", file=sys.stderr)
         if args.method not in COST_METHODS:
             raise ConfigError(f"--method: {shown(args.method)} (with --sharding {args.sharding}: "
                               f"{' or '.join(COST_METHODS)}, the costs of every piece measured here or predicted)")
@@ -292,7 +295,6 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
     (`cli.sharding_plan`), on piece costs measured here or predicted by the cost model."""
     from autoshard.cli import column_plan, sharding_plan
     from autoshard.cli import service as planning
-    from autoshard.cli.singles import cache_folder
 
     local = args.devices_per_host or args.devices
     ways = (column_plan.parse_ways(args.column_ways or ",".join(map(str, study_defaults()["columns.ways"])))
@@ -301,6 +303,8 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
         models = planning.load_models(GREEDY, args.policy, args.cost_model, folder=folder)
         costs = sharding_plan.predicted(tables, models)
     else:
+        from autoshard.cli.singles import cache_folder
+
         models = planning.Models(cost_model=None, policy=None, files={})
         costs = sharding_plan.measured(tables, _backend_config(tables, args, training=True), cache_folder(args.cache),
                                        progress=not args.json and sys.stderr.isatty())

@@ -125,17 +125,21 @@ def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_byt
     costs, source = piece_costs(distinct)
     f = tables.features
     weight, pooling, sequence = tables.weight_bytes, f["pooling_factor"].to_numpy(), f["sequence"].to_numpy()
+    dims = f["dim"].tolist()
     layouts: list[list[Layout]] = []
     for t, options in enumerate(candidates):
-        dim, found = int(f["dim"].iloc[t]), []
+        found = []
+        held = {}  # a row-wise table's shards come in two or three sizes: each computed once
         for kind, pieces in options:
             cost = [0.0 if s.rows == 0 else float(costs[index[piece_key(s)]]) for s in pieces]
             if not np.isfinite(cost).all():
                 continue  # too large to measure here: not offered
-            found.append(Layout(kind, tuple(
-                Piece(*s.block(dim), c, shard_footprint(s.rows, s.width, int(weight[t]), batch, float(pooling[t]),
-                                                        bool(sequence[t]), s.ways))
-                for s, c in zip(pieces, cost, strict=True))))
+            for s in pieces:
+                if (s.rows, s.width, s.ways) not in held:
+                    held[s.rows, s.width, s.ways] = shard_footprint(s.rows, s.width, int(weight[t]), batch,
+                                                                    float(pooling[t]), bool(sequence[t]), s.ways)
+            found.append(Layout(kind, tuple(Piece(*s.block(dims[t]), c, held[s.rows, s.width, s.ways])
+                                            for s, c in zip(pieces, cost, strict=True))))
         if not found:
             raise ConfigError(f"{tables.source}: table {tables.names[t]}: too large to measure on this machine, "
                               "whole or split (use --method cost_greedy)")

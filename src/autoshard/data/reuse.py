@@ -20,6 +20,7 @@ from autoshard.data.features import REUSE_BINS
 
 EXACT_RANKS = 256     # ranks summed one by one
 GROUP_GROWTH = 1.02   # the tail's groups: each this much wider than the last
+RARE = 1e-3           # a rate below which a row's count is 0, 1 or 2 but for a share of 1e-6 at most
 
 
 def rank_cdf(x: np.ndarray, rows: int, alpha: float) -> np.ndarray:
@@ -57,7 +58,10 @@ def expected_histogram(rows: int, lookups: float, alpha: float) -> np.ndarray:
     rate = lookups * mass / sizes  # each group's ranks at their mean rate
     edges = np.array([1] + [2 ** k for k in range(1, REUSE_BINS - 1)], dtype=float)  # upper edges of bins 0..15
     none = np.exp(-rate)
-    below = pdtr(edges[None, :], rate[:, None])  # P(count <= edge)
-    bins = np.diff(np.concatenate([none[:, None], below, np.ones((len(rate), 1))], axis=1), axis=1)
+    bins = np.zeros((len(rate), REUSE_BINS))
+    rare = rate < RARE  # rows seen at most twice, but for a share below RARE**2: their first terms
+    bins[rare, 0], bins[rare, 1] = rate[rare] * none[rare], rate[rare] ** 2 / 2 * none[rare]
+    below = pdtr(edges[None, :], rate[~rare, None])  # P(count <= edge)
+    bins[~rare] = np.diff(np.concatenate([none[~rare, None], below, np.ones((len(below), 1))], axis=1), axis=1)
     expected = (bins * sizes[:, None]).sum(axis=0)
     return expected / float(((1.0 - none) * sizes).sum())
