@@ -64,8 +64,9 @@ def test_save_load_round_trip(tmp_path, params):
 
 def test_command_traces_come_from_the_pool_generator(params, tmp_path, monkeypatch):
     """A user's table with a pool table's drawn spec and that table's random stream gets the
-    pool's trace and the pool's features (one generator: gamma-Poisson bags, Zipf, scatter);
-    with its own stream, its bags are as dispersed as the pool's (empty bags occur)."""
+    pool's trace (one generator: gamma-Poisson bags, Zipf, scatter) and, computed without it, the
+    reuse histogram that trace has to within sampling noise; with its own stream, its bags are as
+    dispersed as the pool's (empty bags occur)."""
     from autoshard.cli import user_tables as usertables
     from autoshard.core.seeding import rng
     from autoshard.data.features import REUSE_COLUMNS
@@ -83,8 +84,8 @@ def test_command_traces_come_from_the_pool_generator(params, tmp_path, monkeypat
     user = usertables.read_tables(csv, trace_batch=cfg.batch_size)
     assert np.array_equal(user.traces.lengths[0], pool.traces.lengths[t])
     assert np.array_equal(user.traces.indices, pool.traces.table(t))
-    np.testing.assert_array_equal(user.features[REUSE_COLUMNS].to_numpy()[0],
-                                  pool.features[REUSE_COLUMNS].to_numpy()[t])
+    closed, drawn = user.features[REUSE_COLUMNS].to_numpy()[0], pool.features[REUSE_COLUMNS].to_numpy()[t]
+    assert np.abs(closed - drawn).sum() < 0.05
     monkeypatch.undo()
     lengths, _ = usertables.table_trace("user_table", 5000, 15.8, 1.05, 20000)
     assert abs(lengths.mean() / 15.8 - 1) < 0.05

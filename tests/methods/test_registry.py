@@ -76,7 +76,9 @@ def test_method_ids_are_spelt_only_in_the_registry_and_the_modules_that_implemen
         for method in METHODS:
             if re.search(rf"([\"']){method}\1", text):
                 spelt.setdefault(method, set()).add(rel)
-    allowed = {"torchrec": {"measure/analytic.py", "placement/torchrec.py", "pipeline/report.py"},  # the package
+    allowed = {"torchrec": {"measure/analytic.py", "placement/torchrec.py", "pipeline/report.py",  # the package
+                            "planner/production.py",  # its loggers
+                            "cli/service.py"},  # the one method that counts memory its own way
                "random": {"measure/collect.py"},  # a kind of profiled shard
                "milp": {"studies/evaluate.py", "studies/stats.py"}}  # a params section, a metrics section
     assert {m: files - allowed.get(m, set()) for m, files in spelt.items() if files - allowed.get(m, set())} == {}

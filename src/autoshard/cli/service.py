@@ -212,7 +212,8 @@ def place(method: str, tables: UserTables, task: Task, models: Models, best_of: 
     if method not in METHODS:
         check(method)  # an unknown id: the registry's own message
         raise ConfigError(f"--method: {method!r} (the command offers {', '.join(METHODS)})")
-    held = tables.features if memory is None or method == "torchrec" else tables.features.assign(size_bytes=memory)
+    counts_own = method == "torchrec"  # TorchRec's planner counts memory with its own storage estimate
+    held = tables.features if memory is None or counts_own else tables.features.assign(size_bytes=memory)
     artifacts = Artifacts(pool_features=held, features=feature_matrix(tables.features),
                           cost_model=models.cost_model, policy=models.policy, numpy=models.numpy,
                           single_costs=single_costs)

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from autoshard.cli.service import FIRST_RUN
 from autoshard.cli.user_tables import UserTables
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import PLAN_FORMAT, Block, PlanBlocks, plan_blocks, read_json, shown
@@ -27,10 +28,11 @@ from autoshard.data.features import REUSE_COLUMNS, feature_matrix
 from autoshard.data.footprint import row_split, shard_footprint
 from autoshard.data.sizes import table_bytes
 from autoshard.data.traces import from_lengths
+from autoshard.methods.registry import GREEDY
 from autoshard.placement.columns import ALIGN
 from autoshard.placement.sharding import Layout, Piece, Placed, place
 
-COST_METHODS = ("lpt_measured", "cost_greedy")  # measured here, or predicted by the cost model
+COST_METHODS = (FIRST_RUN, GREEDY)  # piece costs measured here, or predicted by the cost model
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ def shapes(tables: UserTables, sharding: str, devices: int, local: int,
     ties towards fewer pieces)."""
     f = tables.features
     out = []
-    for t, (rows, dim, sequence) in enumerate(zip(f["rows"].tolist(), f["dim"].tolist(), f["sequence"].tolist(),
+    for t, (rows, dim, sequence) in enumerate(zip(f["rows"].tolist(), f["dim"].tolist(), tables.sequence.tolist(),
                                                   strict=True)):
         options = [("table_wise", [Shape(t, 0, rows, 0, dim, 1)])]
         if sharding == "auto":
@@ -124,7 +126,7 @@ def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_byt
     index = {piece_key(s): i for i, s in enumerate(distinct)}
     costs, source = piece_costs(distinct)
     f = tables.features
-    weight, pooling, sequence = tables.weight_bytes, f["pooling_factor"].to_numpy(), f["sequence"].to_numpy()
+    weight, pooling, sequence = tables.weight_bytes, f["pooling_factor"].to_numpy(), tables.sequence
     dims = f["dim"].tolist()
     layouts: list[list[Layout]] = []
     for t, options in enumerate(candidates):
@@ -142,7 +144,7 @@ def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_byt
                                             for s, c in zip(pieces, cost, strict=True))))
         if not found:
             raise ConfigError(f"{tables.source}: table {tables.names[t]}: too large to measure on this machine, "
-                              "whole or split (use --method cost_greedy)")
+                              f"whole or split (use --method {GREEDY})")
         layouts.append(found)
     start = time.perf_counter()
     placed = place(layouts, devices, local, memory_bytes, tables.names)

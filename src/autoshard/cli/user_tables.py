@@ -64,7 +64,8 @@ MAX_TRACE_LOOKUPS = 2**28  # 2 GiB of int64 indices to measure with
 @dataclass
 class UserTables:
     """The tables, in file order: `features` (FEATURE_COLUMNS, `size_bytes`, `name` qualified by
-    its module, `sequence`) and, made when first asked for, index traces to measure them with."""
+    its module, and for a table list `sequence`) and, made when first asked for, index traces to
+    measure them with."""
 
     features: pd.DataFrame
     source: str
@@ -81,12 +82,18 @@ class UserTables:
         f = self.features
         return np.rint((f["size_bytes"] - table_bytes(f["rows"], 0, 4)) / (f["rows"] * f["dim"])).astype(np.int64)
 
+    @property
+    def sequence(self) -> np.ndarray:
+        """Whether each table is a sequence feature's (a pool's tables are pooled)."""
+        f = self.features
+        return f["sequence"].to_numpy(dtype=bool) if "sequence" in f else np.zeros(len(f), dtype=bool)
+
     def memory(self, batch: int) -> np.ndarray:
         """Bytes each whole table takes while training at a batch of `batch` samples: weights,
         optimizer state, and input and output buffers (`data.footprint`, TorchRec's accounting)."""
         f = self.features
         return np.array([shard_footprint(int(r), int(d), int(w), batch, float(pf), bool(q)) for r, d, w, pf, q in
-                         zip(f["rows"], f["dim"], self.weight_bytes, f["pooling_factor"], f["sequence"],
+                         zip(f["rows"], f["dim"], self.weight_bytes, f["pooling_factor"], self.sequence,
                              strict=True)], dtype=np.int64)
 
     @property
@@ -317,7 +324,6 @@ def _from_pool(folder: Path) -> UserTables:
         raise ConfigError(f"{folder}: not a readable pool folder ({exc.__class__.__name__})") from None
     features = pool.features.copy()
     features["name"] = [f"table_{t}" for t in features["table"]]
-    features["sequence"] = False
     return UserTables(features=features, source=str(folder), trace_batch=pool.traces.batch_size, _traces=pool.traces)
 
 

@@ -29,6 +29,8 @@ import numpy as np
 import pandas as pd
 
 from autoshard.cli.bench import production_tables
+from autoshard.cli.service import FIRST_RUN
+from autoshard.methods.registry import GREEDY
 
 
 def model_and_topology(tables: pd.DataFrame, devices: int, local: int, hbm: int):
@@ -130,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--devices-per-host", type=int, default=8)
     p.add_argument("--memory-per-device", default="138GiB")
     p.add_argument("--batch-per-rank", type=int, default=2048)
-    p.add_argument("--method", default="cost_greedy", help="cost_greedy (predicted, needs --models) or "
-                                                           "lpt_measured (measures every piece here)")
+    p.add_argument("--method", default=GREEDY, help=f"{GREEDY} (predicted, needs --models) or {FIRST_RUN} "
+                                                   "(measures every piece here)")
     p.add_argument("--backend", default=None, help="with lpt_measured: the command's --backend (analytic: "
                                                        "TorchRec's estimate per piece, instant)")
     p.add_argument("--models", type=Path, default=Path("data/rl"))
@@ -167,10 +169,10 @@ def main(argv: list[str] | None = None) -> int:
                                                    args.batch_per_rank)
             result["torchrec_defaults"] = {"feasible": True, "planning_seconds": planning,
                                            "seconds": time.perf_counter() - start, "torchrec_estimate": theirs}
-            if args.method == "cost_greedy":
+            if args.method == GREEDY:
                 from autoshard.cli import service
 
-                models = service.load_models("cost_greedy", None, None, folder=args.models)
+                models = service.load_models(GREEDY, None, None, folder=args.models)
                 _, _, user = model_and_topology(tables, args.devices, args.devices_per_host, hbm)
                 result["torchrec_defaults"]["predicted_bottleneck_ms"] = predicted_load(user, plan, args.devices,
                                                                                         models)
