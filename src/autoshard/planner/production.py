@@ -71,10 +71,34 @@ def per_rank(options: list, devices: int) -> dict:
             "sharding_types": dict(pd.Series([o.sharding_type for o in options]).value_counts())}
 
 
+def constraints(tables: pd.DataFrame, plan: Path | None = None) -> dict:
+    """What TorchRec is told of each table: its pooling factor (TorchRec assumes 1 otherwise), and
+    for a plan of ours only the sharding type and kernel it chose (and its column shards' width),
+    so that TorchRec scores that plan without searching."""
+    from torchrec.distributed.planner import ParameterConstraints
+
+    from autoshard.core.inputs import read_json, torchrec_blocks
+    from autoshard.placement.torchrec import split_name
+
+    chosen = torchrec_blocks(read_json(plan, "TorchRec plan"), plan) if plan is not None else None
+    out = {}
+    for name, pooling, module in zip(tables["name"], tables["pooling_factor"], tables["module"], strict=True):
+        extra = {}
+        if chosen is not None:
+            qualified = f"{module}.{name}"
+            blocks, kind = chosen.blocks[qualified], chosen.kinds[qualified]
+            extra = {"sharding_types": [kind], "compute_kernels": ["fused"]}
+            if kind == "column_wise":
+                extra["min_partition"] = blocks[0].width
+        out[split_name(name)[1]] = ParameterConstraints(pooling_factors=[float(pooling)], **extra)
+    return out
+
+
 def torchrec_plan(tables: pd.DataFrame, devices: int, local: int, hbm: int, batch_per_rank: int,
                   loader_plan: Path | None = None) -> tuple[dict, float, object]:
-    """TorchRec's planner with its defaults (or, with `loader_plan`, our plan read through
-    `AutoShardPlanLoader`): per-rank stats, planning seconds and the TorchRec plan."""
+    """TorchRec's planner with its defaults, told each table's pooling factor (or, with
+    `loader_plan`, our plan read through `AutoShardPlanLoader`): per-rank stats, planning seconds
+    and the TorchRec plan."""
     import logging
 
     from torchrec.distributed.planner import EmbeddingShardingPlanner
@@ -84,9 +108,11 @@ def torchrec_plan(tables: pd.DataFrame, devices: int, local: int, hbm: int, batc
     for name in ("torchrec", "torchrec.distributed.planner"):
         logging.getLogger(name).setLevel(logging.ERROR)
     model, topology, _ = model_and_topology(tables, devices, local, hbm)
-    loader = (AutoShardPlanLoader(loader_plan, model, sharders(), topology, batch_per_rank)
+    told = constraints(tables, loader_plan)
+    loader = (AutoShardPlanLoader(loader_plan, model, sharders(), topology, batch_per_rank, told)
               if loader_plan is not None else None)
-    planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch_per_rank, plan_loader=loader)
+    planner = EmbeddingShardingPlanner(topology=topology, batch_size=batch_per_rank, plan_loader=loader,
+                                       constraints=told)
     start = time.perf_counter()
     plan = planner.plan(model, sharders())
     seconds = time.perf_counter() - start
