@@ -23,6 +23,7 @@ import math
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -68,7 +69,7 @@ def per_rank(options: list, devices: int) -> dict:
             perf[shard.rank] += shard.perf.total
     return {"hbm_max_bytes": int(hbm.max()), "hbm_mean_bytes": float(hbm.mean()), "perf_max_ms": float(perf.max()),
             "perf_mean_ms": float(perf.mean()),
-            "sharding_types": dict(pd.Series([o.sharding_type for o in options]).value_counts())}
+            "sharding_types": dict(Counter(o.sharding_type for o in options))}
 
 
 def constraints(tables: pd.DataFrame, plan: Path | None = None) -> dict:
