@@ -115,3 +115,30 @@ def test_production_bounds_are_accepted_and_absurd_values_refused(tmp_path, caps
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert len(err.splitlines()) == 1 and __import__("re").search(pattern, err), err
+
+
+def test_measured_pieces_are_timed_on_their_own_slice_of_the_trace_and_cached(tmp_path):
+    """With a measuring backend, each distinct piece (whole table, row shard) is measured alone on
+    its rows' slice of the table's trace, once: a second plan measures nothing."""
+    tables = tmp_path / "t.csv"
+    tables.write_text("name,rows,dim,pooling_factor\nbig,40000,16,4\nsmall,500,8,1\nmid,3000,8,2\n")
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--tables", str(tables), "--devices", "2", "--memory-per-device", "2.5MB", "--sharding", "row",
+            "--method", "lpt_measured", "--backend", "fbgemm", "--batch-size", "64", "--runs", "1",
+            "--cache", str(tmp_path / "cache"), "--out", str(out)]
+    assert main(argv) == 0
+    doc = json.loads(out.read_text())
+    assert "big" in doc["rows"] and doc["costs"]["kind"] == "measured" and doc["costs"]["tables_measured_now"] >= 4
+    assert all(d["measured_alone_ms"] > 0 for d in doc["per_device"])
+    assert main(argv) == 0 and json.loads(out.read_text())["costs"]["tables_measured_now"] == 0
+
+
+def test_on_the_analytic_backend_pieces_are_torchrecs_estimates_and_no_trace_is_drawn(model, tmp_path, monkeypatch):
+    from autoshard.cli import user_tables
+
+    monkeypatch.setattr(user_tables.UserTables, "traces", property(lambda self: pytest.fail("a trace was drawn")))
+    out = tmp_path / "plan.json"
+    assert plan(model, out, "--sharding", "auto", "--method", "lpt_measured") == 0
+    doc = json.loads(out.read_text())
+    assert doc["costs"]["kind"] == "estimated" and doc["costs"]["batch_size"] == BATCH
+    assert all("estimated_ms" in d and "measured_alone_ms" not in d for d in doc["per_device"])

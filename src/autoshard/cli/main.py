@@ -302,6 +302,9 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
     if args.method == GREEDY:
         models = planning.load_models(GREEDY, args.policy, args.cost_model, folder=folder)
         costs = sharding_plan.predicted(tables, models)
+    elif args.backend == "analytic":
+        models = planning.Models(cost_model=None, policy=None, files={})
+        costs = sharding_plan.estimated(tables, args.batch_size)
     else:
         from autoshard.cli.singles import cache_folder
 

@@ -1,5 +1,6 @@
 """`autoshard plan --sharding row|auto`: each table's sharding chosen with its placement
-(`placement.sharding`), on per-piece costs measured here (`lpt_measured`) or predicted by the
+(`placement.sharding`), on per-piece costs measured here (`lpt_measured`; with the analytic
+backend, TorchRec's perf estimate at the training batch, no trace drawn) or predicted by the
 cost model (`cost_greedy`), with the memory of training (`data.footprint`) for every piece, and
 the plan file listing whole tables (`assignment`), column shards (`columns`) and row shards (`rows`).
 
@@ -165,6 +166,21 @@ def measured(tables: UserTables, cfg, folder, progress: bool):
     return costs
 
 
+def estimated(tables: UserTables, batch: int, device: str = "cpu"):
+    """Piece costs by TorchRec's own table-wise perf model (`measure.analytic`, what the analytic
+    backend returns) at the training batch, without traces: instant at any size."""
+    from autoshard.measure.analytic import table_perf
+
+    def costs(distinct: list[Shape]) -> tuple[np.ndarray, dict]:
+        pieces = piece_tables(tables, distinct, traces=False)[0]
+        perf = [table_perf(int(w), round(float(pf), 6), batch, 1, device)
+                for w, pf in zip(pieces["dim"], pieces["pooling_factor"], strict=True)]
+        return np.array([p.fwd_compute + p.bwd_compute for p in perf]), {
+            "kind": "estimated", "what": "TorchRec's table-wise perf estimate of each piece alone, forward + "
+                                         "backward (ms)", "backend": "analytic", "device": device, "batch_size": batch}
+    return costs
+
+
 def predicted(tables: UserTables, models):
     """Piece costs predicted one piece at a time by the cost model (`service.Models`)."""
     from autoshard.cli.service import finite_predictions
@@ -194,7 +210,7 @@ def document(method: str, options: dict, tables: UserTables, devices: int, memor
     TorchRec sharding type), and per device its pieces, their memory while training and the
     sum of the costs the plan placed on (`costs` says whether measured alone or predicted)."""
     kind = result.costs["kind"]
-    column = "predicted_ms" if kind == "predicted" else "measured_alone_ms"
+    column = {"predicted": "predicted_ms", "measured": "measured_alone_ms", "estimated": "estimated_ms"}[kind]
     load, used, count = np.zeros(devices), np.zeros(devices, dtype=np.int64), np.zeros(devices, dtype=np.int64)
     names: list[list[str]] = [[] for _ in range(devices)]
     assignment, columns, rows = {}, {}, {}
@@ -222,8 +238,8 @@ def document(method: str, options: dict, tables: UserTables, devices: int, memor
             "assignment": assignment, "columns": columns, "rows": rows, "per_device": per_device,
             "predicted_bottleneck_ms": float(load.max()) if kind == "predicted" else None,
             "predicted": "by the cost model, one piece at a time, summed per device, not measured (measure with "
-                         "`autoshard score`)" if kind == "predicted" else "nothing (the plan placed on costs measured "
-                                                                          "alone, summed per device)",
+                         "`autoshard score`)" if kind == "predicted" else f"nothing (the plan placed on costs {kind} "
+                                                                          "piece by piece, summed per device)",
             "sharding_seconds": result.seconds, "model_files": models_files, "engine": engine,
             "costs": result.costs}
 

@@ -2,7 +2,7 @@
 planner with its defaults, side by side (a benchmark, not a stage).
 
   python -m autoshard.planner.production [--tables 1900] [--devices 96] [--devices-per-host 8]
-      [--memory-per-device 138GiB] [--batch-per-rank 2048] [--method cost_greedy] [--out bench.json]
+      [--memory-per-device 138GiB] [--batch-per-rank 2048] [--methods cost_greedy lpt_measured] [--out bench.json]
 
 The model is `cli.bench.production_tables` (seeded by params.yaml's `seed`); the training batch
 is the per-rank batch times the devices.
@@ -12,7 +12,7 @@ Both plans are scored by TorchRec's own estimators on a GPU topology of the devi
 state, input and output buffers) and perf (the sum of its shards' perf totals, what TorchRec's
 `EmbeddingStats` reports), our plan read through `AutoShardPlanLoader`; and by our cost model's
 prediction, where one is given. The command is timed end to end (start-up, reading, placing,
-writing both files) with its peak memory; TorchRec's planner in its own process, likewise.
+writing both files) with its peak memory; TorchRec's planner is timed in this process.
 """
 
 from __future__ import annotations
@@ -159,10 +159,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--devices-per-host", type=int, default=8)
     p.add_argument("--memory-per-device", default="138GiB")
     p.add_argument("--batch-per-rank", type=int, default=2048)
-    p.add_argument("--method", default=GREEDY, help=f"{GREEDY} (predicted, needs --models) or {FIRST_RUN} "
-                                                   "(measures every piece here)")
-    p.add_argument("--backend", default=None, help="with lpt_measured: the command's --backend (analytic: "
-                                                       "TorchRec's estimate per piece, instant)")
+    p.add_argument("--methods", nargs="+", default=[GREEDY, FIRST_RUN],
+                   help=f"{GREEDY} (predicted by the cost model, needs --models) and/or {FIRST_RUN} (on --backend)")
+    p.add_argument("--backend", default="analytic", help=f"{FIRST_RUN}'s --backend (default analytic: TorchRec's "
+                                                         "perf estimate of each piece, no trace drawn)")
     p.add_argument("--models", type=Path, default=Path("data/rl"))
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
@@ -171,32 +171,35 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"tables": len(tables), "devices": args.devices, "devices_per_host": args.devices_per_host,
                     "memory_per_device_bytes": hbm, "batch_per_rank": args.batch_per_rank}
     with tempfile.TemporaryDirectory(prefix="autoshard-production-") as tmp:
-        path, out, exported = Path(tmp) / "model.csv", Path(tmp) / "plan.json", Path(tmp) / "plan.torchrec.json"
+        path = Path(tmp) / "model.csv"
         tables.to_csv(path, index=False)
-        cmd = ["plan", "--tables", str(path), "--devices", str(args.devices), "--memory-per-device", str(hbm),
-               "--sharding", "auto", "--devices-per-host", str(args.devices_per_host), "--method", args.method,
-               "--batch-size", str(args.batch_per_rank * args.devices), "--models", str(args.models),
-               "--out", str(out), "--torchrec", str(exported), "--cache", str(Path(tmp) / "cache")]
-        if args.backend:
-            cmd += ["--backend", args.backend]
-        seconds, peak = run_once(cmd)
-        doc = json.loads(out.read_text())
-        ours, _, _ = torchrec_plan(tables, args.devices, args.devices_per_host, hbm, args.batch_per_rank, exported)
-        result["autoshard"] = {"method": args.method, "costs": doc["costs"]["kind"],
-                               "backend": doc["costs"].get("backend"), "feasible": True, "command_seconds": seconds,
-                               "peak_memory_gib": peak, "placing_seconds": doc["sharding_seconds"],
-                               "our_memory_max_bytes": max(d["memory_bytes"] for d in doc["per_device"]),
-                               "predicted_bottleneck_ms": doc["predicted_bottleneck_ms"],
-                               "split": {"rows": len(doc["rows"]), "columns": len(doc["columns"])},
-                               "torchrec_estimate": ours}
-        print(json.dumps(result["autoshard"]), flush=True)
+        result["autoshard"] = {}
+        for method in args.methods:
+            out, exported = Path(tmp) / f"{method}.json", Path(tmp) / f"{method}.torchrec.json"
+            cmd = ["plan", "--tables", str(path), "--devices", str(args.devices), "--memory-per-device", str(hbm),
+                   "--sharding", "auto", "--devices-per-host", str(args.devices_per_host), "--method", method,
+                   "--batch-size", str(args.batch_per_rank * args.devices), "--models", str(args.models),
+                   "--out", str(out), "--torchrec", str(exported), "--cache", str(Path(tmp) / "cache")]
+            if method == FIRST_RUN:
+                cmd += ["--backend", args.backend]
+            seconds, peak = run_once(cmd)
+            doc = json.loads(out.read_text())
+            ours, _, _ = torchrec_plan(tables, args.devices, args.devices_per_host, hbm, args.batch_per_rank,
+                                       exported)
+            result["autoshard"][method] = {
+                "costs": doc["costs"]["kind"], "backend": doc["costs"].get("backend"), "feasible": True,
+                "command_seconds": seconds, "peak_memory_gib": peak, "placing_seconds": doc["sharding_seconds"],
+                "our_memory_max_bytes": max(d["memory_bytes"] for d in doc["per_device"]),
+                "predicted_bottleneck_ms": doc["predicted_bottleneck_ms"],
+                "split": {"rows": len(doc["rows"]), "columns": len(doc["columns"])}, "torchrec_estimate": ours}
+            print(json.dumps({method: result["autoshard"][method]}), flush=True)
         start = time.perf_counter()
         try:
             theirs, planning, plan = torchrec_plan(tables, args.devices, args.devices_per_host, hbm,
                                                    args.batch_per_rank)
             result["torchrec_defaults"] = {"feasible": True, "planning_seconds": planning,
                                            "seconds": time.perf_counter() - start, "torchrec_estimate": theirs}
-            if args.method == GREEDY:
+            if GREEDY in args.methods:
                 from autoshard.cli import service
 
                 models = service.load_models(GREEDY, None, None, folder=args.models)
