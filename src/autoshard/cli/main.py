@@ -201,8 +201,10 @@ def _check_plan_options(args: argparse.Namespace, folder: Path) -> None:
         if args.method not in COST_METHODS:
             raise ConfigError(f"--method: {shown(args.method)} (with --sharding {args.sharding}: "
                               f"{' or '.join(COST_METHODS)}, the costs of every piece measured here or predicted)")
-        if args.devices_per_host is not None and not 1 <= args.devices_per_host <= args.devices:
-            raise ConfigError(f"--devices-per-host: {args.devices_per_host} (between 1 and --devices {args.devices})")
+        per_host = args.devices_per_host
+        if per_host is not None and not (1 <= per_host <= args.devices and args.devices % per_host == 0):
+            raise ConfigError(f"--devices-per-host: {per_host} (between 1 and --devices {args.devices}, and "
+                              "dividing it)")
     if args.method is None:
         args.method = POLICY if has_models(folder) or args.policy or args.cost_model else FIRST_RUN
         if args.method == FIRST_RUN:

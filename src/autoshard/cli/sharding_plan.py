@@ -113,6 +113,9 @@ def piece_tables(tables: UserTables, distinct: list[Shape], traces: bool) -> tup
 
 @dataclass(frozen=True)
 class Result:
+    """Each table's layout and devices, the seconds the placement took, and the plan file's
+    `costs` entry (what the pieces' costs are)."""
+
     placed: list[Placed]
     seconds: float
     costs: dict
@@ -120,8 +123,8 @@ class Result:
 
 def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_bytes: int, batch: int,
          column_ways: tuple[int, ...], piece_costs) -> Result:
-    """The tables' layouts and devices. `piece_costs(features, traces_needed)` gives each distinct
-    piece's cost (ms) and the plan file's `costs` entry."""
+    """The tables' layouts and devices. `piece_costs(distinct)` gives each distinct piece's cost
+    (ms) and the plan file's `costs` entry (`measured`, `estimated` or `predicted` below)."""
     candidates = shapes(tables, sharding, devices, local, column_ways)
     distinct = list({piece_key(s): s for c in candidates for _, pieces in c for s in pieces if s.rows}.values())
     index = {piece_key(s): i for i, s in enumerate(distinct)}
