@@ -484,3 +484,20 @@ def test_a_negative_zero_pooling_factor_is_zero(tmp_path):
     tables = read_tables(write(tmp_path, HEADER + "a,1000,16,-0\nb,500,16,-0.0\n"))
     assert not np.signbit(tables.features["pooling_factor"]).any()
     assert len(tables.traces.indices) == 0  # empty bags, and no crash
+
+
+def test_a_column_wise_plan_counts_each_shards_training_memory(files, tmp_path):
+    from autoshard.cli.column_plan import read
+    from autoshard.cli.user_tables import read_tables
+    from autoshard.data.footprint import shard_footprint
+
+    out = tmp_path / "plan.json"
+    assert column_plan(files, out, "--batch-size", "1024") == 0
+    tables = read_tables(files["tables"])
+    shards, placement, _ = read(out, tables)
+    f = tables.features
+    held = np.zeros(2, dtype=np.int64)
+    for s, d in zip(shards, placement, strict=True):
+        held[d] += shard_footprint(int(f["rows"][s.table]), s.width, 4, 1024, float(f["pooling_factor"][s.table]),
+                                   False)
+    assert [d["memory_bytes"] for d in json.loads(out.read_text())["per_device"]] == held.tolist()

@@ -14,9 +14,10 @@ from autoshard.cli.user_tables import UserTables
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import PLAN_FORMAT, shown
 from autoshard.data.features import feature_matrix
+from autoshard.data.footprint import shard_footprint
 from autoshard.data.tasks import Task
 from autoshard.methods.registry import GREEDY
-from autoshard.placement.columns import ColumnShard, SplitPlan, check_split, shard_features, shard_sizes
+from autoshard.placement.columns import ColumnShard, SplitPlan, check_split, shard_features
 
 
 def parse_ways(text: str) -> tuple[int, ...]:
@@ -62,11 +63,31 @@ def _label(shard: ColumnShard, names: list[str]) -> str:
     return names[shard.table] if shard.whole else f"{names[shard.table]}[{shard.start}:{shard.start + shard.width}]"
 
 
-def device_table(tables: UserTables, task: Task, result: SplitPlan, model) -> pd.DataFrame:
-    """Per device: its column shards, their memory (weights and row-wise optimizer state) and
-    the cost model's predicted cost (ms)."""
+def shard_memory(tables: UserTables, shards: list[ColumnShard], batch: int) -> np.ndarray:
+    """Bytes each column shard takes while training at a batch of `batch` (`data.footprint`)."""
+    f, weight, sequence = tables.features, tables.weight_bytes, tables.sequence
+    return np.array([shard_footprint(int(f["rows"].iloc[s.table]), s.width, int(weight[s.table]), batch,
+                                     float(f["pooling_factor"].iloc[s.table]), bool(sequence[s.table]))
+                     for s in shards], dtype=np.int64)
+
+
+def check_memory(tables: UserTables, task: Task, result: SplitPlan, batch: int) -> None:
+    """Every device holds its column shards while training (split-then-place counts their weights
+    and optimizer state; the batch's buffers come on top)."""
+    used = np.bincount(result.placement, weights=shard_memory(tables, result.shards, batch).astype(float),
+                       minlength=task.devices)
+    if used.max() > task.memory_bytes:
+        d = int(used.argmax())
+        raise ConfigError(f"--sharding column: the plan puts {int(used[d])} bytes (while training, at --batch-size "
+                          f"{batch}) on device {d}, more than --memory-per-device {task.memory_bytes} (try more "
+                          "memory, or --sharding auto, which counts them as it places)")
+
+
+def device_table(tables: UserTables, task: Task, result: SplitPlan, model, batch: int) -> pd.DataFrame:
+    """Per device: its column shards, their memory while training and the cost model's
+    predicted cost (ms)."""
     shards, placement = result.shards, result.placement
-    sizes = shard_sizes(tables.features, shards)
+    sizes = shard_memory(tables, shards, batch)
     on = [np.flatnonzero(placement == d) for d in range(task.devices)]
     out = pd.DataFrame({"device": range(task.devices), "shards": [len(s) for s in on],
                         "memory_bytes": [int(sizes[s].sum()) for s in on],
@@ -81,9 +102,9 @@ def device_table(tables: UserTables, task: Task, result: SplitPlan, model) -> pd
 
 
 def document(options: dict, tables: UserTables, task: Task, result: SplitPlan, model, files: dict,
-             seconds: float) -> dict:
+             seconds: float, batch: int) -> dict:
     """A column-wise plan file: `assignment` holds the whole tables, `columns` the split ones."""
-    devices = device_table(tables, task, result, model)
+    devices = device_table(tables, task, result, model, batch)
     names = tables.names
     assignment, columns = {}, {}
     for shard, d in zip(result.shards, result.placement, strict=True):

@@ -339,8 +339,11 @@ def _plan_columns(args: argparse.Namespace, tables, task, folder: Path) -> int:
     start = time.perf_counter()
     result = column_plan.plan(models.cost_model, tables, task, ways, fixed)
     seconds = time.perf_counter() - start
-    options = {"column_ways": list(ways), "split": {tables.names[t]: k for t, k in fixed.items()}}
-    doc = column_plan.document(options, tables, task, result, models.cost_model, models.files, seconds)
+    column_plan.check_memory(tables, task, result, args.batch_size)
+    options = {"column_ways": list(ways), "split": {tables.names[t]: k for t, k in fixed.items()},
+               "batch_size": args.batch_size}
+    doc = column_plan.document(options, tables, task, result, models.cost_model, models.files, seconds,
+                               args.batch_size)
     planning.finite_predictions(np.array([doc["predicted_bottleneck_ms"]]), models)
     outputs = {args.out: json.dumps(doc, indent=1, default=_plain, allow_nan=False)}
     if args.torchrec is not None:
