@@ -14,7 +14,6 @@ from autoshard.cli.user_tables import UserTables
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import PLAN_FORMAT, shown
 from autoshard.data.features import feature_matrix
-from autoshard.data.footprint import shard_footprint
 from autoshard.data.tasks import Task
 from autoshard.methods.registry import GREEDY
 from autoshard.placement.columns import ColumnShard, SplitPlan, check_split, shard_features
@@ -64,23 +63,8 @@ def _label(shard: ColumnShard, names: list[str]) -> str:
 
 
 def shard_memory(tables: UserTables, shards: list[ColumnShard], batch: int) -> np.ndarray:
-    """Bytes each column shard takes while training at a batch of `batch` (`data.footprint`)."""
-    f, weight, sequence = tables.features, tables.weight_bytes, tables.sequence
-    return np.array([shard_footprint(int(f["rows"].iloc[s.table]), s.width, int(weight[s.table]), batch,
-                                     float(f["pooling_factor"].iloc[s.table]), bool(sequence[s.table]))
-                     for s in shards], dtype=np.int64)
-
-
-def check_memory(tables: UserTables, task: Task, result: SplitPlan, batch: int) -> None:
-    """Every device holds its column shards while training (split-then-place counts their weights
-    and optimizer state; the batch's buffers come on top)."""
-    used = np.bincount(result.placement, weights=shard_memory(tables, result.shards, batch).astype(float),
-                       minlength=task.devices)
-    if used.max() > task.memory_bytes:
-        d = int(used.argmax())
-        raise ConfigError(f"--sharding column: the plan puts {int(used[d])} bytes (while training, at --batch-size "
-                          f"{batch}) on device {d}, more than --memory-per-device {task.memory_bytes} (try more "
-                          "memory, or --sharding auto, which counts them as it places)")
+    """Bytes each column shard takes while training at a batch of `batch` (`UserTables.memory`)."""
+    return tables.memory(batch, [s.table for s in shards], [s.width for s in shards])
 
 
 def device_table(tables: UserTables, task: Task, result: SplitPlan, model, batch: int) -> pd.DataFrame:

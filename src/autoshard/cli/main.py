@@ -242,7 +242,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     placement, seconds = planning.timed_place(args.method, tables, task, models, best_of=args.best_of,
                                               seed=planning.seed_for(tables, args.seed),
                                               single_costs=None if singles is None else singles.costs, memory=held)
-    planning.check_memory(args.method, task, placement, held)
+    planning.check_memory(f"--method {args.method}", task, placement, held,
+                          "try a memory-aware heuristic such as size_lookup_greedy, or more memory")
     doc = planning.plan_document(args.method, options | {"batch_size": args.batch_size}, tables, task, placement,
                                  models, seconds, costs=None if singles is None else singles.source(), memory=held)
     outputs = {args.out: json.dumps(doc, indent=1, default=_plain, allow_nan=False)}
@@ -301,16 +302,15 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
     local = args.devices_per_host or args.devices
     ways = (column_plan.parse_ways(args.column_ways or ",".join(map(str, study_defaults()["columns.ways"])))
             if args.sharding == "auto" else ())
+    models = planning.Models(cost_model=None, policy=None, files={})
     if args.method == GREEDY:
         models = planning.load_models(GREEDY, args.policy, args.cost_model, folder=folder)
         costs = sharding_plan.predicted(tables, models)
     elif args.backend == "analytic":
-        models = planning.Models(cost_model=None, policy=None, files={})
         costs = sharding_plan.estimated(tables, args.batch_size)
     else:
         from autoshard.cli.singles import cache_folder
 
-        models = planning.Models(cost_model=None, policy=None, files={})
         costs = sharding_plan.measured(tables, _backend_config(tables, args, training=True), cache_folder(args.cache),
                                        progress=not args.json and sys.stderr.isatty())
     result = sharding_plan.plan(tables, args.sharding, args.devices, local, memory, args.batch_size, ways, costs)
@@ -339,7 +339,9 @@ def _plan_columns(args: argparse.Namespace, tables, task, folder: Path) -> int:
     start = time.perf_counter()
     result = column_plan.plan(models.cost_model, tables, task, ways, fixed)
     seconds = time.perf_counter() - start
-    column_plan.check_memory(tables, task, result, args.batch_size)
+    planning.check_memory("--sharding column", task, result.placement,
+                          column_plan.shard_memory(tables, result.shards, args.batch_size),
+                          "try more memory, or --sharding auto, which counts the batch's buffers as it places")
     options = {"column_ways": list(ways), "split": {tables.names[t]: k for t, k in fixed.items()},
                "batch_size": args.batch_size}
     doc = column_plan.document(options, tables, task, result, models.cost_model, models.files, seconds,

@@ -181,16 +181,17 @@ def make_task(tables: UserTables, devices: int, memory_bytes: int, memory: np.nd
                 memory_bytes=int(memory_bytes), unseen_ratio=1.0)
 
 
-def check_memory(method: str, task: Task, placement: np.ndarray, memory: np.ndarray) -> None:
-    """Every device holds what the plan puts on it while training (a method that counts memory
-    its own way, TorchRec's batch-free estimate or the policy's table sizes, is held to it too)."""
+def check_memory(what: str, task: Task, placement: np.ndarray, memory: np.ndarray, hint: str) -> None:
+    """Every device holds what the plan puts on it while training (`memory` per placed item): a
+    method that counts memory its own way (TorchRec's batch-free estimate, the torch policy's table
+    sizes, split-then-place's weights and state) is held to it too. `what` names the plan, `hint`
+    what to try instead."""
     used = np.bincount(placement, weights=memory.astype(float), minlength=task.devices)
     over = np.flatnonzero(used > task.memory_bytes)
     if len(over):
         d = int(over[0])
-        raise ConfigError(f"--method {method}: its plan puts {int(used[d])} bytes (while training) on device {d}, "
-                          f"more than --memory-per-device {task.memory_bytes} (try a memory-aware heuristic such "
-                          "as size_lookup_greedy, or more memory)")
+        raise ConfigError(f"{what}: its plan puts {int(used[d])} bytes (while training) on device {d}, more than "
+                          f"--memory-per-device {task.memory_bytes} ({hint})")
 
 
 def place(method: str, tables: UserTables, task: Task, models: Models, best_of: int | None = None, seed: int = 0,

@@ -88,13 +88,16 @@ class UserTables:
         f = self.features
         return f["sequence"].to_numpy(dtype=bool) if "sequence" in f else np.zeros(len(f), dtype=bool)
 
-    def memory(self, batch: int) -> np.ndarray:
+    def memory(self, batch: int, tables=None, widths=None) -> np.ndarray:
         """Bytes each whole table takes while training at a batch of `batch` samples: weights,
-        optimizer state, and input and output buffers (`data.footprint`, TorchRec's accounting)."""
+        optimizer state, and input and output buffers (`data.footprint`, TorchRec's accounting);
+        with `tables` and `widths`, each column shard's (of table `tables[i]`, `widths[i]` wide)."""
         f = self.features
-        return np.array([shard_footprint(int(r), int(d), int(w), batch, float(pf), bool(q)) for r, d, w, pf, q in
-                         zip(f["rows"], f["dim"], self.weight_bytes, f["pooling_factor"], self.sequence,
-                             strict=True)], dtype=np.int64)
+        ids = np.arange(len(f)) if tables is None else np.asarray(tables, dtype=np.int64)
+        columns = f["dim"].to_numpy()[ids] if widths is None else np.asarray(widths)
+        return np.array([shard_footprint(int(r), int(c), int(w), batch, float(pf), bool(q)) for r, c, w, pf, q in
+                         zip(f["rows"].to_numpy()[ids], columns, self.weight_bytes[ids],
+                             f["pooling_factor"].to_numpy()[ids], self.sequence[ids], strict=True)], dtype=np.int64)
 
     @property
     def traces(self) -> Traces:

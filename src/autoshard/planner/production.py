@@ -37,7 +37,6 @@ from autoshard.methods.registry import GREEDY
 def model_and_topology(tables: pd.DataFrame, devices: int, local: int, hbm: int):
     """The meta-device model of the tables (an EmbeddingBagCollection per module path, an
     EmbeddingCollection for the sequences, row-wise Adagrad) and TorchRec's GPU topology."""
-    import torch
     from torch.distributed.optim import _apply_optimizer_in_backward
     from torchrec.distributed.planner import Topology
     from torchrec.optim import RowWiseAdagrad
@@ -49,7 +48,6 @@ def model_and_topology(tables: pd.DataFrame, devices: int, local: int, hbm: int)
     user = tables_from_records(tables.to_dict("records"), "the production-shaped model")
     model = embedding_model(user, modules_of(user.features, user.names), "meta")
     _apply_optimizer_in_backward(RowWiseAdagrad, model.parameters(), {"lr": 0.01})
-    del torch
     return model, Topology(world_size=devices, local_world_size=local, compute_device="cuda", hbm_cap=hbm), user
 
 
