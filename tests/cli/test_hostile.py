@@ -185,7 +185,7 @@ def test_a_raw_pickle_or_a_planner_export_missing_a_field_is_one_line(corpus):
 START = "from autoshard.cli.entry import run\nimport sys\nsys.argv[0] = 'autoshard'\nrun()\n"
 
 
-@pytest.mark.parametrize("delay", [0.3, 0.8])
+@pytest.mark.parametrize("delay", [0.2, 0.5])  # while the modules load, well before the plan is written
 def test_an_interrupt_during_start_up_is_one_line(corpus, delay):
     """Ctrl-C while the command's modules load: the line of any interrupted run, no traceback."""
     import time
