@@ -142,3 +142,38 @@ def test_on_the_analytic_backend_pieces_are_torchrecs_estimates_and_no_trace_is_
     doc = json.loads(out.read_text())
     assert doc["costs"]["kind"] == "estimated" and doc["costs"]["batch_size"] == BATCH
     assert all("estimated_ms" in d and "measured_alone_ms" not in d for d in doc["per_device"])
+
+
+def test_each_piece_pays_for_its_output_exchange_reported_beside_its_cost(model, tmp_path, capsys):
+    """Every device's modelled comm is the sum of its pieces' (`placement.traffic`) at the bandwidths
+    given; a slower network moves no more across hosts; bad or unused bandwidths are refused."""
+    from autoshard.placement.traffic import Links, piece_bytes
+
+    spec = {r.split(",")[4] + "." + r.split(",")[0]: r.split(",") for r in MODEL.strip().splitlines()[1:]}
+    crossing = {}
+    for bandwidths in ("600,12.5", "600,0.5"):
+        out = tmp_path / f"{bandwidths}.json"
+        assert plan(model, out, "--sharding", "auto", "--devices-per-host", "2", "--bandwidths", bandwidths) == 0
+        doc = json.loads(out.read_text())
+        assert doc["costs"]["comm"]["bandwidths_gib_per_s"] == [float(v) for v in bandwidths.split(",")]
+        links = Links.from_gib_per_s(*doc["costs"]["comm"]["bandwidths_gib_per_s"])
+        blocks = plan_blocks({k: v for k, v in doc.items() if k != "costs"}, out)
+        comm, cross = np.zeros(4), 0.0
+        for name, held in blocks.blocks.items():
+            _, _, dim, pooling, _, kind = spec[name]
+            for b in held:
+                moved = piece_bytes(blocks.kinds[name], int(dim) if b.width is None else b.width,
+                                    float(pooling) if kind == "sequence" else 1.0, kind == "sequence", BATCH, 4, 2)
+                comm[b.device] += links.ms(*moved)
+                cross += moved[1]
+        assert [d["comm_modelled_ms"] for d in doc["per_device"]] == pytest.approx(comm.tolist())
+        assert doc["costs"]["comm"]["bottleneck_ms"] == pytest.approx(comm.max()) and comm.max() > 0
+        crossing[bandwidths] = cross
+    assert crossing["600,0.5"] <= crossing["600,12.5"]
+    capsys.readouterr()
+    for bad, extra in (("0,12.5", ["--sharding", "auto"]), ("fast", ["--sharding", "row"]),
+                       ("600,12.5", ["--sharding", "table"])):
+        assert plan(model, tmp_path / "x.json", *extra, "--method", "lpt_measured", "--bandwidths", bad) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and "--bandwidths" in err, err
+    assert not (tmp_path / "x.json").exists()

@@ -106,6 +106,10 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("--devices-per-host", type=int, default=None,
                       help="with --sharding row or auto: devices per host, the ranks a table-row-wise table spans "
                            "(default: all devices, one host)")
+    plan.add_argument("--bandwidths", default=None, metavar="INTRA,CROSS",
+                      help="with --sharding row or auto: the links' bandwidths in GiB/s, within a host and across "
+                           "hosts, at which each piece's output exchange is charged (default TorchRec's planner's, "
+                           "600,12.5)")
     plan.add_argument("--column-ways", default=None,
                       help="with --sharding column or auto: the numbers of column shards a table may be split into "
                            "(default columns.ways; each shard a multiple of 4 columns)")
@@ -183,7 +187,8 @@ def _check_plan_options(args: argparse.Namespace, folder: Path) -> None:
 
     unused = {"--column-ways": args.column_ways if args.sharding in ("table", "row") else None,
               "--split": args.split if args.sharding != "column" else None,
-              "--devices-per-host": args.devices_per_host if args.sharding in ("table", "column") else None}
+              "--devices-per-host": args.devices_per_host if args.sharding in ("table", "column") else None,
+              "--bandwidths": args.bandwidths if args.sharding in ("table", "column") else None}
     for option, value in unused.items():
         if value is not None:
             raise ConfigError(f"{option}: --sharding {args.sharding} does not use it")
@@ -205,6 +210,9 @@ def _check_plan_options(args: argparse.Namespace, folder: Path) -> None:
         if per_host is not None and not (1 <= per_host <= args.devices and args.devices % per_host == 0):
             raise ConfigError(f"--devices-per-host: {per_host} (between 1 and --devices {args.devices}, and "
                               "dividing it)")
+        from autoshard.cli.sharding_plan import parse_bandwidths
+
+        args.links = parse_bandwidths(args.bandwidths)
     if args.method is None:
         args.method = POLICY if has_models(folder) or args.policy or args.cost_model else FIRST_RUN
         if args.method == FIRST_RUN:
@@ -313,9 +321,10 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
 
         costs = sharding_plan.measured(tables, _backend_config(tables, args, training=True), cache_folder(args.cache),
                                        progress=not args.json and sys.stderr.isatty())
-    result = sharding_plan.plan(tables, args.sharding, args.devices, local, memory, args.batch_size, ways, costs)
+    result = sharding_plan.plan(tables, args.sharding, args.devices, local, memory, args.batch_size, ways, costs,
+                                args.links)
     options = {"sharding": args.sharding, "devices_per_host": local, "batch_size": args.batch_size,
-               "column_ways": list(ways)}
+               "column_ways": list(ways), "bandwidths_gib_per_s": list(args.links.gib_per_s)}
     doc = sharding_plan.document(args.method, options, tables, args.devices, memory, result, models.files,
                                  models.engine)
     outputs = {args.out: json.dumps(doc, indent=1, default=_plain, allow_nan=False)}

@@ -10,6 +10,11 @@ host (`--devices-per-host`), table-row-wise over one host; `auto` offers column-
 input split) and the table's reuse histogram (its rows are a random share of the table's
 popularity ranks, `synth.scatter`); measured, it is timed on its own slice of the table's trace.
 Sequence tables are not offered table-row-wise (TorchRec's EmbeddingCollection has no such sharding).
+
+Each piece also pays for its output exchange (`placement.traffic`: the bytes its device moves,
+within its host and across hosts, at `--bandwidths`, TorchRec's by default), so that a split's
+choice weighs the communication it adds; that time is reported beside the pieces' costs, never
+summed into them (it is modelled, they are measured or predicted).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from autoshard.data.traces import from_lengths
 from autoshard.methods.registry import GREEDY
 from autoshard.placement.columns import ALIGN
 from autoshard.placement.sharding import Layout, Piece, Placed, place
+from autoshard.placement.traffic import TORCHREC_GIB_PER_S, Links, piece_bytes
 
 COST_METHODS = (FIRST_RUN, GREEDY)  # piece costs measured here, or predicted by the cost model
 
@@ -121,10 +127,24 @@ class Result:
     costs: dict
 
 
+def parse_bandwidths(value: str | None) -> Links:
+    """`--bandwidths INTRA,CROSS` (GiB/s, each positive and finite; default TorchRec's)."""
+    if value is None:
+        return Links.from_gib_per_s(*TORCHREC_GIB_PER_S)
+    try:
+        intra, cross = (float(v) for v in value.split(","))
+    except ValueError:
+        intra = cross = float("nan")
+    if not (0 < intra < 1e6 and 0 < cross < 1e6):
+        raise ConfigError(f"--bandwidths: {shown(value)} (expected INTRA,CROSS in GiB/s, e.g. 600,12.5)")
+    return Links.from_gib_per_s(intra, cross)
+
+
 def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_bytes: int, batch: int,
-         column_ways: tuple[int, ...], piece_costs) -> Result:
+         column_ways: tuple[int, ...], piece_costs, links: Links) -> Result:
     """The tables' layouts and devices. `piece_costs(distinct)` gives each distinct piece's cost
-    (ms) and the plan file's `costs` entry (`measured`, `estimated` or `predicted` below)."""
+    (ms) and the plan file's `costs` entry (`measured`, `estimated` or `predicted` below); each
+    piece's communication is charged at `links`."""
     candidates = shapes(tables, sharding, devices, local, column_ways)
     distinct = list({piece_key(s): s for c in candidates for _, pieces in c for s in pieces if s.rows}.values())
     index = {piece_key(s): i for i, s in enumerate(distinct)}
@@ -136,6 +156,7 @@ def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_byt
     for t, options in enumerate(candidates):
         found = []
         held = {}  # a row-wise table's shards come in two or three sizes: each computed once
+        values = float(pooling[t]) if sequence[t] else 1.0
         for kind, pieces in options:
             cost = [0.0 if s.rows == 0 else float(costs[index[piece_key(s)]]) for s in pieces]
             if not np.isfinite(cost).all():
@@ -144,8 +165,10 @@ def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_byt
                 if (s.rows, s.width, s.ways) not in held:
                     held[s.rows, s.width, s.ways] = shard_footprint(s.rows, s.width, int(weight[t]), batch,
                                                                     float(pooling[t]), bool(sequence[t]), s.ways)
-            found.append(Layout(kind, tuple(Piece(*s.block(dims[t]), c, held[s.rows, s.width, s.ways])
-                                            for s, c in zip(pieces, cost, strict=True))))
+            comm = [0.0 if s.rows == 0 else links.ms(*piece_bytes(kind, s.width, values, bool(sequence[t]), batch,
+                                                                  devices, local)) for s in pieces]
+            found.append(Layout(kind, tuple(Piece(*s.block(dims[t]), c, held[s.rows, s.width, s.ways], m)
+                                            for s, c, m in zip(pieces, cost, comm, strict=True))))
         if not found:
             raise ConfigError(f"{tables.source}: table {tables.names[t]}: too large to measure on this machine, "
                               f"whole or split (use --method {GREEDY})")
@@ -215,11 +238,13 @@ def document(method: str, options: dict, tables: UserTables, devices: int, memor
     kind = result.costs["kind"]
     column = {"predicted": "predicted_ms", "measured": "measured_alone_ms", "estimated": "estimated_ms"}[kind]
     load, used, count = np.zeros(devices), np.zeros(devices, dtype=np.int64), np.zeros(devices, dtype=np.int64)
+    comm = np.zeros(devices)
     names: list[list[str]] = [[] for _ in range(devices)]
     assignment, columns, rows = {}, {}, {}
     for name, p in zip(tables.names, result.placed, strict=True):
         for q, d in zip(p.layout.pieces, p.devices, strict=True):
             load[d] += q.cost
+            comm[d] += q.comm
             used[d] += q.memory
             count[d] += 1
             names[d].append(name if p.layout.kind == "table_wise" else
@@ -234,7 +259,8 @@ def document(method: str, options: dict, tables: UserTables, devices: int, memor
             rows[name] = {"kind": p.layout.kind, "shards": [{"start": q.row, "rows": q.rows, "device": int(d)}
                                                             for q, d in zip(p.layout.pieces, p.devices, strict=True)]}
     per_device = [{"device": d, "shards": int(count[d]), "memory_bytes": int(used[d]),
-                   "memory_share": float(used[d] / memory_bytes), column: float(load[d]), "names": names[d]}
+                   "memory_share": float(used[d] / memory_bytes), column: float(load[d]),
+                   "comm_modelled_ms": float(comm[d]), "names": names[d]}
                   for d in range(devices)]
     return {"format": PLAN_FORMAT, "method": method, "options": options, "tables_file": tables.source,
             "devices": devices, "memory_per_device_bytes": memory_bytes, "sharding": options["sharding"],
@@ -244,7 +270,11 @@ def document(method: str, options: dict, tables: UserTables, devices: int, memor
                          "`autoshard score`)" if kind == "predicted" else f"nothing (the plan placed on costs {kind} "
                                                                           "piece by piece, summed per device)",
             "sharding_seconds": result.seconds, "model_files": models_files, "engine": engine,
-            "costs": result.costs}
+            "costs": {**result.costs, "comm": {
+                "what": "each piece's output exchange, forward and backward, charged on its device: bytes within "
+                        "its host and across hosts over the links' bandwidths (placement.traffic), modelled, not "
+                        "measured; the placement minimised the busiest device's costs plus this",
+                "bandwidths_gib_per_s": options["bandwidths_gib_per_s"], "bottleneck_ms": float(comm.max())}}}
 
 
 def read_blocks(path: str | Path, tables: UserTables) -> PlanBlocks:

@@ -11,7 +11,9 @@ load and the average load once every table is placed (the load so far, this layo
 the cheapest layout of each table still to place, over the devices). The first term is LPT's;
 the second charges a split for the work it adds (every piece pays its kernel's fixed cost), so a
 table is split where the balance gained outweighs that, or where it fits no device whole.
-Costs are summed per device (single-piece costs, as LPT's), communication is not modelled.
+A device's load is the sum of its pieces' costs (single-piece costs, as LPT's) and their
+communication (`placement.traffic`, charged on each piece's own device), so a split also pays for
+what it sends: a row-wise table moves D times its whole output.
 Torch-free and deterministic: ties go to fewer pieces, then to the lower device.
 """
 
@@ -30,7 +32,7 @@ KINDS = ("table_wise", "column_wise", "row_wise", "table_row_wise")
 @dataclass(frozen=True)
 class Piece:
     """A table's rows [row, row + rows) and columns [column, column + width) (None: all), its
-    cost (ms) and memory (bytes) on the device it goes to."""
+    cost (ms, compute), memory (bytes) and communication (ms) on the device it goes to."""
 
     row: int
     rows: int | None
@@ -38,6 +40,12 @@ class Piece:
     width: int | None
     cost: float
     memory: int
+    comm: float = 0.0
+
+    @property
+    def load(self) -> float:
+        """What the piece adds to its device's step time: compute and communication."""
+        return self.cost + self.comm
 
 
 @dataclass(frozen=True)
@@ -49,8 +57,8 @@ class Layout:
     pieces: tuple[Piece, ...]
 
     @property
-    def cost(self) -> float:
-        return float(sum(p.cost for p in self.pieces))
+    def load(self) -> float:
+        return float(sum(p.load for p in self.pieces))
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,7 @@ def place(candidates: Sequence[Sequence[Layout]], devices: int, local_size: int,
     if devices % local_size:
         raise ConfigError(f"--devices-per-host: {local_size} (must divide --devices {devices})")
     loads, used = np.zeros(devices), np.zeros(devices, dtype=np.int64)
-    cheapest = np.array([min(layout.cost for layout in c) for c in candidates])
+    cheapest = np.array([min(layout.load for layout in c) for c in candidates])
     # tables that fit no device whole go first, largest first: they need the room the others would take
     need = [min(max(p.memory for p in layout.pieces) for layout in c) for c in candidates]
     forced = [not any(len(layout.pieces) == 1 and layout.pieces[0].memory <= memory_bytes for layout in c)
@@ -84,7 +92,7 @@ def place(candidates: Sequence[Sequence[Layout]], devices: int, local_size: int,
             if spots is None:
                 continue
             new = loads.copy()
-            np.add.at(new, list(spots), [p.cost for p in layout.pieces])
+            np.add.at(new, list(spots), [p.load for p in layout.pieces])
             key = (max(new.max(), (new.sum() + remaining) / devices), len(layout.pieces), spots)
             if best_key is None or key < best_key:
                 best, best_key = Placed(layout, spots), key
@@ -97,7 +105,7 @@ def place(candidates: Sequence[Sequence[Layout]], devices: int, local_size: int,
                               f"{whole} bytes, the freest device has {int(memory_bytes - used.min())}{rows}; more "
                               "memory or devices)")
         for p, d in zip(best.layout.pieces, best.devices, strict=True):
-            loads[d] += p.cost
+            loads[d] += p.load
             used[d] += p.memory
         out[t] = best
     return [p for p in out if p is not None]
@@ -112,9 +120,9 @@ def _fit(layout: Layout, loads: np.ndarray, used: np.ndarray, cap: int, local: i
             fits = np.flatnonzero(room >= p.memory)
             if not len(fits):
                 return None
-            d = int(fits[np.argmin(load[fits] + p.cost)])
+            d = int(fits[np.argmin(load[fits] + p.load)])
             spots.append(d)
-            load[d] += p.cost
+            load[d] += p.load
             room[d] -= p.memory
         return tuple(spots)
     hosts = [0] if layout.kind == "row_wise" else range(len(loads) // local)
@@ -122,7 +130,7 @@ def _fit(layout: Layout, loads: np.ndarray, used: np.ndarray, cap: int, local: i
     for h in hosts:
         spots = tuple(h * local + i for i in range(len(layout.pieces)))
         if all(free[d] >= p.memory for d, p in zip(spots, layout.pieces, strict=True)):
-            peak = max(loads[d] + p.cost for d, p in zip(spots, layout.pieces, strict=True))
+            peak = max(loads[d] + p.load for d, p in zip(spots, layout.pieces, strict=True))
             if best_load is None or peak < best_load:
                 best, best_load = spots, peak
     return best

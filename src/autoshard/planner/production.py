@@ -176,10 +176,9 @@ def main(argv: list[str] | None = None) -> int:
             out, exported = Path(tmp) / f"{method}.json", Path(tmp) / f"{method}.torchrec.json"
             cmd = ["plan", "--tables", str(path), "--devices", str(args.devices), "--memory-per-device", str(hbm),
                    "--sharding", "auto", "--devices-per-host", str(args.devices_per_host), "--method", method,
-                   "--batch-size", str(args.batch_per_rank * args.devices), "--models", str(args.models),
+                   "--batch-size", str(args.batch_per_rank * args.devices),
                    "--out", str(out), "--torchrec", str(exported), "--cache", str(Path(tmp) / "cache")]
-            if method == FIRST_RUN:
-                cmd += ["--backend", args.backend]
+            cmd += ["--backend", args.backend] if method == FIRST_RUN else ["--models", str(args.models)]
             seconds, peak = run_once(cmd)
             doc = json.loads(out.read_text())
             ours, _, _ = torchrec_plan(tables, args.devices, args.devices_per_host, hbm, args.batch_per_rank,
