@@ -53,6 +53,12 @@ def test_tables_too_large_for_a_device_are_split_by_rows_and_every_device_holds_
     doc = json.loads(out.read_text())
     assert "sparse.user_id" in doc["rows"]  # 1.03 GB while training: on no device whole
     assert all(doc["rows"][n]["kind"] == "row_wise" for n in ("seq.clicks", "seq.views") if n in doc["rows"])
+    held_as_counted(doc, out, exported)
+
+
+def held_as_counted(doc: dict, out, exported) -> None:
+    """Each device's memory in the plan file is the training footprint of its pieces, within the cap,
+    and the TorchRec export holds the same shards."""
     spec = {r.split(",")[4] + "." + r.split(",")[0]: r.split(",") for r in MODEL.strip().splitlines()[1:]}
     held = np.zeros(4, dtype=np.int64)
     plan_doc = plan_blocks({k: v for k, v in doc.items() if k != "costs"}, out)
@@ -67,6 +73,22 @@ def test_tables_too_large_for_a_device_are_split_by_rows_and_every_device_holds_
     assert held.max() <= 600_000_000
     back = plan_blocks(json.loads(exported.read_text()), exported)
     assert back.blocks == plan_doc.blocks and back.kinds == plan_doc.kinds
+
+
+def test_torchrecs_own_planner_plans_the_model_with_the_same_accounting(model, tmp_path, capsys):
+    """`--method torchrec --sharding auto`: TorchRec's planner on the same modules, sequence tables
+    and training batch, its plan written and counted as ours are (memory, comm, export)."""
+    out, exported = tmp_path / "plan.json", tmp_path / "plan.torchrec.json"
+    assert plan(model, out, "--sharding", "auto", "--devices-per-host", "2", "--method", "torchrec",
+                "--torchrec", str(exported)) == 0
+    doc = json.loads(out.read_text())
+    assert doc["method"] == "torchrec" and doc["costs"]["backend"] == "torchrec planner"
+    assert doc["costs"]["batch_size"] == BATCH and "sparse.user_id" in doc["rows"]  # TorchRec too must split it
+    assert all(d["estimated_ms"] > 0 and d["comm_modelled_ms"] > 0 for d in doc["per_device"])
+    held_as_counted(doc, out, exported)
+    capsys.readouterr()
+    assert plan(model, tmp_path / "x.json", "--sharding", "auto", "--method", "torchrec", "--column-ways", "2") == 2
+    assert "--column-ways: --method torchrec does not use it" in capsys.readouterr().err
 
 
 def test_the_exported_row_wise_plan_runs_in_torchrec_and_computes_what_the_unsharded_model_does(model, tmp_path):

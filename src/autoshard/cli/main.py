@@ -203,9 +203,10 @@ def _check_plan_options(args: argparse.Namespace, folder: Path) -> None:
             if args.method == FIRST_RUN:
                 print(f"no trained models in {folder}: each piece's cost measured alone on this machine (--method "
                       f"{GREEDY} to predict them)", file=sys.stderr)
-        if args.method not in COST_METHODS:
+        if args.method not in (*COST_METHODS, "torchrec"):
             raise ConfigError(f"--method: {shown(args.method)} (with --sharding {args.sharding}: "
-                              f"{' or '.join(COST_METHODS)}, the costs of every piece measured here or predicted)")
+                              f"{', '.join(COST_METHODS)} (the costs of every piece measured here or predicted) or "
+                              "torchrec (TorchRec's planner))")
         per_host = args.devices_per_host
         if per_host is not None and not (1 <= per_host <= args.devices and args.devices % per_host == 0):
             raise ConfigError(f"--devices-per-host: {per_host} (between 1 and --devices {args.devices}, and "
@@ -247,13 +248,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                   need_torch=args.method == SAMPLED, folder=folder)
     options = {"best_of": args.best_of, "seed": args.seed} if args.method == SAMPLED else {}
     singles = _singles(tables, args) if args.method in MEASURED else None
-    placement, seconds = planning.timed_place(args.method, tables, task, models, best_of=args.best_of,
-                                              seed=planning.seed_for(tables, args.seed),
-                                              single_costs=None if singles is None else singles.costs, memory=held)
+    costs = None if singles is None else singles.source()
+    if args.method == "torchrec":  # TorchRec's planner on the user's modules, at the training batch
+        from autoshard.cli.sharding_plan import parse_bandwidths
+        from autoshard.planner import torchrec_method
+
+        result = torchrec_method.plan(tables, "table", args.devices, args.devices, memory, args.batch_size,
+                                      parse_bandwidths(None), args.torchrec_device)
+        placement = np.array([p.devices[0] for p in result.placed], dtype=np.int64)
+        seconds, costs = result.seconds, result.costs
+    else:
+        placement, seconds = planning.timed_place(args.method, tables, task, models, best_of=args.best_of,
+                                                  seed=planning.seed_for(tables, args.seed),
+                                                  single_costs=None if singles is None else singles.costs,
+                                                  memory=held)
     planning.check_memory(f"--method {args.method}", task, placement, held,
                           "try a memory-aware heuristic such as size_lookup_greedy, or more memory")
     doc = planning.plan_document(args.method, options | {"batch_size": args.batch_size}, tables, task, placement,
-                                 models, seconds, costs=None if singles is None else singles.source(), memory=held)
+                                 models, seconds, costs=costs, memory=held)
     outputs = {args.out: json.dumps(doc, indent=1, default=_plain, allow_nan=False)}
     if args.torchrec is not None:
         blocks = {n: [Block(0, None, 0, None, int(d))] for n, d in zip(tables.names, placement, strict=True)}
@@ -303,26 +315,35 @@ def _write_and_show(args: argparse.Namespace, doc: dict, outputs: dict) -> int:
 
 def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -> int:
     """`plan --sharding row|auto`: every table's sharding chosen with its placement
-    (`cli.sharding_plan`), on piece costs measured here or predicted by the cost model."""
+    (`cli.sharding_plan`), on piece costs measured here or predicted by the cost model, or by
+    TorchRec's planner (`planner.torchrec_method`)."""
     from autoshard.cli import column_plan, sharding_plan
     from autoshard.cli import service as planning
 
     local = args.devices_per_host or args.devices
+    if args.method == "torchrec" and args.column_ways is not None:
+        raise ConfigError("--column-ways: --method torchrec does not use it (TorchRec's planner chooses column shards)")
     ways = (column_plan.parse_ways(args.column_ways or ",".join(map(str, study_defaults()["columns.ways"])))
-            if args.sharding == "auto" else ())
+            if args.sharding == "auto" and args.method != "torchrec" else ())
     models = planning.Models(cost_model=None, policy=None, files={})
-    if args.method == GREEDY:
-        models = planning.load_models(GREEDY, args.policy, args.cost_model, folder=folder)
-        costs = sharding_plan.predicted(tables, models)
-    elif args.backend == "analytic":
-        costs = sharding_plan.estimated(tables, args.batch_size)
-    else:
-        from autoshard.cli.singles import cache_folder
+    if args.method == "torchrec":
+        from autoshard.planner import torchrec_method
 
-        costs = sharding_plan.measured(tables, _backend_config(tables, args, training=True), cache_folder(args.cache),
-                                       progress=not args.json and sys.stderr.isatty())
-    result = sharding_plan.plan(tables, args.sharding, args.devices, local, memory, args.batch_size, ways, costs,
-                                args.links)
+        result = torchrec_method.plan(tables, args.sharding, args.devices, local, memory, args.batch_size, args.links,
+                                      args.torchrec_device)
+    else:
+        if args.method == GREEDY:
+            models = planning.load_models(GREEDY, args.policy, args.cost_model, folder=folder)
+            costs = sharding_plan.predicted(tables, models)
+        elif args.backend == "analytic":
+            costs = sharding_plan.estimated(tables, args.batch_size)
+        else:
+            from autoshard.cli.singles import cache_folder
+
+            costs = sharding_plan.measured(tables, _backend_config(tables, args, training=True),
+                                           cache_folder(args.cache), progress=not args.json and sys.stderr.isatty())
+        result = sharding_plan.plan(tables, args.sharding, args.devices, local, memory, args.batch_size, ways,
+                                    costs, args.links)
     options = {"sharding": args.sharding, "devices_per_host": local, "batch_size": args.batch_size,
                "column_ways": list(ways), "bandwidths_gib_per_s": list(args.links.gib_per_s)}
     doc = sharding_plan.document(args.method, options, tables, args.devices, memory, result, models.files,

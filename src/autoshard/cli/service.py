@@ -183,8 +183,8 @@ def make_task(tables: UserTables, devices: int, memory_bytes: int, memory: np.nd
 
 def check_memory(what: str, task: Task, placement: np.ndarray, memory: np.ndarray, hint: str) -> None:
     """Every device holds what the plan puts on it while training (`memory` per placed item): a
-    method that counts memory its own way (TorchRec's batch-free estimate, the torch policy's table
-    sizes, split-then-place's weights and state) is held to it too. `what` names the plan, `hint`
+    method that counts memory its own way (the torch policy's table sizes, split-then-place's weights
+    and state) is held to it too. `what` names the plan, `hint`
     what to try instead."""
     used = np.bincount(placement, weights=memory.astype(float), minlength=task.devices)
     over = np.flatnonzero(used > task.memory_bytes)

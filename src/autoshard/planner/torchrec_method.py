@@ -1,0 +1,101 @@
+"""`autoshard plan --method torchrec --sharding row|auto`: TorchRec's own planner on the user's
+model, with the accounting every other method of the command has.
+
+TorchRec plans the model the export writes (`cli.torchrec_check.embedding_model`: an
+EmbeddingBagCollection per module path, an EmbeddingCollection for the sequence tables, row-wise
+Adagrad fused into the backward) on a topology of `--torchrec-device` devices (GPUs by default;
+on CPU TorchRec's planner finds no fused option for sequence tables) in hosts of
+`--devices-per-host`, each with `--memory-per-device` and no storage reservation. It is told every table's pooling
+factor, the fused kernel (the whole table in device memory, as every method assumes) and the
+sharding types `--sharding` offers (`row`: table-, row- and table-row-wise; `auto`: column-wise
+too). Its storage estimate is at the per-rank training batch, so it counts what
+`data.footprint` counts (weights, optimizer state, input and output buffers); its perf estimate
+of each chosen shard is the shard's cost (compute, forward and backward), and the plan's
+communication and memory are counted as for our own plans (`placement.traffic`,
+`data.footprint`), so the two plan files read alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from autoshard.cli.sharding_plan import Result
+from autoshard.cli.user_tables import UserTables
+from autoshard.core.errors import ConfigError
+from autoshard.data.footprint import shard_footprint
+from autoshard.placement.sharding import Layout, Piece, Placed
+from autoshard.placement.traffic import Links, piece_bytes
+
+OFFERED = {"table": ("table_wise",), "row": ("table_wise", "row_wise", "table_row_wise"),
+           "auto": ("table_wise", "column_wise", "row_wise", "table_row_wise")}
+
+
+def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_bytes: int, batch: int, links: Links,
+         compute_device: str = "cuda") -> Result:
+    """TorchRec's plan of `tables` (see the module) as our sharded placement; refused in one line
+    when TorchRec finds none."""
+    from torch.distributed.optim import _apply_optimizer_in_backward
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
+    from torchrec.optim import RowWiseAdagrad
+
+    from autoshard.cli.torchrec_check import embedding_model
+    from autoshard.placement.torchrec import modules_of, split_name
+    from autoshard.planner.production import sharders
+
+    for name in ("torchrec", "torchrec.distributed.planner"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    model = embedding_model(tables, modules_of(tables.features, tables.names), "meta")
+    _apply_optimizer_in_backward(RowWiseAdagrad, model.parameters(), {"lr": 0.01})  # the rate does not enter a plan
+    cap = {"ddr_cap": memory_bytes} if compute_device == "cpu" else {"hbm_cap": memory_bytes}
+    topology = Topology(world_size=devices, local_world_size=local, compute_device=compute_device, **cap)
+    f = tables.features
+    told = {}
+    for name, pooling, sequence in zip(tables.names, f["pooling_factor"], tables.sequence, strict=True):
+        types = [k for k in OFFERED[sharding] if not (k == "table_row_wise" and (sequence or local == devices))]
+        told[split_name(name)[1]] = ParameterConstraints(sharding_types=types, compute_kernels=["fused"],
+                                                         pooling_factors=[float(pooling)])
+    planner = EmbeddingShardingPlanner(topology=topology, batch_size=max(1, batch // devices), constraints=told,
+                                       storage_reservation=FixedPercentageStorageReservation(0.0))
+    start = time.perf_counter()
+    try:
+        planner.plan(model, sharders())
+    except Exception as exc:  # noqa: BLE001 - the planner's own errors are many and specific
+        raise ConfigError(f"--method torchrec: TorchRec's planner found no plan ({exc.__class__.__name__}: "
+                          f"{str(exc).splitlines()[0][:200] if str(exc) else ''})") from None
+    seconds = time.perf_counter() - start
+    chosen = {(f"{o.path}.{o.name}" if o.path else o.name): o for o in planner._best_plan}  # noqa: SLF001
+    placed = [_placed(tables, t, chosen[name], batch, devices, local, links) for t, name in enumerate(tables.names)]
+    used = [0] * devices
+    for p in placed:
+        for q, d in zip(p.layout.pieces, p.devices, strict=True):
+            used[d] += q.memory
+    over = [d for d in range(devices) if used[d] > memory_bytes]
+    if over:
+        raise ConfigError(f"--method torchrec: its plan puts {used[over[0]]} bytes (while training) on device "
+                          f"{over[0]}, more than --memory-per-device {memory_bytes}")
+    return Result(placed, seconds, {
+        "objective": "TorchRec's planner's own (its perf estimate, comm included, and its storage estimate)",
+        "kind": "estimated", "what": "TorchRec's perf estimate of each shard its planner chose, compute forward + "
+                                     "backward (ms)", "backend": "torchrec planner", "device": compute_device,
+        "batch_size": batch})
+
+
+def _placed(tables: UserTables, t: int, option, batch: int, devices: int, local: int, links: Links) -> Placed:
+    """One table's TorchRec sharding option as our layout and devices."""
+    f = tables.features
+    dim, pooling = int(f["dim"].iloc[t]), float(f["pooling_factor"].iloc[t])
+    sequence, weight = bool(tables.sequence[t]), int(tables.weight_bytes[t])
+    kind = option.sharding_type
+    ways = len(option.shards) if kind in ("row_wise", "table_row_wise") else 1
+    values = pooling if sequence else 1.0
+    pieces = []
+    for shard in option.shards:
+        (row, column), (held, width) = shard.offset, shard.size
+        comm = links.ms(*piece_bytes(kind, width, values, sequence, batch, devices, local)) if held else 0.0
+        cost = float(shard.perf.fwd_compute + shard.perf.bwd_compute)
+        pieces.append(Piece(int(row), None if ways == 1 else int(held), int(column),
+                            None if width == dim else int(width), cost,
+                            shard_footprint(int(held), int(width), weight, batch, pooling, sequence, ways), comm))
+    return Placed(Layout(kind, tuple(pieces)), tuple(int(s.rank) for s in option.shards))
