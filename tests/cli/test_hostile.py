@@ -68,7 +68,8 @@ def corpus(tmp_path, monkeypatch) -> Path:
 @pytest.mark.parametrize("case", MANIFEST["cases"], ids=lambda c: f"{c[0]}:{c[1][:70]}")
 def test_corpus_case_is_refused_cleanly(corpus, case):
     _, command, pattern = case
-    command = command.replace("{plan}", MANIFEST["plan"]).replace("{score}", MANIFEST["score"])
+    command = (command.replace("{plan}", MANIFEST["plan"]).replace("{score}", MANIFEST["score"])
+               .replace("{sharded}", MANIFEST["sharded"]))
     err = refused(shlex.split(command.replace("{dir}", str(corpus))), corpus)
     import re
 

@@ -122,6 +122,27 @@ def test_the_cost_model_can_predict_the_shards_and_the_learned_sharder_place_the
         AutoShardEstimator(Topology(world_size=2, compute_device="cpu"), costs="guessed")
 
 
+@pytest.mark.parametrize("method", ["lpt_measured", "milp", "size_lookup_greedy"])
+def test_the_partitioner_keeps_pinned_tables_and_groups_where_they_are_asked(method):
+    plan, _ = plan_with(AutoShardPartitioner(method=method, pins={"t_item": 2, "t_time": 0},
+                                             groups=[["t_user", "t_geo", "t_time"], ["t_ad", "t_page"]]), ranks=3)
+    assert plan["t_item"].ranks == [2]
+    assert plan["t_user"].ranks == plan["t_geo"].ranks == plan["t_time"].ranks == [0]
+    assert plan["t_ad"].ranks == plan["t_page"].ranks
+    assert set(plan) == {n for n, *_ in TABLES}
+
+
+@pytest.mark.parametrize("pins, groups, pattern", [
+    ({"t_nope": 0}, None, r"table 't_nope' is not among the proposed tables"),
+    ({"t_item": 3}, None, r"pins: table 't_item': rank 3 \(ranks 0 to 2\)"),
+    ({"t_item": 0, "t_ad": 1}, [["t_item", "t_ad"]], r"groups: \['t_item', 't_ad'\] pinned to ranks \[0, 1\]"),
+    (None, [["t_item"], ["t_item", "t_ad"]], r"groups: table 't_item' is in two groups"),
+])
+def test_pins_and_groups_that_cannot_hold_are_refused(pins, groups, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        plan_with(AutoShardPartitioner(method="lpt_measured", pins=pins, groups=groups), ranks=3)
+
+
 def test_an_unknown_method_is_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"method: 'nope' \(expected one of .*lpt_measured"):
         AutoShardPartitioner(method="nope")

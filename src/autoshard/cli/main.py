@@ -116,6 +116,10 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("--split", action="append", metavar="NAME=K",
                       help="with --sharding column: split table NAME into K column shards (repeatable)")
     _measure_args(plan)
+    plan.add_argument("--constraints", type=Path, default=None, metavar="FILE",
+                      help="a YAML or JSON file pinning tables to devices ({name: {device: 3}}), keeping groups "
+                           "on one device ({name: {group: g}}) and restricting sharding types ({name: "
+                           "{sharding_types: [row_wise]}}); with --sharding table, row or auto")
     _cache_arg(plan)
     plan.add_argument("--out", required=True, type=Path, help="plan file to write (JSON)")
     plan.add_argument("--torchrec", type=Path, help="also write the plan as a TorchRec sharding plan (JSON)")
@@ -188,7 +192,8 @@ def _check_plan_options(args: argparse.Namespace, folder: Path) -> None:
     unused = {"--column-ways": args.column_ways if args.sharding in ("table", "row") else None,
               "--split": args.split if args.sharding != "column" else None,
               "--devices-per-host": args.devices_per_host if args.sharding in ("table", "column") else None,
-              "--bandwidths": args.bandwidths if args.sharding in ("table", "column") else None}
+              "--bandwidths": args.bandwidths if args.sharding in ("table", "column") else None,
+              "--constraints": args.constraints if args.sharding == "column" else None}
     for option, value in unused.items():
         if value is not None:
             raise ConfigError(f"{option}: --sharding {args.sharding} does not use it")
@@ -197,7 +202,7 @@ def _check_plan_options(args: argparse.Namespace, folder: Path) -> None:
             raise ConfigError(f"--method: {shown(args.method)} (with --sharding column only cost_greedy, "
                               "split-then-place on the cost model, places column shards)")
         args.method = GREEDY
-    if args.sharding in ("row", "auto"):
+    if args.sharding in ("row", "auto") or args.constraints is not None:  # the sharded placement
         if args.method is None:
             args.method = GREEDY if has_models(folder) or args.cost_model else FIRST_RUN
             if args.method == FIRST_RUN:
@@ -236,9 +241,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     _check_plan_options(args, folder)
     memory = parse_memory(args.memory_per_device)
     check_outputs({"--out": args.out, "--torchrec": args.torchrec},
-                  [args.tables, args.policy, args.cost_model, *planning.default_files(folder)])
+                  [args.tables, args.policy, args.cost_model, args.constraints, *planning.default_files(folder)])
     tables = read_tables(args.tables, args.weight_bytes)
-    if args.sharding in ("row", "auto"):
+    if args.sharding in ("row", "auto") or args.constraints is not None:
         return _plan_sharded(args, tables, memory, folder)
     held = tables.memory(args.batch_size)
     task = planning.make_task(tables, args.devices, memory, held)
@@ -319,8 +324,15 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
     TorchRec's planner (`planner.torchrec_method`)."""
     from autoshard.cli import column_plan, sharding_plan
     from autoshard.cli import service as planning
+    from autoshard.cli.constraints import Constraints, read_constraints
 
     local = args.devices_per_host or args.devices
+    constraints = (read_constraints(args.constraints, tables, args.devices, local, args.sharding,
+                                    tables.memory(args.batch_size), memory)
+                   if args.constraints is not None else Constraints())
+    if args.method == "torchrec" and constraints.places:
+        raise ConfigError(f"--constraints: {args.constraints} pins or groups tables, which TorchRec's planner "
+                          "cannot be told (lpt_measured and cost_greedy honour them; torchrec takes sharding_types)")
     if args.method == "torchrec" and args.column_ways is not None:
         raise ConfigError("--column-ways: --method torchrec does not use it (TorchRec's planner chooses column shards)")
     ways = (column_plan.parse_ways(args.column_ways or ",".join(map(str, study_defaults()["columns.ways"])))
@@ -330,7 +342,7 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
         from autoshard.planner import torchrec_method
 
         result = torchrec_method.plan(tables, args.sharding, args.devices, local, memory, args.batch_size, args.links,
-                                      args.torchrec_device)
+                                      args.torchrec_device, constraints.kinds)
     else:
         if args.method == GREEDY:
             models = planning.load_models(GREEDY, args.policy, args.cost_model, folder=folder)
@@ -343,9 +355,10 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
             costs = sharding_plan.measured(tables, _backend_config(tables, args, training=True),
                                            cache_folder(args.cache), progress=not args.json and sys.stderr.isatty())
         result = sharding_plan.plan(tables, args.sharding, args.devices, local, memory, args.batch_size, ways,
-                                    costs, args.links)
+                                    costs, args.links, constraints)
     options = {"sharding": args.sharding, "devices_per_host": local, "batch_size": args.batch_size,
-               "column_ways": list(ways), "bandwidths_gib_per_s": list(args.links.gib_per_s)}
+               "column_ways": list(ways), "bandwidths_gib_per_s": list(args.links.gib_per_s),
+               "constraints": None if args.constraints is None else str(args.constraints)}
     doc = sharding_plan.document(args.method, options, tables, args.devices, memory, result, models.files,
                                  models.engine)
     outputs = {args.out: json.dumps(doc, indent=1, default=_plain, allow_nan=False)}

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from autoshard.cli.constraints import Constraints
 from autoshard.cli.service import FIRST_RUN
 from autoshard.cli.user_tables import UserTables
 from autoshard.core.errors import ConfigError
@@ -74,7 +75,7 @@ def shapes(tables: UserTables, sharding: str, devices: int, local: int,
                 if k > 1 and dim % k == 0 and (dim // k) % ALIGN == 0:
                     w = dim // k
                     options.append(("column_wise", [Shape(t, 0, rows, i * w, w, 1) for i in range(k)]))
-        for kind, k in (("row_wise", devices), ("table_row_wise", local)):
+        for kind, k in (("row_wise", devices), ("table_row_wise", local)) if sharding != "table" else ():
             if k > 1 and rows >= k and not (kind == "table_row_wise" and (sequence or local == devices)):
                 split = row_split(rows, k)
                 starts = np.concatenate([[0], np.cumsum(split)[:-1]]).tolist()
@@ -141,11 +142,17 @@ def parse_bandwidths(value: str | None) -> Links:
 
 
 def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_bytes: int, batch: int,
-         column_ways: tuple[int, ...], piece_costs, links: Links) -> Result:
+         column_ways: tuple[int, ...], piece_costs, links: Links, constraints: Constraints | None = None) -> Result:
     """The tables' layouts and devices. `piece_costs(distinct)` gives each distinct piece's cost
     (ms) and the plan file's `costs` entry (`measured`, `estimated` or `predicted` below); each
-    piece's communication is charged at `links`."""
+    piece's communication is charged at `links`; `constraints` pin, group and restrict tables."""
+    constraints = constraints or Constraints()
     candidates = shapes(tables, sharding, devices, local, column_ways)
+    for t, kinds in constraints.kinds.items():
+        candidates[t] = [o for o in candidates[t] if o[0] in kinds]
+        if not candidates[t]:
+            raise ConfigError(f"table {tables.names[t]}: none of its sharding_types {list(kinds)} can shard it "
+                              f"({int(tables.features['rows'].iloc[t])} rows)")
     distinct = list({piece_key(s): s for c in candidates for _, pieces in c for s in pieces if s.rows}.values())
     index = {piece_key(s): i for i, s in enumerate(distinct)}
     costs, source = piece_costs(distinct)
@@ -174,9 +181,34 @@ def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_byt
                               f"whole or split (use --method {GREEDY})")
         layouts.append(found)
     start = time.perf_counter()
-    placed = place(layouts, devices, local, memory_bytes, tables.names)
+    placed = _grouped_place(layouts, devices, local, memory_bytes, tables.names, constraints)
     return Result(placed, time.perf_counter() - start,
                   {"objective": "the busiest device's costs plus its comm (placement.sharding)", **source})
+
+
+def _grouped_place(layouts: list[list[Layout]], devices: int, local: int, memory_bytes: int, names: list[str],
+                   constraints: Constraints) -> list[Placed]:
+    """`placement.sharding.place` with each group of tables placed as one whole table (its costs,
+    comm and memory summed) and pinned tables on their devices; then each member on its group's device."""
+    grouped = {t for members, _ in constraints.groups for t in members}
+    alone = [t for t in range(len(layouts)) if t not in grouped]
+    items = [layouts[t] for t in alone]
+    labels = [names[t] for t in alone]
+    fixed = [constraints.device.get(t) for t in alone]
+    for members, device in constraints.groups:
+        whole = [layouts[t][0].pieces[0] for t in members]  # pinned and grouped tables offer table_wise only
+        items.append([Layout("table_wise", (Piece(0, None, 0, None, sum(p.cost for p in whole),
+                                                  sum(p.memory for p in whole), sum(p.comm for p in whole)),))])
+        labels.append(f"group of {', '.join(names[t] for t in members)}")
+        fixed.append(device)
+    placed = place(items, devices, local, memory_bytes, labels, fixed)
+    out: list[Placed | None] = [None] * len(layouts)
+    for t, p in zip(alone, placed[:len(alone)], strict=True):
+        out[t] = p
+    for (members, _), p in zip(constraints.groups, placed[len(alone):], strict=True):
+        for t in members:
+            out[t] = Placed(layouts[t][0], p.devices)
+    return [p for p in out if p is not None]
 
 
 def measured(tables: UserTables, cfg, folder, progress: bool):

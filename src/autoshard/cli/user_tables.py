@@ -132,14 +132,14 @@ def tables_from_records(records: list[dict], source: str, weight_bytes: int = 4,
     return _features(_checked(columns, records, Path(source)), Path(source), weight_bytes, trace_batch)
 
 
-class _NoAliases(yaml.SafeLoader):
+class StrictLoader(yaml.SafeLoader):
     """YAML without anchors and aliases (an alias bomb is refused at its first alias), and
     without a key given twice in one mapping (which YAML would settle silently, keeping the last)."""
 
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             line = self.peek_event().start_mark.line + 1
-            raise yaml.YAMLError(f"line {line}: aliases (*name) are not accepted in a table file")
+            raise yaml.YAMLError(f"line {line}: aliases (*name) are not accepted")
         return super().compose_node(parent, index)
 
     def construct_mapping(self, node, deep=False):
@@ -177,7 +177,7 @@ def _read_rows(path: Path) -> tuple[list[str], list[dict]]:
 
 def _yaml_rows(text: str, path: Path) -> tuple[list[str], list[dict]]:
     try:
-        doc = yaml.load(text, Loader=_NoAliases)  # noqa: S506 - a SafeLoader, without aliases
+        doc = yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader, without aliases
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({shown(str(exc).splitlines()[0], 120)})") from None
     except RecursionError:

@@ -70,9 +70,10 @@ class Placed:
 
 
 def place(candidates: Sequence[Sequence[Layout]], devices: int, local_size: int, memory_bytes: int,
-          names: Sequence[str]) -> list[Placed]:
+          names: Sequence[str], fixed: Sequence[int | None] | None = None) -> list[Placed]:
     """Every table's layout and devices (see the module); a table no layout of which fits what
-    is left is refused by name."""
+    is left is refused by name. `fixed` pins a table (its one whole layout) to a device: pinned
+    tables are placed first, where they are pinned."""
     if devices % local_size:
         raise ConfigError(f"--devices-per-host: {local_size} (must divide --devices {devices})")
     loads, used = np.zeros(devices), np.zeros(devices, dtype=np.int64)
@@ -81,14 +82,16 @@ def place(candidates: Sequence[Sequence[Layout]], devices: int, local_size: int,
     need = [min(max(p.memory for p in layout.pieces) for layout in c) for c in candidates]
     forced = [not any(len(layout.pieces) == 1 and layout.pieces[0].memory <= memory_bytes for layout in c)
               for c in candidates]
-    order = sorted(range(len(candidates)), key=lambda t: (not forced[t], -need[t] if forced[t] else -cheapest[t], t))
+    pinned = list(fixed) if fixed is not None else [None] * len(candidates)
+    order = sorted(range(len(candidates)), key=lambda t: (pinned[t] is None, not forced[t],
+                                                          -need[t] if forced[t] else -cheapest[t], t))
     remaining = float(cheapest.sum())
     out: list[Placed | None] = [None] * len(candidates)
     for t in order:
         remaining -= cheapest[t]
         best, best_key = None, None
         for layout in candidates[t]:
-            spots = _fit(layout, loads, used, memory_bytes, local_size)
+            spots = _fit(layout, loads, used, memory_bytes, local_size, pinned[t])
             if spots is None:
                 continue
             new = loads.copy()
@@ -96,6 +99,10 @@ def place(candidates: Sequence[Sequence[Layout]], devices: int, local_size: int,
             key = (max(new.max(), (new.sum() + remaining) / devices), len(layout.pieces), spots)
             if best_key is None or key < best_key:
                 best, best_key = Placed(layout, spots), key
+        if best is None and pinned[t] is not None:
+            raise ConfigError(f"table {names[t]}: pinned to device {pinned[t]}, which has "
+                              f"{int(memory_bytes - used[pinned[t]])} bytes left of the "
+                              f"{candidates[t][0].pieces[0].memory} it needs")
         if best is None:
             whole = min(layout.pieces[0].memory for layout in candidates[t] if len(layout.pieces) == 1)
             split = [max(p.memory for p in layout.pieces) for layout in candidates[t] if len(layout.pieces) > 1]
@@ -111,9 +118,13 @@ def place(candidates: Sequence[Sequence[Layout]], devices: int, local_size: int,
     return [p for p in out if p is not None]
 
 
-def _fit(layout: Layout, loads: np.ndarray, used: np.ndarray, cap: int, local: int) -> tuple[int, ...] | None:
-    """The devices `layout`'s pieces go to, the least loaded that fit; None if they do not fit."""
+def _fit(layout: Layout, loads: np.ndarray, used: np.ndarray, cap: int, local: int,
+         pinned: int | None = None) -> tuple[int, ...] | None:
+    """The devices `layout`'s pieces go to, the least loaded that fit (`pinned`: that device, for
+    a whole table); None if they do not fit."""
     free = cap - used
+    if pinned is not None:
+        return (pinned,) if len(layout.pieces) == 1 and free[pinned] >= layout.pieces[0].memory else None
     if layout.kind in ("table_wise", "column_wise"):
         spots, load, room = [], loads.copy(), free.copy()
         for p in layout.pieces:

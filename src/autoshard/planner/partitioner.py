@@ -12,8 +12,10 @@ every device is checked after); where nothing fits it raises TorchRec's `Planner
 data-parallel: a shard on every rank) go first, shard i on rank i, as TorchRec's own partitioner
 puts them; then those partitioned by `host` (table-row-wise: a shard on every rank of one host),
 largest perf first, each on the host where it fits and leaves the busiest rank least busy, shard
-i on the host's rank i; our method places the rest. Placed shards are charged to the topology's
-devices.
+i on the host's rank i; then the user's constraints, tables pinned to a rank (`pins`, by the
+table's name as TorchRec has it) and groups of tables kept on one rank (`groups`, each on the
+rank where it fits that is least busy); our method places the rest on what is left. Placed shards
+are charged to the topology's devices. (Sharding types are TorchRec's own `ParameterConstraints`.)
 
     planner = EmbeddingShardingPlanner(topology=topology, enumerator=enumerator,
                                        partitioner=AutoShardPartitioner(method=...))  # any id of `cli.service.METHODS`
@@ -21,6 +23,7 @@ devices.
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -38,11 +41,17 @@ class AutoShardPartitioner(Partitioner):
     `seed` seeds the sampled and random methods. `last` keeps the last placement's method,
     bottleneck (the largest per-device sum of perf totals) and memory kind."""
 
-    def __init__(self, method: str = service.FIRST_RUN, models: Path | None = None, seed: int = 0) -> None:
+    def __init__(self, method: str = service.FIRST_RUN, models: Path | None = None, seed: int = 0,
+                 pins: dict[str, int] | None = None, groups: list[list[str]] | None = None) -> None:
         if method not in service.METHODS:
             raise ConfigError(f"method: {method!r} (expected one of {', '.join(service.METHODS)})")
+        twice = [n for n, c in Counter(n for g in groups or [] for n in g).items() if c > 1]
+        if twice:
+            raise ConfigError(f"groups: table {twice[0]!r} is in two groups")
         self.method = method
         self.seed = seed
+        self.pins = dict(pins or {})
+        self.groups = [list(g) for g in groups or []]
         self.models = (service.load_models(method, None, None, folder=service.models_folder(models))
                        if method in service.LEARNED else service.Models(cost_model=None, policy=None, files={}))
         self.last: dict = {}
@@ -54,7 +63,8 @@ class AutoShardPartitioner(Partitioner):
                 self._charge(shard, rank, devices, option.name)
         self._by_host([o for o in proposal if o.partition_by == "host"], devices,
                       storage_constraint.local_world_size)
-        shards = items(proposal, fixed=False)
+        held = self._constrained(proposal, devices)
+        shards = [s for s in items(proposal, fixed=False) if s.option not in held]
         if not shards:
             self.last = {"method": self.method, "bottleneck": 0.0, "memory": None, "shards": 0}
             return proposal
@@ -80,6 +90,39 @@ class AutoShardPartitioner(Partitioner):
         loads = np.bincount(placement, weights=costs, minlength=len(devices))
         self.last = {"method": self.method, "bottleneck": float(loads.max()), "memory": kind, "shards": len(shards)}
         return proposal
+
+    def _constrained(self, proposal: list, devices: list) -> set[int]:
+        """Place the pinned tables on their ranks and each group on one rank (see the module); the
+        indices of the options placed. A name not proposed, or proposed split, is refused."""
+        by_name = {o.name: i for i, o in enumerate(proposal)}
+        for name in [*self.pins, *(n for g in self.groups for n in g)]:
+            if name not in by_name:
+                raise ConfigError(f"pins/groups: table {name!r} is not among the proposed tables")
+            if len(proposal[by_name[name]].shards) != 1:
+                raise ConfigError(f"pins/groups: table {name!r} is proposed {proposal[by_name[name]].sharding_type} "
+                                  "(a pinned or grouped table is whole: constrain its sharding_types to table_wise)")
+        wrong = [(n, r) for n, r in self.pins.items() if not (isinstance(r, int) and 0 <= r < len(devices))]
+        if wrong:
+            raise ConfigError(f"pins: table {wrong[0][0]!r}: rank {wrong[0][1]!r} (ranks 0 to {len(devices) - 1})")
+        groups = [[by_name[n] for n in g] for g in self.groups]
+        for group in groups:
+            at = {self.pins[proposal[i].name] for i in group if proposal[i].name in self.pins}
+            if len(at) > 1:
+                raise ConfigError(f"groups: {[proposal[i].name for i in group]} pinned to ranks {sorted(at)}")
+            if not at:
+                need = [proposal[i].shards[0].storage for i in group]
+                fits = [r for r, d in enumerate(devices) if _fits_all(need, d.storage)]
+                if not fits:
+                    raise PlannerError(error_type=PlannerErrorType.PARTITION,
+                                       message=f"{self.method}: group {[proposal[i].name for i in group]} fits no rank")
+                at = {min(fits, key=lambda r: (devices[r].perf.total, r))}
+            for i in group:
+                self._charge(proposal[i].shards[0], next(iter(at)), devices, proposal[i].name)
+        grouped = {i for g in groups for i in g}
+        for name, rank in self.pins.items():
+            if by_name[name] not in grouped:
+                self._charge(proposal[by_name[name]].shards[0], rank, devices, name)
+        return grouped | {by_name[n] for n in self.pins}
 
     def _by_host(self, options: list, devices: list, local: int) -> None:
         """Each option's shards on the ranks of one host, in order (see the module)."""
@@ -107,3 +150,13 @@ class AutoShardPartitioner(Partitioner):
         shard.rank = rank
         devices[rank].storage -= shard.storage
         devices[rank].perf += shard.perf
+
+
+def _fits_all(needs: list, storage) -> bool:
+    """Whether the storages `needs` fit `storage` together."""
+    left = storage
+    for need in needs:
+        if not need.fits_in(left):
+            return False
+        left = left - need
+    return True

@@ -2,7 +2,12 @@
 planner with its defaults, side by side (a benchmark, not a stage).
 
   python -m autoshard.planner.production [--tables 1900] [--devices 96] [--devices-per-host 8]
-      [--memory-per-device 138GiB] [--batch-per-rank 2048] [--methods cost_greedy lpt_measured] [--out bench.json]
+      [--memory-per-device 138GiB] [--batch-per-rank 2048] [--methods cost_greedy lpt_measured torchrec]
+      [--no-defaults] [--out bench.json]
+
+`--methods torchrec` is TorchRec's planner through the command (`planner.torchrec_method`: the
+fused kernel, storage at the training batch, no reservation); "defaults" is TorchRec's planner as
+it comes (every kernel and sharding type it proposes, its heuristical storage reservation).
 
 The model is `cli.bench.production_tables` (seeded by params.yaml's `seed`); the training batch
 is the per-rank batch times the devices.
@@ -146,6 +151,26 @@ def predicted_load(user, plan, devices: int, models) -> float:
     return float(load.max())
 
 
+def defaults(tables: pd.DataFrame, args: argparse.Namespace, hbm: int) -> dict:
+    """TorchRec's planner with its defaults on the model: its per-rank estimate, planning time and
+    (with the cost model) our prediction of its plan; or how it failed."""
+    start = time.perf_counter()
+    try:
+        theirs, planning, plan = torchrec_plan(tables, args.devices, args.devices_per_host, hbm, args.batch_per_rank)
+    except Exception as exc:  # noqa: BLE001 - TorchRec's planner fails in many ways; the failure is the result
+        return {"feasible": False, "error": f"{exc.__class__.__name__}: {str(exc)[:300]}",
+                "seconds": time.perf_counter() - start}
+    out = {"feasible": True, "planning_seconds": planning, "seconds": time.perf_counter() - start,
+           "torchrec_estimate": theirs}
+    if GREEDY in args.methods:
+        from autoshard.cli import service
+
+        models = service.load_models(GREEDY, None, None, folder=args.models)
+        _, _, user = model_and_topology(tables, args.devices, args.devices_per_host, hbm)
+        out["predicted_bottleneck_ms"] = predicted_load(user, plan, args.devices, models)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     from autoshard.cli.bench import run_once
     from autoshard.cli.defaults import study_defaults
@@ -157,8 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--devices-per-host", type=int, default=8)
     p.add_argument("--memory-per-device", default="138GiB")
     p.add_argument("--batch-per-rank", type=int, default=2048)
-    p.add_argument("--methods", nargs="+", default=[GREEDY, FIRST_RUN],
-                   help=f"{GREEDY} (predicted by the cost model, needs --models) and/or {FIRST_RUN} (on --backend)")
+    p.add_argument("--methods", nargs="+", default=[GREEDY, FIRST_RUN], choices=[GREEDY, FIRST_RUN, "torchrec"],
+                   help=f"{GREEDY} (predicted by the cost model, needs --models), {FIRST_RUN} (on --backend), "
+                        "torchrec (TorchRec's planner through the command: fused kernel, training-batch storage)")
+    p.add_argument("--no-defaults", action="store_true", help="skip TorchRec's planner with its defaults")
     p.add_argument("--backend", default="analytic", help=f"{FIRST_RUN}'s --backend (default analytic: TorchRec's "
                                                          "perf estimate of each piece, no trace drawn)")
     p.add_argument("--models", type=Path, default=Path("data/rl"))
@@ -178,8 +205,13 @@ def main(argv: list[str] | None = None) -> int:
                    "--sharding", "auto", "--devices-per-host", str(args.devices_per_host), "--method", method,
                    "--batch-size", str(args.batch_per_rank * args.devices),
                    "--out", str(out), "--torchrec", str(exported), "--cache", str(Path(tmp) / "cache")]
-            cmd += ["--backend", args.backend] if method == FIRST_RUN else ["--models", str(args.models)]
-            seconds, peak = run_once(cmd)
+            cmd += {FIRST_RUN: ["--backend", args.backend], GREEDY: ["--models", str(args.models)]}.get(method, [])
+            try:
+                seconds, peak = run_once(cmd)
+            except RuntimeError as exc:  # no plan (the command's one line): the failure is the result
+                result["autoshard"][method] = {"feasible": False, "error": str(exc)[-300:]}
+                print(json.dumps({method: result["autoshard"][method]}), flush=True)
+                continue
             doc = json.loads(out.read_text())
             ours, _, _ = torchrec_plan(tables, args.devices, args.devices_per_host, hbm, args.batch_per_rank,
                                        exported)
@@ -188,25 +220,12 @@ def main(argv: list[str] | None = None) -> int:
                 "command_seconds": seconds, "peak_memory_gib": peak, "placing_seconds": doc["sharding_seconds"],
                 "our_memory_max_bytes": max(d["memory_bytes"] for d in doc["per_device"]),
                 "predicted_bottleneck_ms": doc["predicted_bottleneck_ms"],
+                "comm_modelled_bottleneck_ms": doc["costs"]["comm"]["bottleneck_ms"],
                 "split": {"rows": len(doc["rows"]), "columns": len(doc["columns"])}, "torchrec_estimate": ours}
             print(json.dumps({method: result["autoshard"][method]}), flush=True)
-        start = time.perf_counter()
-        try:
-            theirs, planning, plan = torchrec_plan(tables, args.devices, args.devices_per_host, hbm,
-                                                   args.batch_per_rank)
-            result["torchrec_defaults"] = {"feasible": True, "planning_seconds": planning,
-                                           "seconds": time.perf_counter() - start, "torchrec_estimate": theirs}
-            if GREEDY in args.methods:
-                from autoshard.cli import service
-
-                models = service.load_models(GREEDY, None, None, folder=args.models)
-                _, _, user = model_and_topology(tables, args.devices, args.devices_per_host, hbm)
-                result["torchrec_defaults"]["predicted_bottleneck_ms"] = predicted_load(user, plan, args.devices,
-                                                                                        models)
-        except Exception as exc:  # noqa: BLE001 - TorchRec's planner fails in many ways; the failure is the result
-            result["torchrec_defaults"] = {"feasible": False, "error": f"{exc.__class__.__name__}: {str(exc)[:300]}",
-                                           "seconds": time.perf_counter() - start}
-        print(json.dumps(result["torchrec_defaults"]), flush=True)
+        if not args.no_defaults:
+            result["torchrec_defaults"] = defaults(tables, args, hbm)
+            print(json.dumps(result["torchrec_defaults"]), flush=True)
     if args.out is not None:
         args.out.write_text(json.dumps(result, indent=1))
     return 0

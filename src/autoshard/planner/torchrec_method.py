@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 
+from autoshard.cli.constraints import OFFERED
 from autoshard.cli.sharding_plan import Result
 from autoshard.cli.user_tables import UserTables
 from autoshard.core.errors import ConfigError
@@ -27,14 +28,11 @@ from autoshard.data.footprint import shard_footprint
 from autoshard.placement.sharding import Layout, Piece, Placed
 from autoshard.placement.traffic import Links, piece_bytes
 
-OFFERED = {"table": ("table_wise",), "row": ("table_wise", "row_wise", "table_row_wise"),
-           "auto": ("table_wise", "column_wise", "row_wise", "table_row_wise")}
-
 
 def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_bytes: int, batch: int, links: Links,
-         compute_device: str = "cuda") -> Result:
-    """TorchRec's plan of `tables` (see the module) as our sharded placement; refused in one line
-    when TorchRec finds none."""
+         compute_device: str = "cuda", kinds: dict[int, tuple[str, ...]] | None = None) -> Result:
+    """TorchRec's plan of `tables` (see the module) as our sharded placement, `kinds` restricting
+    tables' sharding types (by index); refused in one line when TorchRec finds none."""
     from torch.distributed.optim import _apply_optimizer_in_backward
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
     from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
@@ -52,8 +50,10 @@ def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_byt
     topology = Topology(world_size=devices, local_world_size=local, compute_device=compute_device, **cap)
     f = tables.features
     told = {}
-    for name, pooling, sequence in zip(tables.names, f["pooling_factor"], tables.sequence, strict=True):
-        types = [k for k in OFFERED[sharding] if not (k == "table_row_wise" and (sequence or local == devices))]
+    for t, (name, pooling, sequence) in enumerate(zip(tables.names, f["pooling_factor"], tables.sequence,
+                                                      strict=True)):
+        types = [k for k in (kinds or {}).get(t, OFFERED[sharding])
+                 if not (k == "table_row_wise" and (sequence or local == devices))]
         told[split_name(name)[1]] = ParameterConstraints(sharding_types=types, compute_kernels=["fused"],
                                                          pooling_factors=[float(pooling)])
     planner = EmbeddingShardingPlanner(topology=topology, batch_size=max(1, batch // devices), constraints=told,
