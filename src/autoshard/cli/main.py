@@ -348,7 +348,7 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
             models = planning.load_models(GREEDY, args.policy, args.cost_model, folder=folder)
             costs = sharding_plan.predicted(tables, models)
         elif args.backend == "analytic":
-            costs = sharding_plan.estimated(tables, args.batch_size)
+            costs = sharding_plan.estimated(tables, args.batch_size, args.torchrec_device)
         else:
             from autoshard.cli.singles import cache_folder
 

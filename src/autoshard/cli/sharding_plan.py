@@ -1,6 +1,7 @@
 """`autoshard plan --sharding row|auto`: each table's sharding chosen with its placement
 (`placement.sharding`), on per-piece costs measured here (`lpt_measured`; with the analytic
-backend, TorchRec's perf estimate at the training batch, no trace drawn) or predicted by the
+backend, TorchRec's perf estimate at the training batch on `--torchrec-device`, no trace drawn)
+or predicted by the
 cost model (`cost_greedy`), with the memory of training (`data.footprint`) for every piece, and
 the plan file listing whole tables (`assignment`), column shards (`columns`) and row shards (`rows`).
 
@@ -227,7 +228,9 @@ def measured(tables: UserTables, cfg, folder, progress: bool):
 
 def estimated(tables: UserTables, batch: int, device: str = "cpu"):
     """Piece costs by TorchRec's own table-wise perf model (`measure.analytic`, what the analytic
-    backend returns) at the training batch, without traces: instant at any size."""
+    backend returns) at the training batch on `device` (the command's `--torchrec-device`: the
+    devices planned for, so that compute and comm are on one scale), without traces: instant at
+    any size."""
     from autoshard.measure.analytic import table_perf
 
     def costs(distinct: list[Shape]) -> tuple[np.ndarray, dict]:
