@@ -189,10 +189,11 @@ def _check_plan_options(args: argparse.Namespace, folder: Path) -> None:
     rather than ignored (a `--policy` it does not use is still checked, by `planning.load_models`)."""
     from autoshard.cli.service import has_models
 
+    whole = args.sharding == "column" or (args.sharding == "table" and args.constraints is None)  # no sharded plan
     unused = {"--column-ways": args.column_ways if args.sharding in ("table", "row") else None,
               "--split": args.split if args.sharding != "column" else None,
-              "--devices-per-host": args.devices_per_host if args.sharding in ("table", "column") else None,
-              "--bandwidths": args.bandwidths if args.sharding in ("table", "column") else None,
+              "--devices-per-host": args.devices_per_host if whole else None,
+              "--bandwidths": args.bandwidths if whole else None,
               "--constraints": args.constraints if args.sharding == "column" else None}
     for option, value in unused.items():
         if value is not None:
