@@ -199,3 +199,19 @@ def test_each_piece_pays_for_its_output_exchange_reported_beside_its_cost(model,
         err = capsys.readouterr().err
         assert len(err.splitlines()) == 1 and "--bandwidths" in err, err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_the_analytic_piece_costs_are_torchrecs_estimate_read_off_three_points_per_dim():
+    """Thousands of pieces are estimated from three TorchRec calls per dim: the same numbers as
+    TorchRec's evaluator called on every piece (to 1e-5), on both sides of one lookup per sample."""
+    from autoshard.cli.sharding_plan import lookup_scaled
+    from autoshard.measure.analytic import table_perf
+
+    g = np.random.default_rng(0)
+    dims = g.choice([4, 8, 16, 64, 96, 128, 1024], 60)
+    lookups = np.concatenate([g.uniform(0.01, 1, 20), g.uniform(1, 3000, 40)])
+    for device in ("cpu", "cuda"):
+        got = lookup_scaled(dims, lookups, 8192, device)
+        want = [(lambda p: p.fwd_compute + p.bwd_compute)(table_perf(int(d), float(x), 8192, 1, device))
+                for d, x in zip(dims, lookups, strict=True)]
+        assert got == pytest.approx(want, rel=1e-5)  # TorchRec rounds its byte counts up

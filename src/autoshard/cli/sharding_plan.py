@@ -230,17 +230,32 @@ def estimated(tables: UserTables, batch: int, device: str = "cpu"):
     """Piece costs by TorchRec's own table-wise perf model (`measure.analytic`, what the analytic
     backend returns) at the training batch on `device` (the command's `--torchrec-device`: the
     devices planned for, so that compute and comm are on one scale), without traces: instant at
-    any size."""
-    from autoshard.measure.analytic import table_perf
+    any size (`lookup_scaled`)."""
 
     def costs(distinct: list[Shape]) -> tuple[np.ndarray, dict]:
         pieces = piece_tables(tables, distinct, traces=False)[0]
-        perf = [table_perf(int(w), round(float(pf), 6), batch, 1, device)
-                for w, pf in zip(pieces["dim"], pieces["pooling_factor"], strict=True)]
-        return np.array([p.fwd_compute + p.bwd_compute for p in perf]), {
+        return lookup_scaled(pieces["dim"].to_numpy(), pieces["pooling_factor"].to_numpy(float), batch, device), {
             "kind": "estimated", "what": "TorchRec's table-wise perf estimate of each piece alone, forward + "
                                          "backward (ms)", "backend": "analytic", "device": device, "batch_size": batch}
     return costs
+
+
+def lookup_scaled(dims: np.ndarray, lookups: np.ndarray, batch: int, device: str) -> np.ndarray:
+    """TorchRec's table-wise compute estimate (forward + backward, ms) of each (dim, lookups per
+    sample): its bytes are linear in the lookups, the output's at min(1, lookups), so the estimate
+    is linear in them on each side of 1 and is read off TorchRec's at 0.5, 1 and 2 lookups, once
+    per dim, not once per piece (thousands of pieces: TorchRec's evaluator takes ms a call)."""
+    from autoshard.measure.analytic import table_perf
+
+    out = np.empty(len(dims))
+    for dim in np.unique(dims):
+        at = {lookups: (lambda p: p.fwd_compute + p.bwd_compute)(table_perf(int(dim), lookups, batch, 1, device))
+              for lookups in (0.5, 1.0, 2.0)}
+        held = dims == dim
+        x = lookups[held]
+        out[held] = np.where(x >= 1, at[1.0] + (at[2.0] - at[1.0]) * (x - 1),
+                             at[1.0] + (at[1.0] - at[0.5]) * 2 * (x - 1))
+    return out
 
 
 def predicted(tables: UserTables, models):
