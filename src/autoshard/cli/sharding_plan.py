@@ -173,8 +173,8 @@ def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_byt
                 if (s.rows, s.width, s.ways) not in held:
                     held[s.rows, s.width, s.ways] = shard_footprint(s.rows, s.width, int(weight[t]), batch,
                                                                     float(pooling[t]), bool(sequence[t]), s.ways)
-            comm = [0.0 if s.rows == 0 else links.ms(*piece_bytes(kind, s.width, values, bool(sequence[t]), batch,
-                                                                  devices, local)) for s in pieces]
+            each = links.ms(*piece_bytes(kind, pieces[0].width, values, bool(sequence[t]), batch, devices, local))
+            comm = [0.0 if s.rows == 0 else each for s in pieces]  # a layout's pieces are of one width
             found.append(Layout(kind, tuple(Piece(*s.block(dims[t]), c, held[s.rows, s.width, s.ways], m)
                                             for s, c, m in zip(pieces, cost, comm, strict=True))))
         if not found:
