@@ -26,7 +26,7 @@ import pandas as pd
 
 from autoshard.cli.defaults import study_defaults, timed_runs
 from autoshard.cli.output import Interrupted, check_outputs, interruptible, write_files
-from autoshard.cli.service import FIRST_RUN, MEASURED, METHODS
+from autoshard.cli.service import FIRST_RUN, MEASURED, METHODS, TORCHREC
 from autoshard.cli.sharding_plan import COST_METHODS
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import SHARDINGS, Block, check_arguments, shown
@@ -209,7 +209,7 @@ def _check_plan_options(args: argparse.Namespace, folder: Path) -> None:
             if args.method == FIRST_RUN:
                 print(f"no trained models in {folder}: each piece's cost measured alone on this machine (--method "
                       f"{GREEDY} to predict them)", file=sys.stderr)
-        if args.method not in (*COST_METHODS, "torchrec"):
+        if args.method not in (*COST_METHODS, TORCHREC):
             raise ConfigError(f"--method: {shown(args.method)} (with --sharding {args.sharding}: "
                               f"{', '.join(COST_METHODS)} (the costs of every piece measured here or predicted) or "
                               "torchrec (TorchRec's planner))")
@@ -255,7 +255,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     options = {"best_of": args.best_of, "seed": args.seed} if args.method == SAMPLED else {}
     singles = _singles(tables, args) if args.method in MEASURED else None
     costs = None if singles is None else singles.source()
-    if args.method == "torchrec":  # TorchRec's planner on the user's modules, at the training batch
+    if args.method == TORCHREC:  # TorchRec's planner on the user's modules, at the training batch
         from autoshard.cli.sharding_plan import parse_bandwidths
         from autoshard.planner import torchrec_method
 
@@ -331,15 +331,15 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
     constraints = (read_constraints(args.constraints, tables, args.devices, local, args.sharding,
                                     tables.memory(args.batch_size), memory)
                    if args.constraints is not None else Constraints())
-    if args.method == "torchrec" and constraints.places:
+    if args.method == TORCHREC and constraints.places:
         raise ConfigError(f"--constraints: {args.constraints} pins or groups tables, which TorchRec's planner "
                           "cannot be told (lpt_measured and cost_greedy honour them; torchrec takes sharding_types)")
-    if args.method == "torchrec" and args.column_ways is not None:
+    if args.method == TORCHREC and args.column_ways is not None:
         raise ConfigError("--column-ways: --method torchrec does not use it (TorchRec's planner chooses column shards)")
     ways = (column_plan.parse_ways(args.column_ways or ",".join(map(str, study_defaults()["columns.ways"])))
-            if args.sharding == "auto" and args.method != "torchrec" else ())
+            if args.sharding == "auto" and args.method != TORCHREC else ())
     models = planning.Models(cost_model=None, policy=None, files={})
-    if args.method == "torchrec":
+    if args.method == TORCHREC:
         from autoshard.planner import torchrec_method
 
         result = torchrec_method.plan(tables, args.sharding, args.devices, local, memory, args.batch_size, args.links,

@@ -30,6 +30,7 @@ MEASURED = tuple(m.id for m in REGISTRY.values() if m.needs == (("single_costs",
 METHODS = tuple(dict.fromkeys((*ids("command"), *MEASURED)))  # the registry's ids the command offers
 LEARNED = ids("learned")
 FIRST_RUN = MEASURED[0]  # without trained models (a fresh clone): LPT on costs measured here, instant at any size
+TORCHREC = "torchrec"  # TorchRec's planner: the command runs it on the user's own model (planner.torchrec_method)
 
 MODELS_ENV = "AUTOSHARD_MODELS"
 POLICY_FILE, COST_MODEL_FILE = "policy.pt", "cost_model.pt"
@@ -213,7 +214,7 @@ def place(method: str, tables: UserTables, task: Task, models: Models, best_of: 
     if method not in METHODS:
         check(method)  # an unknown id: the registry's own message
         raise ConfigError(f"--method: {method!r} (the command offers {', '.join(METHODS)})")
-    counts_own = method == "torchrec"  # TorchRec's planner counts memory with its own storage estimate
+    counts_own = method == TORCHREC  # TorchRec's planner counts memory with its own storage estimate
     held = tables.features if memory is None or counts_own else tables.features.assign(size_bytes=memory)
     artifacts = Artifacts(pool_features=held, features=feature_matrix(tables.features),
                           cost_model=models.cost_model, policy=models.policy, numpy=models.numpy,

@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from autoshard.cli.bench import production_tables
-from autoshard.cli.service import FIRST_RUN
+from autoshard.cli.service import FIRST_RUN, TORCHREC
 from autoshard.methods.registry import GREEDY
 
 
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--devices-per-host", type=int, default=8)
     p.add_argument("--memory-per-device", default="138GiB")
     p.add_argument("--batch-per-rank", type=int, default=2048)
-    p.add_argument("--methods", nargs="+", default=[GREEDY, FIRST_RUN], choices=[GREEDY, FIRST_RUN, "torchrec"],
+    p.add_argument("--methods", nargs="+", default=[GREEDY, FIRST_RUN], choices=[GREEDY, FIRST_RUN, TORCHREC],
                    help=f"{GREEDY} (predicted by the cost model, needs --models), {FIRST_RUN} (on --backend), "
                         "torchrec (TorchRec's planner through the command: fused kernel, training-batch storage)")
     p.add_argument("--no-defaults", action="store_true", help="skip TorchRec's planner with its defaults")
