@@ -215,3 +215,23 @@ def test_the_analytic_piece_costs_are_torchrecs_estimate_read_off_three_points_p
         want = [(lambda p: p.fwd_compute + p.bwd_compute)(table_perf(int(d), float(x), 8192, 1, device))
                 for d, x in zip(dims, lookups, strict=True)]
         assert got == pytest.approx(want, rel=1e-5)  # TorchRec rounds its byte counts up
+    # a sequence table's output is every lookup's row: TorchRec's evaluator told it is not pooled
+    from torchrec.distributed.planner.constants import DDR_MEM_BW, HBM_MEM_BW, HBM_TO_DDR_MEM_BW, kernel_bw_lookup
+    from torchrec.distributed.planner.estimator.config import EmbeddingPerfEstimatorConfig
+    from torchrec.distributed.planner.estimator.estimator import TableWiseEvaluator
+    from torchrec.distributed.planner.estimator.types import ShardPerfContext
+    from torchrec.distributed.planner.types import BasicCommsBandwidths
+
+    def unpooled(dim: int, x: float) -> float:
+        ctx = ShardPerfContext(
+            sharding_type="table_wise", compute_kernel="fused", hash_size=1, emb_dim=dim, batch_sizes=[8192],
+            num_poolings=[1.0], input_lengths=[x], world_size=1, local_world_size=1, intra_group_size=1,
+            table_data_type_size=4, output_data_type_size=4, fwd_a2a_comm_data_type_size=4,
+            bwd_a2a_comm_data_type_size=4, device_bw=kernel_bw_lookup("cuda", "fused", HBM_MEM_BW, DDR_MEM_BW,
+                                                                      HBM_TO_DDR_MEM_BW),
+            hbm_to_ddr_mem_bw=HBM_TO_DDR_MEM_BW, comms_bandwidths=BasicCommsBandwidths(), is_pooled=False)
+        perf = TableWiseEvaluator().compute_perf(ctx, EmbeddingPerfEstimatorConfig())
+        return perf.fwd_compute + perf.bwd_compute
+
+    got = lookup_scaled(dims, lookups, 8192, "cuda", np.ones(len(dims), bool))
+    assert got == pytest.approx([unpooled(int(d), float(x)) for d, x in zip(dims, lookups, strict=True)], rel=1e-5)

@@ -234,17 +234,21 @@ def estimated(tables: UserTables, batch: int, device: str = "cpu"):
 
     def costs(distinct: list[Shape]) -> tuple[np.ndarray, dict]:
         pieces = piece_tables(tables, distinct, traces=False)[0]
-        return lookup_scaled(pieces["dim"].to_numpy(), pieces["pooling_factor"].to_numpy(float), batch, device), {
+        sequence = tables.sequence[[s.table for s in distinct]]
+        return lookup_scaled(pieces["dim"].to_numpy(), pieces["pooling_factor"].to_numpy(float), batch, device,
+                             sequence), {
             "kind": "estimated", "what": "TorchRec's table-wise perf estimate of each piece alone, forward + "
                                          "backward (ms)", "backend": "analytic", "device": device, "batch_size": batch}
     return costs
 
 
-def lookup_scaled(dims: np.ndarray, lookups: np.ndarray, batch: int, device: str) -> np.ndarray:
+def lookup_scaled(dims: np.ndarray, lookups: np.ndarray, batch: int, device: str,
+                  sequence: np.ndarray | None = None) -> np.ndarray:
     """TorchRec's table-wise compute estimate (forward + backward, ms) of each (dim, lookups per
-    sample): its bytes are linear in the lookups, the output's at min(1, lookups), so the estimate
-    is linear in them on each side of 1 and is read off TorchRec's at 0.5, 1 and 2 lookups, once
-    per dim, not once per piece (thousands of pieces: TorchRec's evaluator takes ms a call)."""
+    sample): its bytes are linear in the lookups, a pooled output's at min(1, lookups), so the
+    estimate is linear in them on each side of 1 and is read off TorchRec's at 0.5, 1 and 2
+    lookups, once per dim, not once per piece (thousands of pieces: TorchRec's evaluator takes ms
+    a call). A `sequence` table's output holds every lookup: its line is the one below 1, extended."""
     from autoshard.measure.analytic import table_perf
 
     out = np.empty(len(dims))
@@ -253,7 +257,8 @@ def lookup_scaled(dims: np.ndarray, lookups: np.ndarray, batch: int, device: str
               for lookups in (0.5, 1.0, 2.0)}
         held = dims == dim
         x = lookups[held]
-        out[held] = np.where(x >= 1, at[1.0] + (at[2.0] - at[1.0]) * (x - 1),
+        unpooled = np.zeros(len(x), bool) if sequence is None else np.asarray(sequence, bool)[held]
+        out[held] = np.where((x >= 1) & ~unpooled, at[1.0] + (at[2.0] - at[1.0]) * (x - 1),
                              at[1.0] + (at[1.0] - at[0.5]) * 2 * (x - 1))
     return out
 
