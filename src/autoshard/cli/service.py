@@ -30,7 +30,7 @@ MEASURED = tuple(m.id for m in REGISTRY.values() if m.needs == (("single_costs",
 METHODS = tuple(dict.fromkeys((*ids("command"), *MEASURED)))  # the registry's ids the command offers
 LEARNED = ids("learned")
 FIRST_RUN = MEASURED[0]  # without trained models (a fresh clone): LPT on costs measured here, instant at any size
-TORCHREC = "torchrec"  # TorchRec's planner: the command runs it on the user's own model (planner.torchrec_method)
+TORCHREC = "torchrec"  # TorchRec's planner: the command runs it on the user's own model (cli.torchrec_method)
 
 MODELS_ENV = "AUTOSHARD_MODELS"
 POLICY_FILE, COST_MODEL_FILE = "policy.pt", "cost_model.pt"

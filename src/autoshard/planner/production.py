@@ -5,7 +5,7 @@ planner with its defaults, side by side (a benchmark, not a stage).
       [--memory-per-device 138GiB] [--batch-per-rank 2048] [--methods cost_greedy lpt_measured torchrec]
       [--no-defaults] [--out bench.json]
 
-`--methods torchrec` is TorchRec's planner through the command (`planner.torchrec_method`: the
+`--methods torchrec` is TorchRec's planner through the command (`cli.torchrec_method`: the
 fused kernel, storage at the training batch, no reservation); "defaults" is TorchRec's planner as
 it comes (every kernel and sharding type it proposes, its heuristical storage reservation).
 
@@ -36,6 +36,7 @@ import pandas as pd
 
 from autoshard.cli.bench import production_tables
 from autoshard.cli.service import FIRST_RUN, TORCHREC
+from autoshard.cli.torchrec_method import sharders
 from autoshard.methods.registry import GREEDY
 
 
@@ -54,13 +55,6 @@ def model_and_topology(tables: pd.DataFrame, devices: int, local: int, hbm: int)
     model = embedding_model(user, modules_of(user.features, user.names), "meta")
     _apply_optimizer_in_backward(RowWiseAdagrad, model.parameters(), {"lr": 0.01})
     return model, Topology(world_size=devices, local_world_size=local, compute_device="cuda", hbm_cap=hbm), user
-
-
-def sharders() -> list:
-    from torchrec.distributed.embedding import EmbeddingCollectionSharder
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-
-    return [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
 
 
 def per_rank(options: list, devices: int) -> dict:

@@ -40,7 +40,6 @@ def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_byt
 
     from autoshard.cli.torchrec_check import embedding_model
     from autoshard.placement.torchrec import modules_of, split_name
-    from autoshard.planner.production import sharders
 
     for name in ("torchrec", "torchrec.distributed.planner"):
         logging.getLogger(name).setLevel(logging.ERROR)
@@ -80,6 +79,14 @@ def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_byt
         "kind": "estimated", "what": "TorchRec's perf estimate of each shard its planner chose, compute forward + "
                                      "backward (ms)", "backend": "torchrec planner", "device": compute_device,
         "batch_size": batch})
+
+
+def sharders() -> list:
+    """The sharders of the model's modules: EmbeddingBagCollections and EmbeddingCollections."""
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    return [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
 
 
 def _placed(tables: UserTables, t: int, option, batch: int, devices: int, local: int, links: Links) -> Placed:
