@@ -7,6 +7,8 @@ VENV := .venv
 BIN := $(CURDIR)/$(VENV)/bin
 STAMP := $(VENV)/.installed
 export PATH := $(BIN):$(PATH)
+# make test's workers (pytest-xdist): one per core; `make test JOBS=0` runs the tests in this process
+JOBS ?= auto
 
 .PHONY: repro test test-fast lint lab env clean-env
 
@@ -25,7 +27,7 @@ repro: $(STAMP)
 	$(BIN)/dvc repro
 
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -q
