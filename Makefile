@@ -27,7 +27,7 @@ repro: $(STAMP)
 	$(BIN)/dvc repro
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --no-loadscope-reorder
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow" -q

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def pytest_collection_modifyitems(items: list) -> None:
     """The files holding `slow` tests (the pipeline, the notebooks) first, each file's tests in
     their order: `make test` spreads whole files over its workers in this order (`--dist
-    loadfile`), so the longest start at once instead of ending the run alone."""
+    loadfile --no-loadscope-reorder`), so the longest start at once instead of ending the run alone."""
     slow = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.path not in slow)
 
