@@ -86,3 +86,16 @@ class LinearModel:
     def predict_ms(self, features, shards) -> np.ndarray:
         enc = self.encode(torch.as_tensor(np.asarray(features), dtype=torch.float32))
         return np.array([float(enc[list(s)].sum()) for s in shards])
+
+
+# cli/test_sharding.py, cli/test_constraints.py: a scaled-down production-shaped model (two modules,
+# sequence features of 1,500 lookups, a table too large for one device of 600 MB while training)
+PRODUCTION_TABLES = """name,rows,dim,pooling_factor,module,pooling
+user_id,2000000,128,1,sparse,pooled
+item_id,200000,64,3.5,sparse,pooled
+category,300,4,2,sparse,pooled
+query,100000,8,12,sparse,pooled
+ads,30000,8,6,sparse,pooled
+clicks,300000,128,1516.5,seq,sequence
+views,250000,128,900,seq,sequence
+"""

@@ -11,15 +11,9 @@ from autoshard.cli.main import main
 from autoshard.core.inputs import plan_blocks
 from autoshard.data.footprint import shard_footprint
 
-MODEL = """name,rows,dim,pooling_factor,module,pooling
-user_id,2000000,128,1,sparse,pooled
-item_id,200000,64,3.5,sparse,pooled
-category,300,4,2,sparse,pooled
-query,100000,8,12,sparse,pooled
-ads,30000,8,6,sparse,pooled
-clicks,300000,128,1516.5,seq,sequence
-views,250000,128,900,seq,sequence
-"""
+from helpers import PRODUCTION_TABLES
+
+MODEL = PRODUCTION_TABLES
 SMALL = """name,rows,dim,pooling_factor,module,pooling
 user_id,20000,64,1,sparse,pooled
 item_id,2000,32,3.5,sparse,pooled
