@@ -1,9 +1,9 @@
-"""`autoshard plan --sharding row|auto`: each table's sharding chosen with its placement
-(`placement.sharding`), on per-piece costs measured here (`lpt_measured`; with the analytic
-backend, TorchRec's perf estimate at the training batch on `--torchrec-device`, no trace drawn)
-or predicted by the
-cost model (`cost_greedy`), with the memory of training (`data.footprint`) for every piece, and
-the plan file listing whole tables (`assignment`), column shards (`columns`) and row shards (`rows`).
+"""`autoshard plan --sharding row|auto` (or `table` with `--constraints`): each table's sharding
+chosen with its placement (`placement.sharding`), on per-piece costs measured here
+(`lpt_measured`; with the analytic backend, TorchRec's perf estimate at the training batch on
+`--torchrec-device`, no trace drawn) or predicted by the cost model (`cost_greedy`), with the
+memory of training (`data.footprint`) for every piece, and the plan file listing whole tables
+(`assignment`), column shards (`columns`) and row shards (`rows`).
 
 `--sharding row` offers every table whole, row-wise over all devices and, with more than one
 host (`--devices-per-host`), table-row-wise over one host; `auto` offers column-wise splits

@@ -33,20 +33,14 @@ def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_byt
          compute_device: str = "cuda", kinds: dict[int, tuple[str, ...]] | None = None) -> Result:
     """TorchRec's plan of `tables` (see the module) as our sharded placement, `kinds` restricting
     tables' sharding types (by index); refused in one line when TorchRec finds none."""
-    from torch.distributed.optim import _apply_optimizer_in_backward
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
     from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
-    from torchrec.optim import RowWiseAdagrad
 
-    from autoshard.cli.torchrec_check import embedding_model
-    from autoshard.placement.torchrec import modules_of, split_name
+    from autoshard.placement.torchrec import split_name
 
     for name in ("torchrec", "torchrec.distributed.planner"):
         logging.getLogger(name).setLevel(logging.ERROR)
-    model = embedding_model(tables, modules_of(tables.features, tables.names), "meta")
-    _apply_optimizer_in_backward(RowWiseAdagrad, model.parameters(), {"lr": 0.01})  # the rate does not enter a plan
-    cap = {"ddr_cap": memory_bytes} if compute_device == "cpu" else {"hbm_cap": memory_bytes}
-    topology = Topology(world_size=devices, local_world_size=local, compute_device=compute_device, **cap)
+    model, topology = model_and_topology(tables, devices, local, memory_bytes, compute_device)
     f = tables.features
     told = {}
     for t, (name, pooling, sequence) in enumerate(zip(tables.names, f["pooling_factor"], tables.sequence,
@@ -79,6 +73,23 @@ def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_byt
         "kind": "estimated", "what": "TorchRec's perf estimate of each shard its planner chose, compute forward + "
                                      "backward (ms)", "backend": "torchrec planner", "device": compute_device,
         "batch_size": batch})
+
+
+def model_and_topology(tables: UserTables, devices: int, local: int, memory_bytes: int, compute_device: str):
+    """The meta-device model the export writes (`cli.torchrec_check.embedding_model`, row-wise
+    Adagrad attached) and TorchRec's topology of the devices (`memory_bytes` each as HBM, or as
+    DDR on CPU)."""
+    from torch.distributed.optim import _apply_optimizer_in_backward
+    from torchrec.distributed.planner import Topology
+    from torchrec.optim import RowWiseAdagrad
+
+    from autoshard.cli.torchrec_check import embedding_model
+    from autoshard.placement.torchrec import modules_of
+
+    model = embedding_model(tables, modules_of(tables.features, tables.names), "meta")
+    _apply_optimizer_in_backward(RowWiseAdagrad, model.parameters(), {"lr": 0.01})  # the rate does not enter a plan
+    cap = {"ddr_cap": memory_bytes} if compute_device == "cpu" else {"hbm_cap": memory_bytes}
+    return model, Topology(world_size=devices, local_world_size=local, compute_device=compute_device, **cap)
 
 
 def sharders() -> list:

@@ -41,20 +41,13 @@ from autoshard.methods.registry import GREEDY
 
 
 def model_and_topology(tables: pd.DataFrame, devices: int, local: int, hbm: int):
-    """The meta-device model of the tables (an EmbeddingBagCollection per module path, an
-    EmbeddingCollection for the sequences, row-wise Adagrad) and TorchRec's GPU topology."""
-    from torch.distributed.optim import _apply_optimizer_in_backward
-    from torchrec.distributed.planner import Topology
-    from torchrec.optim import RowWiseAdagrad
-
-    from autoshard.cli.torchrec_check import embedding_model
+    """The meta-device model of the tables, TorchRec's GPU topology (`cli.torchrec_method`)
+    and the tables as the command reads them."""
+    from autoshard.cli.torchrec_method import model_and_topology as planned
     from autoshard.cli.user_tables import tables_from_records
-    from autoshard.placement.torchrec import modules_of
 
     user = tables_from_records(tables.to_dict("records"), "the production-shaped model")
-    model = embedding_model(user, modules_of(user.features, user.names), "meta")
-    _apply_optimizer_in_backward(RowWiseAdagrad, model.parameters(), {"lr": 0.01})
-    return model, Topology(world_size=devices, local_world_size=local, compute_device="cuda", hbm_cap=hbm), user
+    return (*planned(user, devices, local, hbm, "cuda"), user)
 
 
 def per_rank(options: list, devices: int) -> dict:
