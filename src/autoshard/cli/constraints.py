@@ -28,10 +28,10 @@ import yaml
 from autoshard.cli.user_tables import StrictLoader, UserTables
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import read_text, shown
+from autoshard.placement.sharding import KINDS, host_split
 
 FIELDS = ("device", "group", "sharding_types")
-OFFERED = {"table": ("table_wise",), "row": ("table_wise", "row_wise", "table_row_wise"),
-           "auto": ("table_wise", "column_wise", "row_wise", "table_row_wise")}
+OFFERED = {"table": ("table_wise",), "row": ("table_wise", "row_wise", "table_row_wise"), "auto": KINDS}
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ def _kinds(value, where: str, sharding: str, sequence: bool, devices: int, local
         if k not in OFFERED[sharding]:
             raise ConfigError(f"{where} sharding_types: {shown(k)} (--sharding {sharding} offers "
                               f"{', '.join(OFFERED[sharding])})")
-        if k == "table_row_wise" and (sequence or local == devices):
+        if k == "table_row_wise" and not host_split(sequence, devices, local):
             why = "a sequence table's EmbeddingCollection has none" if sequence else "one host (--devices-per-host)"
             raise ConfigError(f"{where} sharding_types: 'table_row_wise' ({why})")
     return tuple(dict.fromkeys(value))

@@ -38,7 +38,7 @@ from autoshard.data.sizes import table_bytes
 from autoshard.data.traces import from_lengths
 from autoshard.methods.registry import GREEDY
 from autoshard.placement.columns import ALIGN
-from autoshard.placement.sharding import Layout, Piece, Placed, place
+from autoshard.placement.sharding import Layout, Piece, Placed, host_split, place
 from autoshard.placement.traffic import TORCHREC_GIB_PER_S, Links, piece_bytes
 
 COST_METHODS = (FIRST_RUN, GREEDY)  # piece costs measured here, or predicted by the cost model
@@ -77,7 +77,7 @@ def shapes(tables: UserTables, sharding: str, devices: int, local: int,
                     w = dim // k
                     options.append(("column_wise", [Shape(t, 0, rows, i * w, w, 1) for i in range(k)]))
         for kind, k in (("row_wise", devices), ("table_row_wise", local)) if sharding != "table" else ():
-            if k > 1 and rows >= k and not (kind == "table_row_wise" and (sequence or local == devices)):
+            if k > 1 and rows >= k and (kind != "table_row_wise" or host_split(sequence, devices, local)):
                 split = row_split(rows, k)
                 starts = np.concatenate([[0], np.cumsum(split)[:-1]]).tolist()
                 pieces = [Shape(t, int(s), int(n), 0, dim, k) for s, n in zip(starts, split, strict=True)]

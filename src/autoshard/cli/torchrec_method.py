@@ -25,7 +25,7 @@ from autoshard.cli.sharding_plan import Result
 from autoshard.cli.user_tables import UserTables
 from autoshard.core.errors import ConfigError
 from autoshard.data.footprint import shard_footprint
-from autoshard.placement.sharding import Layout, Piece, Placed
+from autoshard.placement.sharding import Layout, Piece, Placed, host_split
 from autoshard.placement.traffic import Links, piece_bytes
 
 
@@ -46,7 +46,7 @@ def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_byt
     for t, (name, pooling, sequence) in enumerate(zip(tables.names, f["pooling_factor"], tables.sequence,
                                                       strict=True)):
         types = [k for k in (kinds or {}).get(t, OFFERED[sharding])
-                 if not (k == "table_row_wise" and (sequence or local == devices))]
+                 if k != "table_row_wise" or host_split(sequence, devices, local)]
         told[split_name(name)[1]] = ParameterConstraints(sharding_types=types, compute_kernels=["fused"],
                                                          pooling_factors=[float(pooling)])
     planner = EmbeddingShardingPlanner(topology=topology, batch_size=max(1, batch // devices), constraints=told,

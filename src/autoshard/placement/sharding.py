@@ -29,6 +29,12 @@ from autoshard.core.errors import ConfigError
 KINDS = ("table_wise", "column_wise", "row_wise", "table_row_wise")
 
 
+def host_split(sequence: bool, devices: int, local: int) -> bool:
+    """Whether a table may go table-row-wise: there is more than one host, and the table is pooled
+    (TorchRec's EmbeddingCollection has no table-row-wise sharding)."""
+    return not sequence and local < devices
+
+
 @dataclass(frozen=True)
 class Piece:
     """A table's rows [row, row + rows) and columns [column, column + width) (None: all), its

@@ -23,6 +23,8 @@ are charged to the topology's devices. (Sharding types are TorchRec's own `Param
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections import Counter
 from pathlib import Path
 
@@ -110,8 +112,8 @@ class AutoShardPartitioner(Partitioner):
             if len(at) > 1:
                 raise ConfigError(f"groups: {[proposal[i].name for i in group]} pinned to ranks {sorted(at)}")
             if not at:
-                need = [proposal[i].shards[0].storage for i in group]
-                fits = [r for r, d in enumerate(devices) if _fits_all(need, d.storage)]
+                need = functools.reduce(operator.add, (proposal[i].shards[0].storage for i in group))
+                fits = [r for r, d in enumerate(devices) if need.fits_in(d.storage)]
                 if not fits:
                     raise PlannerError(error_type=PlannerErrorType.PARTITION,
                                        message=f"{self.method}: group {[proposal[i].name for i in group]} fits no rank")
@@ -150,13 +152,3 @@ class AutoShardPartitioner(Partitioner):
         shard.rank = rank
         devices[rank].storage -= shard.storage
         devices[rank].perf += shard.perf
-
-
-def _fits_all(needs: list, storage) -> bool:
-    """Whether the storages `needs` fit `storage` together."""
-    left = storage
-    for need in needs:
-        if not need.fits_in(left):
-            return False
-        left = left - need
-    return True
