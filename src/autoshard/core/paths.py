@@ -81,6 +81,11 @@ class Paths:
         return self.rl / "policy_sync.pt"
 
     @property
+    def fair_policy(self) -> Path:
+        """The fair learned sharder (train_rl's `rl.fair_policy`), trained on `simulator`."""
+        return self.rl / "policy_fair.pt"
+
+    @property
     def sync_simulator(self) -> Path:
         """The stage-head cost model the synchronized policy was trained on."""
         return self.rl / "stages_model.pt"

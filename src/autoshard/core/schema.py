@@ -297,6 +297,19 @@ class CostModelMetrics(StageTime):
     active: NotRequired[ActiveMetrics]
 
 
+class FairSharder(TypedDict):
+    """The fair learned sharder on the validation tasks: mean predicted bottleneck over the best
+    heuristic's (all under the simulator), beside cost_greedy's and the reproduction's."""
+
+    val_ratio: Number                  # the fair sharder, greedy, after training
+    cost_greedy_val_ratio: Number      # its teacher
+    reproduction_val_ratio: Number     # rl_greedy: AutoShard's design
+    after_imitation_val_ratio: Number  # after cloning cost_greedy, before PPO
+    unshaped_val_ratio: Number         # the same training with the terminal reward only (None: not run)
+    no_worse_than_greedy: bool         # val_ratio <= cost_greedy_val_ratio (a benchmark, not an assert)
+    curves: dict[str, list[list[Number]]]  # run -> [iteration, validation ratio] pairs
+
+
 class TrainRLMetrics(StageTime):
     """reports/metrics/train_rl.json. Built by `rl.validation.train_rl_metrics`."""
 
@@ -306,6 +319,7 @@ class TrainRLMetrics(StageTime):
     speed_seconds: dict[str, Number]
     refresh: list[dict[str, Any]]
     iterations: int
+    fair: NotRequired[FairSharder]     # absent where rl.fair_policy is off
 
 
 class TransferPoint(TypedDict):

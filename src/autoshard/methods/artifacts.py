@@ -40,6 +40,7 @@ class Artifacts:
     comm_model: CommModel | None = None
     sync_policy: Policy | None = None         # the policy trained on the synchronized-stages reward
     stages_model: CostModel | None = None     # the stage-head cost model it was trained on
+    fair_policy: Policy | None = None         # the fair learned sharder, trained on `cost_model`
 
     @property
     def sizes(self) -> np.ndarray:
@@ -78,7 +79,8 @@ def load(paths: Paths, pool_features: pd.DataFrame, needs: Iterable[str]) -> Art
     synchronized policy. Only what is asked for is read, so a stage depends on no file it does
     not use. The simulator and policy must exist when asked for (a missing one is an error); the
     profile's, the comm model's, the hybrid's and the synchronized policy's files stay None when
-    their stage did not make them, and the methods that need them are then left out."""
+    their stage did not make them, and the methods that need them are then left out (so is the
+    fair sharder's, `rl.fair_policy`)."""
     from autoshard.costmodel.model import load_model
     from autoshard.data.features import feature_matrix
     from autoshard.rl.ppo import load_policy
@@ -86,10 +88,12 @@ def load(paths: Paths, pool_features: pd.DataFrame, needs: Iterable[str]) -> Art
     needs = set(needs)
     features = feature_matrix(pool_features)
     found: dict[str, object] = {}
-    if needs & {"cost_model", "policy"}:
+    if needs & {"cost_model", "policy", "fair_policy"}:
         found["cost_model"] = load_model(paths.simulator)
         if "policy" in needs:
             found["policy"] = load_policy(paths.policy, found["cost_model"])
+        if "fair_policy" in needs and paths.fair_policy.exists():
+            found["fair_policy"] = load_policy(paths.fair_policy, found["cost_model"])
     if needs & {"single_costs", "stage_singles", "hybrid", "hybrid_features"} and paths.profile.exists():
         found |= _profiled(paths, features, needs)
     if "comm_model" in needs and paths.comm_model.exists():
@@ -129,9 +133,10 @@ def replicate(artifacts: Artifacts, paths: Paths, r: int) -> Artifacts:
 
     folder = paths.rl_replicate(r)
     model = load_model(folder / paths.simulator.name)
-    return replace(artifacts, cost_model=model, policy=load_policy(folder / paths.policy.name, model), numpy=None)
+    return replace(artifacts, cost_model=model, policy=load_policy(folder / paths.policy.name, model), numpy=None,
+                   fair_policy=None)
 
 
 def exported(artifacts: Artifacts, numpy: NumpyModels) -> Artifacts:
     """`artifacts` with the NumPy export standing in for the torch simulator and policy."""
-    return replace(artifacts, cost_model=None, policy=None, numpy=numpy)
+    return replace(artifacts, cost_model=None, policy=None, numpy=numpy, fair_policy=None)

@@ -32,6 +32,7 @@ POLICY = "rl_greedy"            # the trained policy, greedy: the learned sharde
 GREEDY = "cost_greedy"          # greedy placement on the policy's own cost model: its twin
 REFINED = "rl_local_search"     # the policy's placement refined by local search
 SAMPLED = "rl_best_of_n"        # the best of N placements sampled from the policy
+FAIR = "rl_fair_greedy"         # the fair learned sharder, greedy: sees what cost_greedy sees, starts from it
 OPTIMUM = "exact"               # exhaustive search under the cost model (small tasks)
 BEST_HEURISTIC = "best_heuristic"  # not a method: per task, the heuristic whose plan measured fastest
 
@@ -116,6 +117,12 @@ def _policy_greedy(a: Artifacts, s: Settings, ctx: Context) -> Planner:
 def _numpy_place(a: Artifacts, t: Task, policy: bool) -> np.ndarray:
     ids = list(t.tables)
     return a.numpy.place(a.features[ids], a.sizes[ids], t.devices, t.memory_bytes, t.name, policy=policy)
+
+
+def _fair_greedy(a: Artifacts, s: Settings, ctx: Context) -> Planner:
+    from autoshard.rl.infer import policy_plans
+
+    return lambda t: policy_plans(a.fair_policy, a.cost_model, a.features, [t])[0]
 
 
 def _best_of_n(a: Artifacts, s: Settings, ctx: Context) -> Planner:
@@ -277,6 +284,10 @@ METHODS_LIST: tuple[Method, ...] = (
            tags=_tags("command", "learned", "compared", "replicate", "transfer", "speed", "headline", "shown",
                       "predicted"),
            summary="the trained policy, greedy"),
+    Method(FAIR, "rl", _fair_greedy, (("cost_model", "fair_policy"),),
+           tags=_tags("compared", "headline", "shown", "predicted", "speed"),
+           summary="the fair learned sharder, greedy: the policy with cost_greedy's view (each device's cost after "
+                   "placing), per-step rewards, started by cloning cost_greedy (rl.fair_policy)"),
     Method(SAMPLED, "rl", _best_of_n, (("cost_model", "policy"),),
            tags=_tags("command", "learned", "compared", "speed"),
            summary="the best of N sampled placements by predicted bottleneck (torch: sampling)"),

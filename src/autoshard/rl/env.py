@@ -49,6 +49,16 @@ class StageComm:
 
 
 @dataclass
+class Lookahead:
+    """What the cost-model greedy sees at a step, for a `lookahead` policy: (B, D) each device's
+    predicted cost after placing the current table, and (B, 2) the tables still to place after it:
+    their predicted single costs / all the task's, and their bytes / the memory still free."""
+
+    after: torch.Tensor
+    remaining: torch.Tensor
+
+
+@dataclass
 class Batch:
     """Static description of a batch of tasks with the same T and D, in placement order."""
 
@@ -173,6 +183,18 @@ class ShardingEnv:
         self.placement[:, self.t] = actions
         self.guard.placed(self.t, actions.numpy())
         self.t += 1
+
+    def after(self) -> torch.Tensor:
+        """(B, D) predicted cost of every device if the current table were placed on it."""
+        return self.model.cost_ms(self.device_sum + self.batch.encodings[:, self.t, None, :])
+
+    def lookahead(self) -> Lookahead:
+        """This step's `Lookahead` (see there)."""
+        b, later = self.batch, slice(self.t + 1, None)
+        cost = b.single_cost[:, later].sum(1) / b.single_cost.sum(1).clamp_min(1e-9)
+        free = (b.capacity * b.devices - self.device_mem.sum(1)).clamp_min(1.0)
+        size = b.sizes[:, later].sum(1) / free
+        return Lookahead(self.after(), torch.stack([cost, size.to(cost.dtype)], -1))
 
     def bottleneck(self) -> torch.Tensor:
         """Predicted cost of the slowest device (B,)."""

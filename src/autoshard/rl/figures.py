@@ -28,6 +28,23 @@ def rl_curves(history: pd.DataFrame, heuristic_ratios: dict[str, float]) -> plt.
     return fig
 
 
+def validation_curves(curves: dict[str, pd.DataFrame], references: dict[str, float]) -> plt.Figure:
+    """Each training run's validation ratio (predicted bottleneck / best heuristic's) against the
+    iteration, imitation iterations shaded, with horizontal lines for `references` (name -> ratio)."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, history in curves.items():
+        val = history.dropna(subset=["val_ratio"])
+        ax.plot(val["iteration"], val["val_ratio"], "o-", ms=3, label=name)
+        if "phase" in history and (history["phase"] == "imitation").any():
+            ax.axvspan(-0.5, history.loc[history["phase"] == "imitation", "iteration"].max() + 0.5, color="0.9")
+    for i, (name, ratio) in enumerate(references.items()):
+        ax.axhline(ratio, ls=":", color=f"C{(i + 5) % 10}", label=name)
+    ax.set(title="validation: predicted bottleneck / best heuristic's (shaded: imitation)", xlabel="iteration")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
 def placement_example(costs: dict[str, pd.DataFrame], title: str) -> plt.Figure:
     """Per device: the tables' predicted single costs stacked, and the fused prediction (marker).
 

@@ -52,8 +52,7 @@ def cost_greedy(model: CostModel, features: np.ndarray, tasks: list[Task]) -> li
         env = ShardingEnv(model, batch)
         while not env.done:
             mask = env.mask()
-            after = model.cost_ms(env.device_sum + batch.encodings[:, env.t, None, :])
-            env.step(after.masked_fill(~mask, float("inf")).argmin(-1), mask)
+            env.step(env.after().masked_fill(~mask, float("inf")).argmin(-1), mask)
         for i, task in enumerate(group):
             plans[task.name] = _in_task_order(batch, env.placement, i)
     return [plans[t.name] for t in tasks]

@@ -68,6 +68,8 @@ def export(cost_model_path: str | Path, policy_path: str | Path, out: str | Path
         arrays[f"cost_model.{name}"] = getattr(model, name).numpy().copy()
     arrays["policy.mean"], arrays["policy.std"] = policy.mean.numpy().copy(), policy.std.numpy().copy()
     cfg = policy.cfg
+    if cfg.lookahead:
+        raise ConfigError(f"{policy_path}: a lookahead policy (the fair sharder) has no NumPy export")
     layers = {"cost_model.encoder": _stack(model.encoder, "cost_model.encoder", arrays),
               "cost_model.head": _stack(model.head, "cost_model.head", arrays),
               "policy.action": _stack(policy.action, "policy.action", arrays),

@@ -6,6 +6,12 @@ an action, represented by the sum of its tables' encodings (divided by T/D, the 
 of tables per device) and [predicted device cost / reference load, memory used / cap,
 memory left / cap]. An MLP scores [state, action, state*action] into one logit per device;
 a value head reads the state and the pooled actions. Nothing is sized by T or D.
+
+`lookahead` (the fair sharder's, not AutoShard's design) adds what the cost-model greedy sees: each
+device's predicted cost after placing the current table and the bottleneck that would leave (both /
+reference load), where that cost lies between the devices' lowest (0) and highest (1), and a
+summary of the tables still to place (their predicted single costs / all the task's, their bytes /
+the memory still free).
 """
 
 from dataclasses import dataclass
@@ -15,6 +21,7 @@ from torch import nn
 
 from autoshard.core.params import choice
 from autoshard.costmodel.model import CostModel, transform
+from autoshard.rl.env import Lookahead
 
 ENCODERS = ("cost_model", "separate")
 
@@ -26,6 +33,10 @@ class PolicyConfig:
     lstm_layers: int
     use_lstm: bool           # False: an MLP on the current state (ablation)
     use_cost_features: bool  # False: actions without the cost model's estimates (ablation)
+    lookahead: bool          # True: actions also see the cost after placing and the tables to come
+
+
+LOOKAHEAD = 5  # action features `lookahead` adds
 
 
 def mlp(*sizes: int) -> nn.Sequential:
@@ -49,7 +60,8 @@ class Policy(nn.Module):
             self.lstm = nn.LSTM(enc + 1, hidden, num_layers=cfg.lstm_layers, batch_first=True)
         else:
             self.state_mlp = nn.Sequential(mlp(enc + 1, hidden, hidden), nn.ReLU())
-        self.action = nn.Sequential(mlp(enc + 3, hidden, hidden), nn.ReLU())
+        extra = LOOKAHEAD if cfg.lookahead else 0
+        self.action = nn.Sequential(mlp(enc + 3 + extra, hidden, hidden), nn.ReLU())
         self.score = mlp(3 * hidden, hidden, 1)
         self.value = mlp(3 * hidden, hidden, 1)
 
@@ -70,14 +82,24 @@ class Policy(nn.Module):
 
     def action_features(self, device_enc: torch.Tensor, device_cost: torch.Tensor,
                         device_mem: torch.Tensor, capacity: torch.Tensor, reference: torch.Tensor,
-                        tables_per_device: float) -> torch.Tensor:
-        """(..., D, E + 3) device representations, scale-free in T, D and the cost unit."""
+                        tables_per_device: float, ahead: Lookahead | None = None) -> torch.Tensor:
+        """(..., D, E + 3 [+ LOOKAHEAD]) device representations, scale-free in T, D and the cost
+        unit; `ahead` is required by a `lookahead` policy and ignored by others."""
         cost = device_cost / reference[..., None]
         if not self.cfg.use_cost_features:
             cost = torch.zeros_like(cost)
         used = (device_mem / capacity[..., None]).float()
-        return torch.cat([device_enc / tables_per_device, cost[..., None], used[..., None],
-                          (1 - used)[..., None]], dim=-1)
+        parts = [device_enc / tables_per_device, cost[..., None], used[..., None], (1 - used)[..., None]]
+        if self.cfg.lookahead:
+            if ahead is None:
+                raise ValueError("a lookahead policy needs the lookahead features")
+            after = ahead.after / reference[..., None]
+            now = cost.max(-1, keepdim=True).values
+            low, high = after.min(-1, keepdim=True).values, after.max(-1, keepdim=True).values
+            spread = (after - low) / (high - low).clamp_min(1e-6)  # 0 where greedy would place
+            parts += [after[..., None], torch.maximum(after, now)[..., None], spread[..., None],
+                      ahead.remaining[..., None, :].expand(*after.shape, 2).to(after.dtype)]
+        return torch.cat(parts, dim=-1)
 
     def forward(self, state: torch.Tensor, actions: torch.Tensor, mask: torch.Tensor, value: bool = True
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:

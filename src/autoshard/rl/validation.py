@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from autoshard.core.schema import TrainRLMetrics
+from autoshard.core.schema import FairSharder, TrainRLMetrics
 from autoshard.data.tasks import Task
 from autoshard.placement.shards import predicted, predicted_table
 from autoshard.rl.infer import policy_plans
@@ -38,14 +38,37 @@ def ratio_summary(ratios: pd.DataFrame) -> pd.DataFrame:
 
 
 
+def fair_summary(curves: dict[str, pd.DataFrame], inference: pd.DataFrame, fair: str, greedy: str,
+                 reproduction: str, shaped: str, unshaped: str) -> FairSharder:
+    """The fair sharder's `FairSharder` entry: its final, teacher's and reproduction's validation ratios
+    from `inference` (rows `fair`, `greedy`, `reproduction`, as `ratio_summary` returns them), and
+    from the training histories `curves` (run -> history) the ratio after imitation of the `shaped`
+    run and the final one of the `unshaped` run (absent: None)."""
+    def points(history: pd.DataFrame) -> pd.DataFrame:
+        return history.dropna(subset=["val_ratio"])
+
+    run = points(curves[shaped])
+    cloned = run[run["phase"] == "imitation"]
+    ratio = float(inference.loc[fair, "mean"])
+    teacher = float(inference.loc[greedy, "mean"])
+    return {"val_ratio": ratio, "cost_greedy_val_ratio": teacher,
+            "reproduction_val_ratio": float(inference.loc[reproduction, "mean"]),
+            "after_imitation_val_ratio": float(cloned["val_ratio"].iloc[-1]) if len(cloned) else None,
+            "unshaped_val_ratio": float(points(curves[unshaped])["val_ratio"].iloc[-1]) if unshaped in curves else None,
+            "no_worse_than_greedy": bool(ratio <= teacher + 1e-9),
+            "curves": {name: points(h)[["iteration", "val_ratio"]].astype(float).values.tolist()
+                       for name, h in curves.items()}}
+
+
 def train_rl_metrics(inference: pd.DataFrame, heuristic_ratio: pd.Series, speed_seconds: dict[str, float],
                      refresh: pd.DataFrame, iterations: int, seconds: float,
-                     replicates: dict | None = None) -> TrainRLMetrics:
+                     replicates: dict | None = None, fair: FairSharder | None = None) -> TrainRLMetrics:
     """The train_rl stage's metrics: each inference mode's mean predicted ratio to the best
     heuristic and win rate on the validation tasks (`inference` as `ratio_summary` returns it),
-    each heuristic's mean ratio to the best, the sharding speed, the refresh rounds' rows and
-    the replicates' final validation ratios (`replicates.validation_spread`)."""
-    return {
+    each heuristic's mean ratio to the best, the sharding speed, the refresh rounds' rows, the
+    replicates' final validation ratios (`replicates.validation_spread`) and the fair sharder's
+    entry (`fair_summary`) where it was trained."""
+    return ({"fair": fair} if fair is not None else {}) | {
         "validation_ratio_to_best_heuristic": {str(k): float(v) for k, v in inference["mean"].items()},
         "validation_win_rate": {str(k): float(v) for k, v in inference["wins"].items()},
         "heuristics_ratio_to_best": {str(k): float(v) for k, v in heuristic_ratio.items()},
