@@ -101,8 +101,18 @@ class PooledCostNetwork(nn.Module):
         return self(x, pad_shards(shards, len(x))).sum(-1).numpy()
 
 
+RANGE_COLUMNS = ("dim", "rows", "pooling_factor")  # the features a table outside the training range is named by
+
+
+def feature_range(features: np.ndarray) -> dict[str, list[float]]:
+    """[lowest, highest] of each of RANGE_COLUMNS over raw `features` (tables x 21)."""
+    return {c: [float(features[:, FEATURE_COLUMNS.index(c)].min()), float(features[:, FEATURE_COLUMNS.index(c)].max())]
+            for c in RANGE_COLUMNS}
+
+
 class CostModel(PooledCostNetwork):
-    """Shard cost from the sum of its tables' encodings."""
+    """Shard cost from the sum of its tables' encodings; `trained_range` (`feature_range` of the
+    tables it was fitted on, saved with it) says where its predictions were checked."""
 
     def __init__(self, cfg: CostModelConfig, mean: torch.Tensor, std: torch.Tensor,
                  scale: torch.Tensor | float = 1.0):
@@ -116,13 +126,18 @@ class CostModel(PooledCostNetwork):
         self.register_buffer("mean", mean.float())
         self.register_buffer("std", std.float())
         self.register_buffer("scale", torch.as_tensor(scale, dtype=torch.float32).reshape(()))
+        self.trained_range: dict[str, list[float]] | None = None
 
     @classmethod
     def fitted_to(cls, cfg: CostModelConfig, train_features: np.ndarray, scale: float = 1.0) -> "CostModel":
-        """A fresh model normalised with `train_features` (zero spread -> 1) and an output `scale` (ms)."""
-        x = transform(check_features(train_features)[:, :len(FEATURE_COLUMNS)])
+        """A fresh model normalised with `train_features` (zero spread -> 1) and an output `scale` (ms),
+        its `trained_range` theirs."""
+        raw = check_features(train_features)[:, :len(FEATURE_COLUMNS)]
+        x = transform(raw)
         std = x.std(dim=0, unbiased=False)
-        return cls(cfg, x.mean(dim=0), torch.where(std > 1e-8, std, torch.ones_like(std)), scale)
+        model = cls(cfg, x.mean(dim=0), torch.where(std > 1e-8, std, torch.ones_like(std)), scale)
+        model.trained_range = feature_range(raw.numpy())
+        return model
 
     def encode(self, features: torch.Tensor) -> torch.Tensor:
         """Encodings (N, encoding) of raw table features (N, 21; a 22nd column is ignored)."""
@@ -167,7 +182,7 @@ def save_network(model: nn.Module, path, fmt: str) -> None:
     """A cost network (with `cfg`, `mean`, `std`, `scale`) as format tag, config, feature
     columns and state dict, written at once."""
     save_tagged(path, fmt, {"config": asdict(model.cfg), "feature_columns": FEATURE_COLUMNS,
-                            "state_dict": model.state_dict()})
+                            "state_dict": model.state_dict(), "trained_range": getattr(model, "trained_range", None)})
 
 
 def load_network(path, fmt: str, what: str, network: type, config: type, width: int):
@@ -181,4 +196,5 @@ def load_network(path, fmt: str, what: str, network: type, config: type, width: 
     check_state(path, what, blank.state_dict(), state)
     model = network(blank.cfg, state["mean"], state["std"], state["scale"])
     model.load_state_dict(state)
+    model.trained_range = payload.get("trained_range")
     return model.eval()

@@ -88,7 +88,8 @@ def export(cost_model_path: str | Path, policy_path: str | Path, out: str | Path
     meta = {"format": FORMAT, "feature_columns": list(FEATURE_COLUMNS), "log_columns": list(LOG_COLUMNS),
             "layers": layers, "policy": {"state_encoder": cfg.state_encoder, "use_lstm": cfg.use_lstm,
                                          "lstm_layers": cfg.lstm_layers, "use_cost_features": cfg.use_cost_features},
-            "sources": {"cost_model": sha256(cost_model_path), "policy": sha256(policy_path)}}
+            "sources": {"cost_model": sha256(cost_model_path), "policy": sha256(policy_path)},
+            "trained_range": model.trained_range}
     arrays["meta"] = np.array(json.dumps(meta))
     out = Path(out)
     with atomic_file(out) as tmp, open(tmp, "wb") as fh:
@@ -128,6 +129,7 @@ class NumpyModels:
                        for name, relu in meta["layers"].items()}
         self.log_index = [FEATURE_COLUMNS.index(c) for c in meta["log_columns"]]
         self.scale = np.float32(arrays["cost_model.scale"])
+        self.trained_range: dict[str, list[float]] | None = meta.get("trained_range")  # the cost model's
 
     # cost model
     def _normalised(self, features: np.ndarray, who: str) -> np.ndarray:
