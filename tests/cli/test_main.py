@@ -45,6 +45,24 @@ def test_plan_writes_a_complete_plan(files, tmp_path, capsys, method):
     assert "predicted bottleneck" in capsys.readouterr().out
 
 
+def test_tables_outside_the_cost_models_range_are_named_in_one_line(files, tmp_path, capsys):
+    """The cost model was fitted on dims 8-32: a 512-wide table and a billion-row one get one
+    warning line (stderr and the plan's `warnings`); the plan is still made. Inside, no line."""
+    out = tmp_path / "plan.json"
+    assert plan(files, out, method="cost_greedy") == 0
+    assert "outside the range" not in capsys.readouterr().err and "warnings" not in json.loads(out.read_text())
+    wide = files["tables"].read_text() + "wide,1000,512,1\nhuge,1000000000,8,1\n"
+    tables = tmp_path / "wide.csv"
+    tables.write_text(wide)
+    assert main(["plan", "--tables", str(tables), "--devices", "2", "--memory-per-device", "400GiB",
+                 "--method", "cost_greedy", "--cost-model", str(files["model"]), "--out", str(out)]) == 0
+    err = [line for line in capsys.readouterr().err.splitlines() if "outside the range" in line]
+    assert len(err) == 1
+    assert "2 of 10 tables" in err[0] and "dim 8-32 (1 outside, e.g. wide: 512)" in err[0]
+    assert "rows 40-100000 (1 outside, e.g. huge: 1e+09)" in err[0] and "pooling_factor" not in err[0]
+    assert json.loads(out.read_text())["warnings"] == [err[0].removeprefix("autoshard: ")]
+
+
 def test_plan_options_and_json_output(files, tmp_path, capsys):
     out = tmp_path / "plan.json"
     assert plan(files, out, "--best-of", "4", "--json", method="rl_best_of_n") == 0

@@ -272,6 +272,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                           "try a memory-aware heuristic such as size_lookup_greedy, or more memory")
     doc = planning.plan_document(args.method, options | {"batch_size": args.batch_size}, tables, task, placement,
                                  models, seconds, costs=costs, memory=held)
+    _note_range(doc, tables, models)
     outputs = {args.out: json.dumps(doc, indent=1, default=_plain, allow_nan=False)}
     if args.torchrec is not None:
         blocks = {n: [Block(0, None, 0, None, int(d))] for n, d in zip(tables.names, placement, strict=True)}
@@ -362,6 +363,7 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
                "constraints": None if args.constraints is None else str(args.constraints)}
     doc = sharding_plan.document(args.method, options, tables, args.devices, memory, result, models.files,
                                  models.engine)
+    _note_range(doc, tables, models)
     outputs = {args.out: json.dumps(doc, indent=1, default=_plain, allow_nan=False)}
     if args.torchrec is not None:
         blocks, kinds = sharding_plan.blocks(tables, result.placed)
@@ -391,6 +393,7 @@ def _plan_columns(args: argparse.Namespace, tables, task, folder: Path) -> int:
     doc = column_plan.document(options, tables, task, result, models.cost_model, models.files, seconds,
                                args.batch_size)
     planning.finite_predictions(np.array([doc["predicted_bottleneck_ms"]]), models)
+    _note_range(doc, tables, models)
     outputs = {args.out: json.dumps(doc, indent=1, default=_plain, allow_nan=False)}
     if args.torchrec is not None:
         blocks: dict[str, list[Block]] = {}
@@ -400,6 +403,19 @@ def _plan_columns(args: argparse.Namespace, tables, task, folder: Path) -> int:
         kinds = {n: "column_wise" for n, b in blocks.items() if len(b) > 1}
         outputs[args.torchrec] = _torchrec_export(tables, blocks, kinds, task.devices, args)
     return _write_and_show(args, doc, outputs)
+
+
+def _note_range(doc: dict | None, tables, models) -> None:
+    """Say on stderr, in one line, when tables lie outside the cost model's fitted range (and keep the
+    line in the plan file's `warnings`)."""
+    from autoshard.cli.service import outside_range
+
+    line = outside_range(tables, models)
+    if line is None:
+        return
+    print(f"autoshard: {line}", file=sys.stderr)
+    if doc is not None:
+        doc["warnings"] = [*doc.get("warnings", []), line]
 
 
 def _plain(value):
@@ -531,6 +547,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     task = planning.make_task(tables, args.devices, memory)
     models = planning.load_models(SAMPLED, args.policy, args.cost_model, need_torch=True,
                                   folder=planning.models_folder(args.models))
+    _note_range(None, tables, models)
     seed = planning.seed_for(tables, args.seed)
     backend = _backend(tables, args) if args.measure else None
     singles = _singles(tables, args).costs

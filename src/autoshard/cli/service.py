@@ -48,6 +48,13 @@ class Models:
     numpy: numpy_planner.NumpyModels | None = None
 
     @property
+    def trained_range(self) -> dict[str, list[float]] | None:
+        """The [lowest, highest] dim, rows and pooling factor of the tables the cost model was fitted on."""
+        if self.numpy is not None:
+            return self.numpy.trained_range
+        return None if self.cost_model is None else self.cost_model.trained_range
+
+    @property
     def engine(self) -> str:
         if self.numpy is not None:
             return "numpy"
@@ -160,6 +167,28 @@ def _loaded(load, path: Path, what: str):
     except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
         raise ConfigError(f"{path}: not a usable {what} ({exc.__class__.__name__}: "
                           f"{shown(str(exc).splitlines()[0] if str(exc) else '', 100)})") from None
+
+
+def outside_range(tables: UserTables, models: Models) -> str | None:
+    """One line naming how many tables lie outside the range of dims, rows or pooling factors the
+    cost model was fitted on (with the first of each and the range), where its predictions were
+    never checked; None when every table lies inside it, or without a cost model."""
+    bounds = models.trained_range
+    if not bounds:
+        return None
+    parts, outside = [], np.zeros(len(tables.features), dtype=bool)
+    for column, (low, high) in bounds.items():
+        values = tables.features[column].to_numpy(dtype=float)
+        out = (values < low) | (values > high)
+        if out.any():
+            first = int(np.flatnonzero(out)[0])
+            parts.append(f"{column} {low:g}-{high:g} ({int(out.sum())} outside, e.g. {tables.names[first]}: "
+                         f"{values[first]:g})")
+        outside |= out
+    if not parts:
+        return None
+    return (f"warning: {int(outside.sum())} of {len(outside)} tables lie outside the range the cost model was "
+            f"fitted on, where its predictions are unchecked: {'; '.join(parts)}")
 
 
 def make_task(tables: UserTables, devices: int, memory_bytes: int, memory: np.ndarray | None = None) -> Task:
