@@ -203,3 +203,38 @@ def test_stage_config(smoke_params):
         CostStageConfig.from_params(values | {"hybrid": values["hybrid"] | {"depth": 3}})
     with pytest.raises(ConfigError, match="cost_model.hybrid.heuristic_weight"):
         CostStageConfig.from_params(values | {"hybrid": values["hybrid"] | {"heuristic_weight": 0}})
+
+
+def test_autoshards_architecture_given_the_single_costs_reads_them_and_is_compared_at_equal_data(
+        features, single_ms, hybrid_features, tmp_path):
+    """`single_cost_input` makes the feature-only model read the 22nd column (the hybrid's
+    information without its form): its predictions follow the single costs, it refuses features
+    without them, survives saving, and `compare_architectures` scores it beside the hybrid."""
+    from autoshard.costmodel.model import load_model
+    from autoshard.costmodel.train import fit
+
+    tables = np.arange(len(single_ms))
+    train = fused_shards(single_ms, tables[:24], 40, seed=0, kind="heuristic")
+    val = fused_shards(single_ms, tables[:24], 10, seed=4, kind="heuristic")
+    cfg = study(CostModelConfig, single_cost_input=True, max_epochs=60, patience=20, hidden=32, encoding=16)
+    informed = fit(cfg, hybrid_features, tables[:24], train, val, 0, progress=False).model
+    assert informed.mean.shape == (22,) and informed.trained_range["dim"][0] <= informed.trained_range["dim"][1]
+    doubled = hybrid_features.copy()
+    doubled[:, -1] *= 4
+    shards = [[0, 1], [2]]
+    assert not np.allclose(informed.predict_ms(hybrid_features, shards), informed.predict_ms(doubled, shards))
+    with pytest.raises(ConfigError, match="reads the measured single cost"):
+        informed.predict_ms(features, shards)
+    save_model(informed, tmp_path / "informed.pt")
+    np.testing.assert_allclose(load_model(tmp_path / "informed.pt").predict_ms(hybrid_features, shards),
+                               informed.predict_ms(hybrid_features, shards), rtol=1e-6)
+    sets = {SEEN_MULTI: fused_shards(single_ms, tables[:24], 6, seed=3, kind="random"),
+            UNSEEN_MULTI: fused_shards(single_ms, tables[24:], 6, seed=5, kind="random")}
+    table = cost_eval.compare_architectures(fresh(hybrid_features), informed, hybrid_features, sets)
+    assert set(table["estimator"]) == {cost_eval.EQUAL_HYBRID, cost_eval.INFORMED} and len(table) == 4
+    others = cost_eval.compare_models(CostModel.fitted_to(study(CostModelConfig), features), fresh(hybrid_features),
+                                      features, single_ms, train, sets)
+    metrics = cost_eval.hybrid_metrics(others, 0.05, 3, table)
+    informed_unseen = table.set_index(["estimator", "test set"]).loc[(cost_eval.INFORMED, UNSEEN_MULTI), "mape"]
+    assert metrics["informed_mape_unseen"] == pytest.approx(informed_unseen)
+    assert metrics["equal_data_hybrid_mape_seen"] == pytest.approx(metrics["mape_seen"]), "the same untrained hybrid"

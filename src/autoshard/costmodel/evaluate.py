@@ -107,6 +107,17 @@ def neural(model: CostModel | HybridCostModel, features: np.ndarray) -> Estimato
 
 
 FEATURE_ONLY, RESCALED_SUM, HYBRID = "feature-only (AutoShard)", "sum of single costs, rescaled", "hybrid"
+# the architecture comparison: both read each table's measured single cost, fitted on the same shards
+INFORMED, EQUAL_HYBRID = "feature-only + single costs", "hybrid, same shards"
+
+
+def compare_architectures(hybrid: HybridCostModel, informed: CostModel, hybrid_features: np.ndarray,
+                          test_sets: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """The hybrid against AutoShard's architecture given the same single costs as a 22nd input
+    (`CostModelConfig.single_cost_input`), both fitted on the same training shards: what the hybrid's
+    form (the sum of singles times a learnt factor) adds beyond the information it reads."""
+    return compare({EQUAL_HYBRID: neural(hybrid, hybrid_features), INFORMED: neural(informed, hybrid_features)},
+                   test_sets)
 
 
 def compare_models(feature_model: CostModel, hybrid: HybridCostModel, features: np.ndarray,
@@ -118,11 +129,15 @@ def compare_models(feature_model: CostModel, hybrid: HybridCostModel, features: 
                     HYBRID: neural(hybrid, with_single_costs(features, single_ms))}, test_sets)
 
 
-def hybrid_metrics(models: pd.DataFrame, target: float, best_epoch: int) -> HybridMetrics:
+def hybrid_metrics(models: pd.DataFrame, target: float, best_epoch: int,
+                   architectures: pd.DataFrame | None = None) -> HybridMetrics:
     """`compare_models`' MAPEs as metrics: the hybrid's on seen and unseen multi-table shards,
     the two references', whether the hybrid meets `target` and beats the rescaled sum there
-    (a NaN MAPE meets nothing), and every (estimator | test set) MAPE."""
+    (a NaN MAPE meets nothing), every (estimator | test set) MAPE, and with `architectures`
+    (`compare_architectures`) the equal-data hybrid's and the single-cost-informed model's."""
     table = models.set_index(["estimator", "test set"])["mape"]
+    if architectures is not None and len(architectures):
+        table = pd.concat([table, architectures.set_index(["estimator", "test set"])["mape"]])
 
     def get(estimator: str, test_set: str) -> float:
         return float(table.get((estimator, test_set), float("nan")))
@@ -134,6 +149,9 @@ def hybrid_metrics(models: pd.DataFrame, target: float, best_epoch: int) -> Hybr
         "rescaled_sum_mape_unseen": get(RESCALED_SUM, UNSEEN_MULTI),
         "feature_only_mape_seen": get(FEATURE_ONLY, SEEN_MULTI),
         "feature_only_mape_unseen": get(FEATURE_ONLY, UNSEEN_MULTI),
+        "informed_mape_seen": get(INFORMED, SEEN_MULTI), "informed_mape_unseen": get(INFORMED, UNSEEN_MULTI),
+        "equal_data_hybrid_mape_seen": get(EQUAL_HYBRID, SEEN_MULTI),
+        "equal_data_hybrid_mape_unseen": get(EQUAL_HYBRID, UNSEEN_MULTI),
         "mape_target": float(target),
         "targets_met": {k: bool(get(HYBRID, s) <= target) for k, s in sets.items()},
         "beats_rescaled_sum": {k: bool(get(HYBRID, s) < get(RESCALED_SUM, s)) for k, s in sets.items()},

@@ -44,6 +44,12 @@ class CostModelConfig:
     batch_size: int
     max_epochs: int
     patience: int
+    single_cost_input: bool  # a 22nd input, the measured single cost: the hybrid's information, not its form
+
+
+def input_width(cfg: CostModelConfig) -> int:
+    """The feature columns a model of `cfg` reads: the 21, and the single cost where it is an input."""
+    return len(FEATURE_COLUMNS) + int(cfg.single_cost_input)
 
 
 def transform(x: torch.Tensor) -> torch.Tensor:
@@ -118,7 +124,7 @@ class CostModel(PooledCostNetwork):
                  scale: torch.Tensor | float = 1.0):
         super().__init__()
         self.cfg = cfg
-        width = len(FEATURE_COLUMNS)
+        self.width = width = input_width(cfg)
         self.encoder = nn.Sequential(nn.Linear(width, cfg.hidden), nn.ReLU(),
                                      nn.Linear(cfg.hidden, cfg.encoding), nn.ReLU())
         self.head = nn.Sequential(nn.Linear(cfg.encoding, cfg.head_hidden), nn.ReLU(),
@@ -132,17 +138,17 @@ class CostModel(PooledCostNetwork):
     def fitted_to(cls, cfg: CostModelConfig, train_features: np.ndarray, scale: float = 1.0) -> "CostModel":
         """A fresh model normalised with `train_features` (zero spread -> 1) and an output `scale` (ms),
         its `trained_range` theirs."""
-        raw = check_features(train_features)[:, :len(FEATURE_COLUMNS)]
+        raw = _inputs(check_features(train_features), input_width(cfg))
         x = transform(raw)
         std = x.std(dim=0, unbiased=False)
         model = cls(cfg, x.mean(dim=0), torch.where(std > 1e-8, std, torch.ones_like(std)), scale)
-        model.trained_range = feature_range(raw.numpy())
+        model.trained_range = feature_range(raw[:, :len(FEATURE_COLUMNS)].numpy())
         return model
 
     def encode(self, features: torch.Tensor) -> torch.Tensor:
-        """Encodings (N, encoding) of raw table features (N, 21; a 22nd column is ignored)."""
-        features = features[..., :len(FEATURE_COLUMNS)]
-        return self.encoder((transform(features) - self.mean) / self.std)
+        """Encodings (N, encoding) of raw table features (N, 21; a 22nd column, the single cost, is
+        ignored unless `cfg.single_cost_input`)."""
+        return self.encoder((transform(_inputs(features, self.width)) - self.mean) / self.std)
 
     def head_ms(self, pooled: torch.Tensor) -> torch.Tensor:
         """Each head's cost (..., heads) in ms from summed encodings (..., encoding)."""
@@ -152,6 +158,14 @@ class CostModel(PooledCostNetwork):
         """Total predicted cost (ms) of non-empty shards from their summed encodings."""
         return self.head_ms(pooled).sum(-1)
 
+
+
+def _inputs(features: torch.Tensor, width: int) -> torch.Tensor:
+    """The first `width` feature columns; a model that reads the single cost refuses features without it."""
+    if features.shape[-1] < width:
+        raise ConfigError(f"table features: {features.shape[-1]} columns, but this cost model reads the measured "
+                          f"single cost too ({width}; see costmodel.hybrid.with_single_costs)")
+    return features[..., :width]
 
 
 def pad_shards(shards: Sequence[Sequence[int]], num_tables: int) -> torch.Tensor:
@@ -175,7 +189,7 @@ def save_model(model: CostModel, path) -> None:
 
 def load_model(path) -> CostModel:
     """Load a model written by `save_model` (weights_only=True: no code runs on load)."""
-    return load_network(path, FORMAT, "cost model", CostModel, CostModelConfig, len(FEATURE_COLUMNS))
+    return load_network(path, FORMAT, "cost model", CostModel, CostModelConfig, input_width)
 
 
 def save_network(model: nn.Module, path, fmt: str) -> None:
@@ -185,14 +199,16 @@ def save_network(model: nn.Module, path, fmt: str) -> None:
                             "state_dict": model.state_dict(), "trained_range": getattr(model, "trained_range", None)})
 
 
-def load_network(path, fmt: str, what: str, network: type, config: type, width: int):
+def load_network(path, fmt: str, what: str, network: type, config: type, width):
     """A `network(config(...), mean, std, scale)` from a `save_network` file of format `fmt`,
-    its tensors checked against a blank one of input `width`; in eval mode."""
+    its tensors checked against a blank one of input `width` (or `width(config)`); in eval mode."""
     payload = load_tagged(path, fmt, what, "cost_model")
     if payload["feature_columns"] != FEATURE_COLUMNS:
         raise ConfigError(f"{path}: built for other table features than this version's")
     state = payload["state_dict"]
-    blank = network(config(**payload["config"]), torch.zeros(width), torch.ones(width))
+    cfg = config(**payload["config"])
+    width = width(cfg) if callable(width) else width
+    blank = network(cfg, torch.zeros(width), torch.ones(width))
     check_state(path, what, blank.state_dict(), state)
     model = network(blank.cfg, state["mean"], state["std"], state["scale"])
     model.load_state_dict(state)

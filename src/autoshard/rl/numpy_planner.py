@@ -62,6 +62,8 @@ def export(cost_model_path: str | Path, policy_path: str | Path, out: str | Path
     from autoshard.rl.ppo import load_policy
 
     model = load_model(cost_model_path)
+    if model.cfg.single_cost_input:
+        raise ConfigError(f"{cost_model_path}: a cost model reading single costs has no NumPy export")
     policy = load_policy(policy_path, model)
     arrays: dict[str, np.ndarray] = {}
     for name in ("mean", "std", "scale"):
