@@ -482,3 +482,15 @@ def test_a_baseline_that_placed_as_another_on_most_tasks_is_shown_once():
                      "shown once, as `sync_local_search`."]
     assert shown_once(("sync_greedy", "sync_milp"), {"dreamshard": {}}, ("dreamshard",))[0] == ("sync_greedy",
                                                                                                   "sync_milp")
+
+
+def test_the_hybrids_form_is_shown_against_the_same_information_at_equal_data():
+    from autoshard.pipeline.report import architecture_line
+
+    hybrid = {"equal_data_hybrid_mape_seen": 0.041, "equal_data_hybrid_mape_unseen": 0.068,
+              "informed_mape_seen": 0.052, "informed_mape_unseen": float("nan"),
+              "feature_only_mape_seen": 0.09, "feature_only_mape_unseen": 0.136}
+    text = architecture_line({"hybrid": hybrid})
+    assert "the hybrid 4.1% / 6.8%" in text and "as an input 5.2% / n/a" in text
+    assert "without them, 9.0% / 13.6%" in text
+    assert architecture_line({"hybrid": {"mape_seen": 0.04}}) == "", "a run without the comparison says nothing"

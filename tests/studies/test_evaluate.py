@@ -136,7 +136,7 @@ def test_every_method_respects_memory_on_random_tasks(world):
     artifacts = Artifacts(pool_features=pool.features, features=features, cost_model=model, policy=policy,
                           single_costs=singles, hybrid=hybrid, hybrid_features=with_singles,
                           stage_singles=(singles * 0.4, singles * 0.6), comm_model=comm, sync_policy=policy,
-                          stages_model=model)
+                          stages_model=model, fair_policy=policy)  # a stand-in: any policy serves the memory check
     built = build(METHODS, artifacts, Settings(seed=0, batch_size=256, best_of=3,
                                                milp=MilpConfig(node_limit=20, time_limit_s=5)))
     methods = built.planners

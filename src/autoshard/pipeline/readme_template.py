@@ -71,6 +71,8 @@ finds no placement under the cap (or exceeds it) fails that task.
 
 {{ cost_model.hybrid }}
 
+{{ cost_model.architecture }}
+
 {{ cost_model.active }}
 {% if cost_model.device_error %}
 {{ cost_model.device_error }}

@@ -162,6 +162,26 @@ def hybrid_label(profile: dict | None) -> str:
             "generalisation to tables never measured; the feature-only model is the one that has not seen them.")
 
 
+def architecture_line(cost_model: CostModelMetrics) -> str:
+    """Markdown: what the hybrid's form adds beyond the single costs it reads, at equal data (issue 29):
+    its MAPE beside AutoShard's architecture given the same single costs, and the feature-only model's."""
+    h = cost_model.get("hybrid") or {}
+    if h.get("informed_mape_seen") is None or h.get("equal_data_hybrid_mape_seen") is None:
+        return ""
+
+    def pair(key: str) -> str:
+        seen, unseen = h.get(f"{key}_seen"), h.get(f"{key}_unseen")
+        return f"{_share(seen)} / {_share(unseen)}"
+    return ("What the hybrid's form adds, at equal data (the profile's training shards; MAPE on multi-table shards "
+            f"of seen / unseen tables): the hybrid {pair('equal_data_hybrid_mape')}; AutoShard's architecture given "
+            f"the same single costs as an input {pair('informed_mape')}; the feature-only model, without them, "
+            f"{pair('feature_only_mape')}.")
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None or value != value else f"{value:.1%}"
+
+
 def active_line(cost_model: CostModelMetrics) -> str:
     """Markdown: the hybrid's active selection (`costmodel.active`): what was measured, each arm's
     MAPE on seen and unseen multi-table test shards, and whether choosing where the model is least
@@ -647,7 +667,8 @@ def readme(reports: Path, stages: list[tuple[str, str]], budget_minutes: float |
             "failed_table": failed_table(evaluate), "headline": headline(evaluate), "targets": targets(evaluate),
             "quality": quality(evaluate, profile)},
         "cost_model": cost_model and {
-            "floor": floor_line(cost_model), "hybrid": hybrid_label(profile), "active": active_line(cost_model),
+            "floor": floor_line(cost_model), "hybrid": hybrid_label(profile),
+            "architecture": architecture_line(cost_model), "active": active_line(cost_model),
             "device_error": device_error_line(evaluate) if evaluate else None},
         "comm": comm_model_lines(profile) if profile and profile.get("comm") else None,
         "transfer": transfer and transfer_table(transfer),
