@@ -179,8 +179,14 @@ def test_train_rl_notebook(profiled, smoke_params, monkeypatch):
     stages = load_model(tmp_path / "data" / "rl" / "stages_model.pt")  # the synchronized policy's simulator
     assert stages.cfg.heads == "stages" and load_policy(tmp_path / "data" / "rl" / "policy_sync.pt", stages)
     assert any(k.startswith("TorchRec / policy") for k in metrics["speed_seconds"])
+    fair = metrics["fair"]  # the fair sharder: trained with and without shaping, its curves and its teacher's ratio
+    assert set(fair["curves"]) == {"reproduction (rl_greedy)", "fair, per-step rewards", "fair, terminal reward"}
+    assert fair["after_imitation_val_ratio"] is not None and fair["unshaped_val_ratio"] is not None
+    assert fair["no_worse_than_greedy"] == (fair["val_ratio"] <= fair["cost_greedy_val_ratio"] + 1e-9)
+    assert load_policy(tmp_path / "data" / "rl" / "policy_fair.pt", load_model(tmp_path / "data" / "rl" /
+                                                                               "cost_model.pt")).cfg.lookahead
     _, outputs = executed_outputs(tmp_path / "nb" / "04_train_rl.ipynb")
-    assert sum("image/png" in o.get("data", {}) for o in outputs) == 2
+    assert sum("image/png" in o.get("data", {}) for o in outputs) == 3, "training, the fair curves, an example"
 
 
 def test_evaluate_notebook(profiled, smoke_params, monkeypatch):
