@@ -215,8 +215,14 @@ def test_evaluate_notebook(profiled, smoke_params, monkeypatch):
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 6
     declared = smoke_params["primary"]["endpoints"]
     assert len(metrics["primary"]) == len(declared), "every declared endpoint decided"
+    assert set(metrics["headroom"]) == {"autoshard", "dreamshard", "tight", "small"}, "the headroom per protocol"
+    assert metrics["headroom"]["small"]["how"] == "exhaustive search"
+    assert metrics["headroom"]["autoshard"]["starts"] > 0 and metrics["headroom"]["autoshard"]["bound"] <= 1
     for entry in metrics["primary"].values():
-        assert entry["verdict"] in ("better", "worse", "equivalent", "inconclusive")
+        assert entry["verdict"] in ("better", "worse", "equivalent", "inconclusive", "no headroom")
+        gated = entry["reference"] == "cost_greedy" and entry["method"].startswith("rl_")
+        assert (entry["verdict"] == "no headroom") == (gated and not metrics["headroom"][entry["protocol"]][
+            "exceeds_noise"]), "a learned-vs-greedy endpoint is decided only with headroom"
         assert entry["tasks"] == len(entry["per_task"]) > 0 and entry["sesoi"] == smoke_params["primary"]["sesoi"]
     assert plans["pass"].nunique() == 1 and plans["pass"].iloc[0].startswith("evaluate-"), "one pass for the headline"
     assert {e["pass"] for e in metrics["primary"].values()} == {plans["pass"].iloc[0]}

@@ -12,12 +12,15 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 
 from autoshard.core.errors import ConfigError
 from autoshard.core.metrics import read_metrics, write_metrics
+from autoshard.core.schema import EvaluateMetrics, check
 from autoshard.pipeline.report import (
     build,
     device_error_line,
     headline,
+    headroom_table,
     main,
     notebook_stages,
+    primary_table,
     quality,
     readme,
     stage_times,
@@ -494,3 +497,22 @@ def test_the_hybrids_form_is_shown_against_the_same_information_at_equal_data():
     assert "the hybrid 4.1% / 6.8%" in text and "as an input 5.2% / n/a" in text
     assert "without them, 9.0% / 13.6%" in text
     assert architecture_line({"hybrid": {"mape_seen": 0.04}}) == "", "a run without the comparison says nothing"
+
+
+def test_the_headroom_stands_beside_each_endpoint_against_greedy():
+    room = {"tasks": 40, "tasks_without_greedy": 0, "greedy_gap": 0.012, "greedy_gap_max": 0.05,
+            "greedy_gap_above_share": 0.6, "bound": 0.988, "how": "best of local search from 9 starts and every "
+            "method's plan", "starts": 9, "search_seconds": 20.0, "captured": {"rl_greedy": -0.5, "cost_greedy": 0.0},
+            "captured_tasks": 30, "lpt_gap": 0.002, "how_lpt": "MILP lower bound", "lpt_gap_optimal_share": 0.25,
+            "measured_gap": 0.01, "measured_cost": "max_device_ms", "measured_tasks": 40,
+            "measured_of": {"cost_greedy_local_search": 40}, "measured_at_best_share": 0.1, "noise_floor": 0.07,
+            "noise_key": "noise.noise_sd_max_device.autoshard", "exceeds_noise": False}
+    gated = EVALUATE["primary"]["rl_greedy__vs__cost_greedy__autoshard"] | {"verdict": "no headroom", "p_holm": None}
+    evaluate = EVALUATE | {"headroom": {"autoshard": room}, "primary": {"a": gated}}
+    check(evaluate, EvaluateMetrics, "evaluate.json")
+    table = primary_table(evaluate)
+    assert "**no headroom**" in table and "1.20% / 14.0%" in table, "the gap against twice the noise floor"
+    text = headroom_table(evaluate)
+    assert "1.20% (5.00%)" in text and "cost_greedy_local_search 40" in text and "**no**" in text
+    assert re.search(r"\| rl_greedy +\| -0\.50 +\|", text), "captured: worse than cost_greedy"
+    assert headroom_table(EVALUATE).startswith("(no headroom computed")

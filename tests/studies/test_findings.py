@@ -55,6 +55,9 @@ def test_measurement_quality_against_the_targets():
     assert crowded["comm_round_cv"] == 0.2, "an oversubscribed all-to-all was timed too: its noise counts"
     modelled = measurement_quality(measured.assign(comm_source="measured-model"), repeat(0.005), TARGETS)
     assert "comm_round_cv" not in modelled, "a modelled all-to-all has no round noise"
+    compute = measurement_quality(devices(0.01), repeat(0.005), TARGETS, repeat(0.02))
+    assert compute["noise_sd_max_device"]["p"] > compute["noise_sd"]["p"], "the compute bottleneck's own noise"
+    assert "noise_sd_max_device" not in quiet
 
 
 def ratios_frame(rl_factor: float, tasks: int = 12) -> tuple[pd.DataFrame, dict, list[str]]:
@@ -90,6 +93,15 @@ def test_paired_comparisons_and_the_answer():
     assert len(per_task) == 24 and set(per_task["pair"]) == {"rl_greedy / cost_greedy", "rl_greedy / best_heuristic"}
 
 
+HEADROOM = {"tasks": 12, "tasks_without_greedy": 0, "greedy_gap": 0.04, "greedy_gap_max": 0.1,
+            "greedy_gap_above_share": 0.5, "bound": 0.96, "how": "exhaustive search", "starts": 0,
+            "search_seconds": 0.0, "captured": {"rl_greedy": 0.5, "cost_greedy": 0.0}, "captured_tasks": 6,
+            "lpt_gap": 0.01, "how_lpt": "MILP lower bound", "lpt_gap_optimal_share": 1.0, "measured_gap": 0.02,
+            "measured_cost": "max_device_ms", "measured_tasks": 12, "measured_of": {"rl_greedy": 12},
+            "measured_at_best_share": 0.5, "noise_floor": 0.01, "noise_key": "noise.plan_repeat_change",
+            "exceeds_noise": True}
+
+
 def test_evaluate_metrics_are_strict_json_with_the_contract_keys():
     frame, plans, names = ratios_frame(rl_factor=0.8)
     pairs = paired_comparisons(frame, plans, names, {"autoshard": 0.002}, resamples=200, seed=0)
@@ -108,11 +120,13 @@ def test_evaluate_metrics_are_strict_json_with_the_contract_keys():
                                objective={"autoshard": "max_device", "dreamshard": "synchronized_stages"},
                                paired_synchronized={"autoshard": {}}, paired_max_device=pairs,
                                primary=primary(frame.assign(max_device_ms=frame["measured_ms"], **{"pass": "main"}),
-                                               PrimaryConfig(0.05, 0.05, 999, (ENDPOINT,)), 0))
+                                               PrimaryConfig(0.05, 0.05, 999, (ENDPOINT,)), 0),
+                               headroom={"autoshard": HEADROOM})
     text = json.dumps(_plain(metrics), allow_nan=False)
     loaded = json.loads(text)
     assert list(loaded)[0] == "primary" and check(loaded, EvaluateMetrics, "evaluate.json")
     assert loaded["primary"]["rl_greedy__vs__cost_greedy__autoshard"]["pass"] == "main"
+    assert loaded["headroom"]["autoshard"]["greedy_gap"] == HEADROOM["greedy_gap"]
     assert {"failed", "objective", "paired_synchronized", "paired_max_device", "comm_source"} <= set(loaded), \
         "readers rely on these keys"
     assert check(loaded, ComputeOnlyPairs, "evaluate.json")["paired_max_device"] == loaded["paired"]

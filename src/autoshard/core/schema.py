@@ -97,6 +97,7 @@ class PrimaryEndpoint(TypedDict):
     tasks: int
     identical_share: Number
     per_task: dict[str, float]
+    in_family: NotRequired[bool]  # False: a learned-vs-greedy endpoint without headroom (verdict "no headroom")
     # `pass` (the one pass both arms came from; null when none) is not a Python name: read as a key
 
 
@@ -109,8 +110,48 @@ class MeasurementQuality(TypedDict):
     plan_repeat_change: Number
     plan_repeat_change_calibrated: Number
     noise_sd: dict[str, Number]
+    noise_sd_max_device: NotRequired[dict[str, Number]]  # the compute bottleneck's: the headroom's noise floor
     targets: dict[str, float]
     met: bool
+
+
+class Headroom(TypedDict):
+    """One `headroom.<protocol>` entry of reports/metrics/evaluate.json (`studies.headroom.headroom`):
+    the most any planner could gain over cost_greedy there. Predicted, under the cost model: the
+    median over tasks of cost_greedy's bottleneck over the best placement known, less 1
+    (`greedy_gap`; its max and the share of tasks above 0.5%), that ratio the other way (`bound`),
+    how the best was found (`how`: "exhaustive search" or local search from `starts` starts and every
+    method's plan, `search_seconds` its time) and each method's median share of the gap closed
+    (`captured`, over `captured_tasks` tasks with a gap). On the measured single costs: LPT over the
+    MILP's proven lower bound, less 1 (`lpt_gap`, `how_lpt`; `lpt_gap_optimal_share`: tasks the MILP
+    solved to optimality). Measured, one pass: cost_greedy's `measured_cost` over that of the measured
+    plan predicted lowest, less 1 (`measured_gap`), whose plan that was (`measured_of`, tasks per
+    method) and how often it was the best known (`measured_at_best_share`). The noise floor
+    (`noise_key` names its entry in `noise`) and whether `greedy_gap` exceeds twice it (`exceeds_noise`:
+    the learned-vs-greedy primary endpoints are decided only there)."""
+
+    tasks: int
+    tasks_without_greedy: int
+    greedy_gap: Number
+    greedy_gap_max: Number
+    greedy_gap_above_share: Number
+    bound: Number
+    how: str
+    starts: int
+    search_seconds: float
+    captured: dict[str, Number]
+    captured_tasks: int
+    lpt_gap: Number
+    how_lpt: str
+    lpt_gap_optimal_share: Number
+    measured_gap: Number
+    measured_cost: str
+    measured_tasks: int
+    measured_of: dict[str, int]
+    measured_at_best_share: Number
+    noise_floor: Number
+    noise_key: str
+    exceeds_noise: bool
 
 
 class ReferenceChoice(TypedDict):
@@ -126,11 +167,12 @@ class ReferenceChoice(TypedDict):
 
 class EvaluateMetrics(StageTime, HeadlineObjective, ComputeOnlyPairs):
     """reports/metrics/evaluate.json. Built by `studies.stats.evaluate_metrics`: the primary
-    endpoints first, the measurement quality, the exploratory paired blocks (headline objective,
-    synchronized stages, compute only), the exploratory summary lines, the replicates' spread,
-    the per-method results and targets."""
+    endpoints first, the headroom per protocol, the measurement quality, the exploratory paired
+    blocks (headline objective, synchronized stages, compute only), the exploratory summary lines,
+    the replicates' spread, the per-method results and targets."""
 
     primary: dict[str, PrimaryEndpoint]
+    headroom: NotRequired[dict[str, Headroom]]  # per protocol; metrics written before issue 30 lack it
     noise: MeasurementQuality
     reference: dict[str, ReferenceChoice]  # per protocol
     paired: dict[str, dict[str, PairedComparison]]

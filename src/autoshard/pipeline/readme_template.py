@@ -15,6 +15,10 @@ task, measured in the same pass; lower is better. Predicted numbers are the cost
 
 {{ evaluate.primary_table }}
 
+### Headroom: the most any planner could gain over cost_greedy
+
+{{ evaluate.headroom_table }}
+
 ![every task's ratio per primary endpoint](figures/evaluate/primary.png)
 
 {{ evaluate.quality_line }}

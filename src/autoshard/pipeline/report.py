@@ -606,7 +606,10 @@ def primary_intro(evaluate: dict) -> str:
             "both one-sided tests against ±sesoi reject (TOST), every claim of every endpoint Holm-adjusted as one "
             f"family at {first['alpha']:g}; otherwise **inconclusive**. Intervals: BCa bootstrap over tasks (within "
             "unseen-ratio strata; `interval` in the metrics says where BCa was undefined). \"failed\": tasks where "
-            "either arm found no plan, left out of the comparison.")
+            "either arm found no plan, left out of the comparison. A learned method against cost_greedy is decided "
+            "only where its protocol's headroom (cost_greedy's predicted gap to the best placement known, the most "
+            "any planner could gain there: the table below) exceeds twice the noise floor; elsewhere its verdict is "
+            "**no headroom**, outside the family, its interval still shown.")
 
 
 COSTS_SAID = {"max_device_ms": "compute only: the slowest device's measured compute",
@@ -615,16 +618,54 @@ COSTS_SAID = {"max_device_ms": "compute only: the slowest device's measured comp
 
 def primary_table(evaluate: dict) -> str:
     """Markdown: one row per primary endpoint (verdict, median ratio, BCa interval, Holm p, sesoi,
-    tasks, pass)."""
+    tasks, pass) and, beside an endpoint against cost_greedy, its protocol's headroom: cost_greedy's
+    predicted gap to the best placement known against twice the noise floor."""
+    room = evaluate.get("headroom") or {}
     rows = [{"method / reference": f"{e['method']} / {e['reference']}", "protocol": e["protocol"],
              "verdict": f"**{e['verdict']}**",
              "median ratio [95% BCa]": "n/a" if e["median_ratio"] is None else
              f"{e['median_ratio']:.3f} [{e['ci_low']:.3f}, {e['ci_high']:.3f}]",
              "p (Holm)": "n/a" if e["p_holm"] is None else f"{e['p_holm']:.3g}", "sesoi": f"{e['sesoi']:g}",
              "tasks": e["tasks"], "failed": e["failed"], "identical plans": percent(e["identical_share"], 0),
+             **({"headroom (predicted) / 2 x noise": headroom_cell(room.get(e["protocol"]))
+                 if e["reference"] == GREEDY else ""} if room else {}),
              "pass": e["pass"]}
             for e in evaluate.get("primary", {}).values()]
     return pd.DataFrame(rows).to_markdown(index=False) if rows else "(no primary endpoints)"
+
+
+def headroom_cell(entry: dict | None) -> str:
+    """cost_greedy's predicted gap to the best placement known, against twice the noise floor."""
+    if not entry:
+        return "n/a"
+    floor = entry["noise_floor"]
+    return f"{percent(entry['greedy_gap'], 2)} / {'n/a' if floor is None else percent(2 * floor)}"
+
+
+def headroom_table(evaluate: dict) -> str:
+    """Markdown: per protocol, the most any planner could gain over cost_greedy (`headroom`):
+    predicted under the cost model, on the measured single costs (LPT against the MILP's bound) and
+    measured; then, per method, the median share of the predicted headroom its plan captured."""
+    room = evaluate.get("headroom") or {}
+    if not room:
+        return "(no headroom computed: metrics from before issue 30)"
+    rows = [{"protocol": p, "tasks": e["tasks"],
+             "cost_greedy over the best known, predicted: median (max)":
+                 f"{percent(e['greedy_gap'], 2)} ({percent(e['greedy_gap_max'], 2)})",
+             "tasks above 0.5%": percent(e["greedy_gap_above_share"], 0), "best known": e["how"],
+             "LPT over the MILP bound (measured singles)": percent(e["lpt_gap"], 2),
+             "MILP optimal": percent(e["lpt_gap_optimal_share"], 0),
+             "cost_greedy over the best measured plan, measured": percent(e["measured_gap"], 2),
+             "that plan (tasks)": ", ".join(f"{m} {n}" for m, n in e["measured_of"].items()),
+             "noise floor": f"{percent(e['noise_floor'])} (`{e['noise_key']}`)",
+             "exceeds 2 x noise": "yes" if e["exceeds_noise"] else "**no**"} for p, e in room.items()]
+    captured = pd.DataFrame({p: e["captured"] for p, e in room.items()})
+    captured = captured.loc[sorted(captured.index, key=lambda m: METHODS.index(m) if m in METHODS else len(METHODS))]
+    return (pd.DataFrame(rows).to_markdown(index=False)
+            + "\n\nShare of the predicted headroom each method's plan captured (median over the tasks with a gap; "
+            "1: the best known, 0: cost_greedy's, below 0: worse than cost_greedy):\n\n"
+            + captured.map(lambda v: "n/a" if v is None or pd.isna(v) else f"{v:.2f}").rename_axis("method")
+            .to_markdown(disable_numparse=True))
 
 
 def quality_line(evaluate: dict) -> str:
@@ -661,6 +702,7 @@ def readme(reports: Path, stages: list[tuple[str, str]], budget_minutes: float |
     context = {
         "evaluate": evaluate and {
             "primary_intro": primary_intro(evaluate), "primary_table": primary_table(evaluate),
+            "headroom_table": headroom_table(evaluate),
             "quality_line": quality_line(evaluate), "answer": answer(evaluate),
             "comm_sources": comm_sources(evaluate, profile), "regime_table": regime_table(evaluate),
             "sync_policy_table": sync_policy_table(evaluate), "paired_table": paired_table(evaluate),

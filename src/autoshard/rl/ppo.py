@@ -112,7 +112,7 @@ def rollout(policy: Policy, model: CostModel, batch: Batch, mode: str = "sample"
             action = ahead.after.masked_fill(~mask, float("inf")).argmin(-1)
         else:
             action = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(-1)
-        before = env.bottleneck()
+        before = env.bottleneck() if record and shaping else None
         if record:
             logp = torch.log_softmax(logits, -1)[rows, action]
             for k, v in (("logp", logp), ("values", value), ("masks", mask),

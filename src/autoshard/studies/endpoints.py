@@ -22,6 +22,13 @@ so the chance of any wrong claim across the family stays below `alpha`; an endpo
 **inconclusive**. A declared endpoint without a single task where both arms were measured is an
 error, not an inconclusive row; tasks where either arm found no plan are counted (`failed`).
 Nothing outside the family gets a verdict word.
+
+The headroom gate (issue 30): an endpoint of a learned method (registry kind `rl`) against
+cost_greedy is decided only where its protocol's headroom (`studies.headroom`: cost_greedy's
+predicted gap to the best placement known under the same cost model, the most any planner could
+gain there) exceeds HEADROOM_NOISE_MULTIPLE times the protocol's noise floor (`has_headroom`).
+Elsewhere no planner could move the measured ratio by more than the noise: the endpoint's
+verdict is **no headroom**, it leaves the Holm family (exploratory) and keeps its interval.
 """
 
 from __future__ import annotations
@@ -36,11 +43,14 @@ from scipy import stats
 from autoshard.core.errors import ConfigError, invalid
 from autoshard.core.params import Fields
 from autoshard.core.seeding import rng
+from autoshard.methods.registry import GREEDY, KIND
 from autoshard.studies import paired
 
-VERDICTS = ("better", "worse", "equivalent", "inconclusive")
+NO_HEADROOM = "no headroom"  # a gated endpoint's verdict: exploratory, outside the family
+VERDICTS = ("better", "worse", "equivalent", "inconclusive", NO_HEADROOM)
 CLAIMS = ("better", "worse", "equivalent")
 COSTS = ("max_device_ms", "synchronized_ms")  # compute only; the synchronized stages (honest comm only)
+HEADROOM_NOISE_MULTIPLE = 2.0  # a learned-vs-greedy endpoint is decided where the headroom exceeds this x noise
 MIN_TASKS = 5  # a one-sided signed-rank test on fewer tasks cannot reach p < 0.05 (its smallest p is 2**-n)
 
 
@@ -97,6 +107,29 @@ class PrimaryConfig:
         if len(set(names)) < len(names):
             raise invalid("primary.endpoints", names, "an endpoint is declared twice")
         return cls(cfg.sesoi, cfg.alpha, cfg.resamples, tuple(endpoints))
+
+
+def has_headroom(greedy_gap: float | None, noise_floor: float | None) -> bool:
+    """Whether a protocol's headroom (cost_greedy's predicted gap to the best placement known, a
+    share) exceeds HEADROOM_NOISE_MULTIPLE times its noise floor; False where either is unknown."""
+    return greedy_gap is not None and noise_floor is not None and greedy_gap > HEADROOM_NOISE_MULTIPLE * noise_floor
+
+
+def gated(endpoint: Endpoint) -> bool:
+    """Whether `endpoint` is decided only where there is headroom: a learned method against cost_greedy."""
+    return KIND.get(endpoint.method) == "rl" and endpoint.reference == GREEDY
+
+
+def decided(endpoint: Endpoint, headroom: dict[str, dict] | None) -> bool:
+    """Whether `endpoint` joins the family: always without `headroom` (`studies.headroom.headroom`)
+    or when it is not `gated`; else where its protocol `has_headroom`."""
+    if headroom is None or not gated(endpoint):
+        return True
+    if endpoint.protocol not in headroom:
+        raise ConfigError(f"primary.endpoints: {endpoint.name} is decided by its protocol's headroom, and "
+                          f"{endpoint.protocol} has none computed")
+    entry = headroom[endpoint.protocol]
+    return has_headroom(entry["greedy_gap"], entry["noise_floor"])
 
 
 def log_ratios(ratios: pd.DataFrame, endpoint: Endpoint) -> pd.DataFrame:
@@ -185,18 +218,22 @@ def verdict(adjusted: dict[str, float | None], alpha: float) -> str:
     return met[0] if len(met) == 1 else "inconclusive"
 
 
-def primary(ratios: pd.DataFrame, cfg: PrimaryConfig, seed: int) -> dict[str, dict]:
+def primary(ratios: pd.DataFrame, cfg: PrimaryConfig, seed: int,
+            headroom: dict[str, dict] | None = None) -> dict[str, dict]:
     """`primary.<endpoint>`: verdict, median_ratio, ci_low, ci_high, p_holm (of the verdict's
     claim; the smallest of the three when inconclusive), the claims' adjusted p-values, sesoi,
-    tasks, the pass, and the per-task ratios (the headline figure's points)."""
+    tasks, the pass, the per-task ratios (the headline figure's points) and `in_family`. With
+    `headroom` (protocol -> `studies.headroom` entry), an endpoint not `decided` there gets
+    NO_HEADROOM, its claims' raw p-values and no adjusted ones."""
     frames = {e.name: log_ratios(ratios, e) for e in cfg.endpoints}
     empty = [name for name, f in frames.items() if f.empty]
     if empty:
         raise ConfigError(f"primary.endpoints: {empty[0]} has no task where both arms were measured (a method left "
                           "out, not planned on that protocol, or failing everywhere); declare only what runs")
     raw = {name: claim_p_values(f["log_ratio"].to_numpy(), cfg.sesoi) for name, f in frames.items()}
-    family = [(name, claim) for name in frames for claim in CLAIMS]  # one family: every claim of every endpoint
-    adjusted: dict[str, dict[str, float | None]] = {name: {} for name in frames}
+    members = {e.name for e in cfg.endpoints if decided(e, headroom)}
+    family = [(name, claim) for name in frames if name in members for claim in CLAIMS]  # every decided claim
+    adjusted: dict[str, dict[str, float | None]] = {name: dict.fromkeys(CLAIMS) for name in frames}
     for (name, claim), p in zip(family, paired.holm([raw[n][c] for n, c in family]), strict=True):
         adjusted[name][claim] = p
     out = {}
@@ -204,9 +241,9 @@ def primary(ratios: pd.DataFrame, cfg: PrimaryConfig, seed: int) -> dict[str, di
         f = frames[e.name]
         logs = f["log_ratio"].to_numpy()
         lo, hi, how = bca_interval(logs, f["stratum"].to_numpy(), cfg.resamples, seed, e.name)
-        word = verdict(adjusted[e.name], cfg.alpha)
+        word = verdict(adjusted[e.name], cfg.alpha) if e.name in members else NO_HEADROOM
         known = [p for p in adjusted[e.name].values() if p is not None]
-        p_holm = adjusted[e.name][word] if word != "inconclusive" else (min(known) if known else None)
+        p_holm = adjusted[e.name][word] if word in CLAIMS else (min(known) if known else None)
         passes = sorted(set(f["pass"]))
         out[e.name] = {
             "method": e.method, "reference": e.reference, "protocol": e.protocol, "cost": e.cost,
@@ -215,7 +252,7 @@ def primary(ratios: pd.DataFrame, cfg: PrimaryConfig, seed: int) -> dict[str, di
             "interval": how, "p_holm": p_holm, "p_claims": adjusted[e.name], "p_raw": raw[e.name], "sesoi": cfg.sesoi,
             "alpha": cfg.alpha, "tasks": int(len(logs)), "failed": failed(ratios, e),
             "pass": passes[0] if len(passes) == 1 else None,
-            "identical_share": float(np.mean(logs == 0)) if len(logs) else None,
+            "identical_share": float(np.mean(logs == 0)) if len(logs) else None, "in_family": e.name in members,
             "per_task": dict(zip(f["task"], np.exp(logs).tolist(), strict=True))}
     return out
 

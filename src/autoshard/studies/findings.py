@@ -21,7 +21,8 @@ SYNC_POLICY_METHODS = ids(kind="rl", objective=SYNCHRONIZED)  # the policy train
 REPLICATED = f"{POLICY}__vs__{GREEDY}"  # the per-task ratio the replicates of the chain are compared by
 
 
-def measurement_quality(devices: pd.DataFrame, repeat: pd.DataFrame, targets: NoiseTargets) -> dict:
+def measurement_quality(devices: pd.DataFrame, repeat: pd.DataFrame, targets: NoiseTargets,
+                        repeat_max_device: pd.DataFrame | None = None) -> dict:
     """How far the measurements under the results can be trusted, against the targets:
     `median_cv` (CV across interleaved rounds, median over distinct shards), `round_drift`
     (median over tasks of the largest shift of a round against the first, over the task's shards:
@@ -30,7 +31,9 @@ def measurement_quality(devices: pd.DataFrame, repeat: pd.DataFrame, targets: No
     bottleneck measured in a later, separate pass), `plan_repeat_change_calibrated` (the same
     with each pass's calibration-shard time divided out: what is left once the machine's overall
     change of speed between the passes is taken away), `noise_sd` per protocol (the standard
-    deviation of one bottleneck's log measurement, for the detectable effect), `met`, and where
+    deviation of one bottleneck's log measurement, for the detectable effect), with
+    `repeat_max_device` (`stats.noise` on max_device_ms) `noise_sd_max_device` (the same for the
+    compute bottleneck: the headroom's noise floor), `met`, and where
     plans' all-to-alls were measured, `comm_round_cv` (median over their devices of the CV of a
     device's all-to-all time across rounds) and `comm_plans` (how many plans)."""
     shards = devices[devices["tables"] > 0].drop_duplicates(["task", "shard"])
@@ -44,8 +47,9 @@ def measurement_quality(devices: pd.DataFrame, repeat: pd.DataFrame, targets: No
            if "calibrated_change" in repeat else None,
            **({"comm_round_cv": finite(measured["comm_cv"].median()),
                "comm_plans": int(measured.groupby(["task", "method"]).ngroups)} if len(measured) else {}),
-           "noise_sd": noise_sd, "targets": {"median_cv": targets.median_cv,
-                                             "plan_repeat_change": targets.plan_repeat_change}}
+           "noise_sd": noise_sd,
+           **({} if repeat_max_device is None else {"noise_sd_max_device": log_noise_sd(repeat_max_device)}),
+           "targets": {"median_cv": targets.median_cv, "plan_repeat_change": targets.plan_repeat_change}}
     out["met"] = bool(out["median_cv"] is not None and out["median_cv"] <= targets.median_cv
                       and out["plan_repeat_change"] is not None
                       and out["plan_repeat_change"] <= targets.plan_repeat_change)
