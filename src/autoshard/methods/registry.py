@@ -33,6 +33,8 @@ GREEDY = "cost_greedy"          # greedy placement on the policy's own cost mode
 REFINED = "rl_local_search"     # the policy's placement refined by local search
 SAMPLED = "rl_best_of_n"        # the best of N placements sampled from the policy
 FAIR = "rl_fair_greedy"         # the fair learned sharder, greedy: sees what cost_greedy sees, starts from it
+LPT = "lpt_measured"            # LPT on the profile's measured single costs: an engineer's profiler baseline
+MILP = "milp"                   # the off-the-shelf solver (HiGHS) on the same measured costs
 OPTIMUM = "exact"               # exhaustive search under the cost model (small tasks)
 BEST_HEURISTIC = "best_heuristic"  # not a method: per task, the heuristic whose plan measured fastest
 
@@ -264,10 +266,10 @@ METHODS_LIST: tuple[Method, ...] = (
     Method("hybrid_greedy", "baseline", _hybrid_greedy, (("hybrid", "hybrid_features"),),
            tags=_tags("speed", "headline", "shown"),
            summary="cost_greedy on the hybrid cost model (measured single costs x a learnt fusion factor)"),
-    Method("lpt_measured", "baseline", _lpt, (("single_costs",),),
+    Method(LPT, "baseline", _lpt, (("single_costs",),),
            tags=_tags("compared", "reference", "speed", "shown"),
            summary="LPT on the profile's measured single-table costs: largest first onto the least-loaded device"),
-    Method("milp", "baseline", _milp, (("single_costs",),), tags=_tags("compared", "reference", "shown", "solver"),
+    Method(MILP, "baseline", _milp, (("single_costs",),), tags=_tags("compared", "reference", "shown", "solver"),
            summary="exact min-max MILP (HiGHS) on the measured single-table costs, node- and time-limited"),
     Method("torchrec", "baseline", _torchrec, tags=_tags("command", "compared", "reference", "speed"),
            summary="TorchRec's EmbeddingShardingPlanner, table-wise"),
@@ -310,8 +312,8 @@ METHODS: tuple[str, ...] = tuple(REGISTRY)
 KIND: dict[str, str] = {m.id: m.kind for m in METHODS_LIST}
 
 # The paired figure's comparisons: method against reference.
-FIGURE_PAIRS = ((POLICY, GREEDY), (REFINED, GREEDY), (POLICY, "lpt_measured"), (POLICY, "milp"),
-                (GREEDY, "lpt_measured"), ("milp", BEST_HEURISTIC), (POLICY, BEST_HEURISTIC),
+FIGURE_PAIRS = ((POLICY, GREEDY), (REFINED, GREEDY), (POLICY, LPT), (POLICY, MILP),
+                (GREEDY, LPT), (MILP, BEST_HEURISTIC), (POLICY, BEST_HEURISTIC),
                 ("torchrec", BEST_HEURISTIC))
 
 

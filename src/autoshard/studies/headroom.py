@@ -35,14 +35,13 @@ import pandas as pd
 from autoshard.core.metrics import finite
 from autoshard.core.seeding import one_thread
 from autoshard.data.tasks import Task
-from autoshard.methods.registry import GREEDY, OPTIMUM, ids
+from autoshard.methods.registry import GREEDY, LPT, MILP, OPTIMUM, ids
 from autoshard.placement.lpt import makespan
 from autoshard.placement.search import local_search
 from autoshard.placement.shards import device_shards
 from autoshard.studies import paired
 from autoshard.studies.endpoints import has_headroom
 
-LPT, MILP = "lpt_measured", "milp"
 STARTS = (*ids(kind="heuristic"), LPT, MILP, GREEDY)  # the plans local search starts from
 SEARCH = "local_search:"  # a searched plan's name: SEARCH + its start
 TOLERANCE = 1e-6  # relative: predictions closer than this are one cost (float32 sums)
