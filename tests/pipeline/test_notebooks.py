@@ -198,10 +198,10 @@ def test_evaluate_notebook(profiled, smoke_params, monkeypatch):
         assert run_stage(tmp_path, smoke_params, "train_rl") == 0
     assert run_stage(tmp_path, smoke_params, "evaluate") == 0
     metrics = read_metrics(tmp_path / "reports" / "metrics" / "evaluate.json")
-    assert set(metrics["results"]) == {"autoshard", "dreamshard", "tight", "small"}
+    assert set(metrics["results"]) == {"autoshard", "dreamshard", "tight", "small", "few"}
     assert "exact" in metrics["results"]["small"] and "exact" not in metrics["results"]["autoshard"]
     assert {"rl_greedy", "rl_best_of_n", "rl_local_search", "cost_greedy"} <= set(metrics["results"]["dreamshard"])
-    assert {t["protocol"] for t in metrics["targets"]} == {"autoshard", "dreamshard", "tight", "small"}
+    assert {t["protocol"] for t in metrics["targets"]} == {"autoshard", "dreamshard", "tight", "small", "few"}
     assert set(metrics["failed"]) >= {"autoshard", "dreamshard", "tight"}
     plans = pd.read_csv(tmp_path / "data" / "evaluate" / "plans.csv")
     assert (plans["memory_share"] <= 1).all() and (plans["measured_ms"] > 0).all()
@@ -215,7 +215,8 @@ def test_evaluate_notebook(profiled, smoke_params, monkeypatch):
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 6
     declared = smoke_params["primary"]["endpoints"]
     assert len(metrics["primary"]) == len(declared), "every declared endpoint decided"
-    assert set(metrics["headroom"]) == {"autoshard", "dreamshard", "tight", "small"}, "the headroom per protocol"
+    assert set(metrics["headroom"]) == {"autoshard", "dreamshard", "tight", "small", "few"}, "the headroom per protocol"
+    assert metrics["headroom"]["few"]["tasks"] == smoke_params["evaluate"]["few"]["tasks"], "every few task, greedy placed"
     assert metrics["headroom"]["small"]["how"] == "exhaustive search"
     assert metrics["headroom"]["autoshard"]["starts"] > 0 and metrics["headroom"]["autoshard"]["bound"] <= 1
     for entry in metrics["primary"].values():
@@ -232,7 +233,7 @@ def test_evaluate_notebook(profiled, smoke_params, monkeypatch):
     assert {"lpt_measured", "milp", "cost_greedy_local_search"} <= set(metrics["results"]["dreamshard"])
     assert metrics["answer"], "the plain answer is written"
     assert metrics["objective"] == {"autoshard": "max_device", "dreamshard": "synchronized_stages",
-                                    "tight": "max_device", "small": "max_device"}
+                                    "tight": "max_device", "small": "max_device", "few": "max_device"}
     synced = {"sync_greedy", "sync_local_search", "sync_milp"}
     assert synced <= set(metrics["results"]["dreamshard"]), "planned where they are scored"
     assert not synced & set(metrics["results"]["autoshard"]), "and nowhere else"

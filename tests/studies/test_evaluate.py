@@ -32,12 +32,14 @@ from autoshard.placement.shards import memory_ok, predicted_bottleneck
 from autoshard.placement.surrogate import MilpConfig
 from autoshard.rl.policy import Policy, PolicyConfig
 from autoshard.studies.evaluate import (
+    PROTOCOLS,
     EvaluateConfig,
     SmallConfig,
     Targets,
+    drawn_tasks,
+    evaluated_tasks,
     held_out_tasks,
     plan_all,
-    small_tasks,
 )
 from autoshard.studies.measured import measurement_store, plan_frame, predict_devices, score
 from autoshard.studies.stats import bootstrap_median, summary, targets, with_ratios
@@ -233,19 +235,37 @@ def test_config_and_task_selection(smoke_params, world):
     ratios = smoke_params["tasks"]["autoshard"]["unseen_ratios"]
     assert len(chosen) == len(ratios) * cfg.autoshard_tasks_per_ratio + cfg.dreamshard_tasks
     assert all(t.split == "test" for t in chosen)
-    small = small_tasks(pool.features, test, SmallConfig(5, (4, 6), (2, 3), 1.2), seed=0)
-    assert small == small_tasks(pool.features, test, SmallConfig(5, (4, 6), (2, 3), 1.2), seed=0)
+    small = drawn_tasks(pool.features, test, SmallConfig(5, (4, 6), (2, 3), 1.2), seed=0)
+    assert small == drawn_tasks(pool.features, test, SmallConfig(5, (4, 6), (2, 3), 1.2), seed=0)
     sizes = pool.features["size_bytes"].to_numpy()
     for t in small:
         assert 4 <= len(t.tables) <= 6 and set(t.tables) <= set(test.tolist())
         assert first_fit_decreasing(sizes[list(t.tables)], t.devices, t.memory_bytes) is not None
 
 
+def test_the_few_protocol_draws_its_own_tasks_and_leaves_the_small_ones_as_they_were(smoke_params, world):
+    """`evaluate.few` has its own random stream and names: adding it changes no other protocol's task."""
+    pool, *_ = world
+    cfg = config(smoke_params)
+    tasks, _, test = make_tasks(pool.features, smoke_params["tasks"], seed=0)
+    few = drawn_tasks(pool.features, test, SmallConfig(4, (6, 8), (3, 3), 1.5), seed=0, protocol="few")
+    small = drawn_tasks(pool.features, test, SmallConfig(4, (6, 8), (3, 3), 1.5), seed=0)
+    assert [t.name for t in few] == [f"few/{k:03d}" for k in range(4)] and {t.protocol for t in few} == {"few"}
+    assert [t.tables for t in few] != [t.tables for t in small], "a stream of its own"
+    assert all(6 <= len(t.tables) <= 8 and t.devices == 3 and t.unseen_ratio == 1.0 for t in few)
+    every = evaluated_tasks(tasks, [], pool.features, test, cfg, seed=0)
+    assert [t.protocol for t in every] == sorted((t.protocol for t in every), key=list(PROTOCOLS).index)
+    assert {t.protocol for t in every} == {"autoshard", "dreamshard", "small", "few"}
+    assert [t for t in every if t.protocol == "small"] == drawn_tasks(pool.features, test, cfg.small, seed=0)
+    with pytest.raises(ValueError, match="'tight' is none of"):
+        drawn_tasks(pool.features, test, cfg.few, seed=0, protocol="tight")
+
+
 def test_bad_evaluate_parameters_name_the_field(smoke_params):
     assert config(smoke_params).objective == {"autoshard": "max_device", "dreamshard": "synchronized_stages",
-                                              "tight": "max_device", "small": "max_device"}
+                                              "tight": "max_device", "small": "max_device", "few": "max_device"}
     every = config(smoke_params, objective="synchronized_stages").objective
-    assert set(every) == {"autoshard", "dreamshard", "tight", "small"}, "a plain string: every protocol"
+    assert set(every) == set(PROTOCOLS), "a plain string: every protocol"
     assert set(every.values()) == {"synchronized_stages"}
     with pytest.raises(ConfigError, match="evaluate.objective: 'mean'"):
         config(smoke_params, objective="mean")
@@ -256,6 +276,8 @@ def test_bad_evaluate_parameters_name_the_field(smoke_params):
         config(smoke_params, objective=per_protocol | {"criteo": "max_device"})
     with pytest.raises(ConfigError, match=r"evaluate.small.tables: \[9, 4\]"):
         config(smoke_params, small=smoke_params["evaluate"]["small"] | {"tables": [9, 4]})
+    with pytest.raises(ConfigError, match=r"evaluate.few.devices\[0\]: 0"):
+        config(smoke_params, few=smoke_params["evaluate"]["few"] | {"devices": [0, 8]})
     with pytest.raises(ConfigError, match="evaluate.timing.runs: 0"):
         config(smoke_params, timing=smoke_params["evaluate"]["timing"] | {"runs": 0})
     with pytest.raises(ConfigError, match="evaluate.timing.drift_limit: 0"):

@@ -412,7 +412,8 @@ def plot_files(data_dir: Path, plots: Path) -> None:
 
 REGIMES = (("compute only", "paired_max_device", ("autoshard", "dreamshard")),
            ("synchronized stages with communication", "paired_synchronized", ("autoshard", "dreamshard")),
-           ("tight memory", "paired", ("tight",)))
+           ("tight memory", "paired", ("tight",)),
+           ("few tables per device", "paired", ("few",)))
 
 
 def compute_only(evaluate: dict) -> dict[str, dict]:

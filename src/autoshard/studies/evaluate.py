@@ -30,16 +30,19 @@ from autoshard.placement.types import Planner
 from autoshard.studies.measured import OBJECTIVES, MeasuredComm
 from autoshard.studies.paired import same_split
 
-PROTOCOLS = ("autoshard", "dreamshard", "tight", "small")  # the evaluated protocols (evaluate.objective's keys)
+PROTOCOLS = ("autoshard", "dreamshard", "tight", "small", "few")  # the evaluated protocols (evaluate.objective's keys)
+DRAWN = ("small", "few")  # the protocols whose tasks `drawn_tasks` makes (evaluate.small, evaluate.few)
 
 
 
 @dataclass(frozen=True)
 class SmallConfig:
-    """Tiny test tasks whose optimum under the cost model is found by exhaustive search."""
+    """Test tasks of unseen tables drawn in a range of shapes: `evaluate.small` (tiny, whose optimum
+    under the cost model is found by exhaustive search) and `evaluate.few` (few tables per device,
+    where greedy placement is furthest from the best placement known: issue 30's headroom)."""
 
     tasks: int = bounded(lo=0)
-    tables: tuple[int, int]
+    tables: tuple[int, int]  # drawn uniformly in [low, high]
     devices: tuple[int, int]
     memory_slack: float = bounded(lo=1.0)  # cap = slack x (total size / devices), at least the largest table
 
@@ -68,6 +71,7 @@ class EvaluateConfig:
     dreamshard_tasks: int = bounded(lo=0)
     tight_tasks: int = bounded(lo=0)  # the first tight-memory tasks (tasks.tight) evaluated
     small: SmallConfig
+    few: SmallConfig
     best_of: int
     backend: BackendConfig
     bootstrap: int = bounded(lo=100)
@@ -172,22 +176,38 @@ def replicate_subset(tasks: list[Task], share: float) -> list[Task]:
     return [t for t in tasks if t.name in keep]
 
 
-def small_tasks(features: pd.DataFrame, test_tables: np.ndarray, cfg: SmallConfig, seed: int) -> list[Task]:
-    """Seeded tiny tasks of unseen (test-pool) tables, each placeable under its cap."""
+def drawn_tasks(features: pd.DataFrame, test_tables: np.ndarray, cfg: SmallConfig, seed: int,
+                protocol: str = "small") -> list[Task]:
+    """Seeded test tasks of unseen (test-pool) tables of `protocol` (one of DRAWN, its section
+    `cfg`), each placeable under its cap."""
+    if protocol not in DRAWN:
+        raise ValueError(f"drawn_tasks: {protocol!r} is none of {DRAWN}")
     sizes = features["size_bytes"].to_numpy()
     out = []
     for k in range(cfg.tasks):
-        g = rng(seed, "evaluate", "small", k)
+        g = rng(seed, "evaluate", protocol, k)
         n = int(g.integers(cfg.tables[0], cfg.tables[1] + 1))
         devices = int(g.integers(cfg.devices[0], cfg.devices[1] + 1))
         if n > len(test_tables):
-            raise invalid("evaluate.small.tables", list(cfg.tables), f"the test pool has {len(test_tables)} tables")
+            raise invalid(f"evaluate.{protocol}.tables", list(cfg.tables),
+                          f"the test pool has {len(test_tables)} tables")
         tables = np.sort(g.choice(test_tables, n, replace=False))
         cap = int(max(sizes[tables].max(), cfg.memory_slack * sizes[tables].sum() / devices))
         while first_fit_decreasing(sizes[tables], devices, cap) is None:
             cap = int(cap * 1.1) + 1
-        out.append(Task(name=f"small/{k:03d}", protocol="small", split="test", tables=tuple(int(t) for t in tables),
-                        devices=devices, memory_bytes=cap, unseen_ratio=1.0))
+        out.append(Task(name=f"{protocol}/{k:03d}", protocol=protocol, split="test",
+                        tables=tuple(int(t) for t in tables), devices=devices, memory_bytes=cap, unseen_ratio=1.0))
+    return out
+
+
+def evaluated_tasks(tasks: list[Task], tight: list[Task], features: pd.DataFrame, test_tables: np.ndarray,
+                    cfg: EvaluateConfig, seed: int) -> list[Task]:
+    """Every task the evaluate stage plans and measures, in protocol order: the held-out test
+    tasks of both papers' protocols, the first `cfg.tight_tasks` of `tight` (`data.tasks.tight_tasks`)
+    and the drawn protocols' (DRAWN)."""
+    out = held_out_tasks(tasks, cfg) + tight[:cfg.tight_tasks]
+    for protocol in DRAWN:
+        out += drawn_tasks(features, test_tables, getattr(cfg, protocol), seed, protocol)
     return out
 
 
