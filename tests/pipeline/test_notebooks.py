@@ -1,7 +1,13 @@
-"""Stage notebooks executed through the stage runner on smoke-sized parameters."""
+"""End to end on smoke parameters: a copy of the repository runs `dvc repro` once, each stage's
+notebook, metrics, figures and data are checked from that one run, a second `dvc repro` with
+nothing changed reruns nothing, and a changed ablation parameter would rerun only the ablation and
+the report. One run serves every check (a run per check would double the suite's time)."""
 
 import json
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -62,21 +68,43 @@ def test_select_takes_only_the_named_params():
     assert select(params, ["seed", "pool.b.c"], "p") == {"seed": 1, "pool": {"b": {"c": 2}}}
 
 
+def sh(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
+
+
 @pytest.fixture(scope="module")
-def synthesized(tmp_path_factory, smoke_params):
-    """One smoke run of the synthesize stage, shared by the stages after it."""
-    tmp_path = tmp_path_factory.mktemp("stages")
-    cwd = Path.cwd()
-    os.chdir(ROOT)
-    try:
-        assert run_stage(tmp_path, smoke_params) == 0
-    finally:
-        os.chdir(cwd)
-    return tmp_path
+def clone(tmp_path_factory, smoke_params) -> Path:
+    """The repository as git sees it (tracked and untracked-but-not-ignored files), committed,
+    with the smoke parameters as its params.yaml."""
+    dest = tmp_path_factory.mktemp("clone")
+    files = sh(["git", "ls-files", "-co", "--exclude-standard", "-z"], ROOT).stdout.split("\0")
+    for rel in filter(None, files):
+        if (ROOT / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, dest / rel)
+    (dest / "params.yaml").write_text(yaml.safe_dump(smoke_params))
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"]):
+        assert sh(cmd, dest).returncode == 0
+    return dest
 
 
-def test_synthesize_notebook(synthesized, smoke_params):
-    tmp_path, params = synthesized, smoke_params
+@pytest.fixture(scope="module")
+def repro(clone) -> Path:
+    """The clone after one `dvc repro`: every stage run, its outputs where dvc.yaml puts them."""
+    first = sh(["dvc", "repro"], clone)
+    assert first.returncode == 0, first.stderr + first.stdout
+    assert "Running stage 'synthesize'" in first.stdout
+    return clone
+
+
+def notebook(run: Path, name: str) -> Path:
+    return run / "reports" / "notebooks" / name
+
+
+def test_synthesize_notebook(repro, smoke_params):
+    tmp_path, params = repro, smoke_params
     pool = load_pool(tmp_path / "data" / "pool")
     assert pool.num_tables == params["pool"]["num_tables"]
     tasks, train, test = load_tasks(tmp_path / "data" / "tasks.json")
@@ -87,26 +115,14 @@ def test_synthesize_notebook(synthesized, smoke_params):
     assert sum(metrics["tasks"].values()) == len(tasks)
     figures = sorted(p.name for p in (tmp_path / "reports" / "figures" / "synthesize").iterdir())
     assert figures == ["pool_distributions.png", "reuse_vs_published.png"]
-    nb, outputs = executed_outputs(tmp_path / "nb" / "01_synthesize.ipynb")
+    nb, outputs = executed_outputs(notebook(tmp_path, "01_synthesize.ipynb"))
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 2, "figures must be inline"
     injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
     assert json.dumps(params["pool"]["num_tables"]) in injected[0].source
 
 
-@pytest.fixture(scope="module")
-def profiled(synthesized, smoke_params):
-    """The profile stage after `synthesized`, in the same folders."""
-    cwd = Path.cwd()
-    os.chdir(ROOT)
-    try:
-        assert run_stage(synthesized, smoke_params, "profile") == 0
-    finally:
-        os.chdir(cwd)
-    return synthesized
-
-
-def test_profile_notebook(profiled, smoke_params):
-    tmp_path = profiled
+def test_profile_notebook(repro, smoke_params):
+    tmp_path = repro
     table = load_profile(tmp_path / "data" / "profile")
     assert (table["status"] == "ok").all() and table["shard_id"].is_unique
     assert set(table["kind"]) == {"single", "random", "heuristic", "test_random", "test_heuristic",
@@ -132,15 +148,13 @@ def test_profile_notebook(profiled, smoke_params):
     assert len(heldout) > 0 and metrics["comm"]["mape_heldout"] == pytest.approx(mape(comm_model, heldout), abs=written)
     assert metrics["comm"]["mape_target"] == mape_target
     assert metrics["comm"]["mape_target_met"] == (metrics["comm"]["mape_heldout_honest"] <= mape_target)
-    _, outputs = executed_outputs(tmp_path / "nb" / "02_profile.ipynb")
+    _, outputs = executed_outputs(notebook(tmp_path, "02_profile.ipynb"))
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 6
-    assert not (tmp_path / "profile").exists(), "the profile chunks are dropped once saved"
+    assert not (tmp_path / "data" / "profile-work").exists(), "the profile chunks are dropped once saved"
 
 
-def test_cost_model_notebook(profiled, smoke_params, monkeypatch):
-    monkeypatch.chdir(ROOT)
-    tmp_path = profiled
-    assert run_stage(tmp_path, smoke_params, "cost_model") == 0
+def test_cost_model_notebook(repro, smoke_params):
+    tmp_path = repro
     model = load_model(tmp_path / "data" / "cost_model" / "model.pt")
     pool = load_pool(tmp_path / "data" / "pool")
     assert (model.predict_ms(feature_matrix(pool.features), [[0, 1], [2]]) > 0).all()
@@ -152,16 +166,12 @@ def test_cost_model_notebook(profiled, smoke_params, monkeypatch):
     single = single_costs(measured_shards(load_profile(tmp_path / "data" / "profile"), "fbgemm"))
     assert (hybrid.predict_ms(with_single_costs(feature_matrix(pool.features), single), [[0, 1], [2]]) > 0).all()
     assert 0 < metrics["hybrid"]["mape_unseen"] < 1 and 0 < metrics["hybrid"]["rescaled_sum_mape_seen"] < 1
-    _, outputs = executed_outputs(tmp_path / "nb" / "03_cost_model.ipynb")
+    _, outputs = executed_outputs(notebook(tmp_path, "03_cost_model.ipynb"))
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 4
 
 
-def test_train_rl_notebook(profiled, smoke_params, monkeypatch):
-    monkeypatch.chdir(ROOT)
-    tmp_path = profiled
-    if not (tmp_path / "data" / "cost_model" / "model.pt").exists():
-        assert run_stage(tmp_path, smoke_params, "cost_model") == 0
-    assert run_stage(tmp_path, smoke_params, "train_rl") == 0
+def test_train_rl_notebook(repro, smoke_params):
+    tmp_path = repro
     model = load_model(tmp_path / "data" / "cost_model" / "model.pt")
     policy = load_policy(tmp_path / "data" / "rl" / "policy.pt", model)
     pool = load_pool(tmp_path / "data" / "pool")
@@ -185,18 +195,12 @@ def test_train_rl_notebook(profiled, smoke_params, monkeypatch):
     assert fair["no_worse_than_greedy"] == (fair["val_ratio"] <= fair["cost_greedy_val_ratio"] + 1e-9)
     assert load_policy(tmp_path / "data" / "rl" / "policy_fair.pt", load_model(tmp_path / "data" / "rl" /
                                                                                "cost_model.pt")).cfg.lookahead
-    _, outputs = executed_outputs(tmp_path / "nb" / "04_train_rl.ipynb")
+    _, outputs = executed_outputs(notebook(tmp_path, "04_train_rl.ipynb"))
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 3, "training, the fair curves, an example"
 
 
-def test_evaluate_notebook(profiled, smoke_params, monkeypatch):
-    monkeypatch.chdir(ROOT)
-    tmp_path = profiled
-    if not (tmp_path / "data" / "cost_model" / "model.pt").exists():
-        assert run_stage(tmp_path, smoke_params, "cost_model") == 0
-    if not (tmp_path / "data" / "rl" / "policy.pt").exists():
-        assert run_stage(tmp_path, smoke_params, "train_rl") == 0
-    assert run_stage(tmp_path, smoke_params, "evaluate") == 0
+def test_evaluate_notebook(repro, smoke_params):
+    tmp_path = repro
     metrics = read_metrics(tmp_path / "reports" / "metrics" / "evaluate.json")
     assert set(metrics["results"]) == {"autoshard", "dreamshard", "tight", "small", "few"}
     assert "exact" in metrics["results"]["small"] and "exact" not in metrics["results"]["autoshard"]
@@ -211,12 +215,13 @@ def test_evaluate_notebook(profiled, smoke_params, monkeypatch):
     figures = sorted(p.name for p in (tmp_path / "reports" / "figures" / "evaluate").iterdir())
     assert figures == ["device_breakdown.png", "paired.png", "predicted_vs_measured.png", "primary.png",
                        "ratios.png", "sharding_time.png"]
-    _, outputs = executed_outputs(tmp_path / "nb" / "05_evaluate.ipynb")
+    _, outputs = executed_outputs(notebook(tmp_path, "05_evaluate.ipynb"))
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 6
     declared = smoke_params["primary"]["endpoints"]
     assert len(metrics["primary"]) == len(declared), "every declared endpoint decided"
     assert set(metrics["headroom"]) == {"autoshard", "dreamshard", "tight", "small", "few"}, "the headroom per protocol"
-    assert metrics["headroom"]["few"]["tasks"] == smoke_params["evaluate"]["few"]["tasks"], "every few task, greedy placed"
+    few = smoke_params["evaluate"]["few"]["tasks"]
+    assert metrics["headroom"]["few"]["tasks"] == few, "every task with few tables a device, greedy placed"
     assert metrics["headroom"]["small"]["how"] == "exhaustive search"
     assert metrics["headroom"]["autoshard"]["starts"] > 0 and metrics["headroom"]["autoshard"]["bound"] <= 1
     for entry in metrics["primary"].values():
@@ -252,14 +257,8 @@ def test_evaluate_notebook(profiled, smoke_params, monkeypatch):
     assert "rl_sync_local_search__vs__sync_local_search" in metrics["paired_synchronized"]["dreamshard"]
 
 
-def test_transfer_notebook(profiled, smoke_params, monkeypatch):
-    monkeypatch.chdir(ROOT)
-    tmp_path = profiled
-    for stage, made in (("cost_model", "cost_model/model.pt"), ("train_rl", "rl/policy.pt"),
-                        ("evaluate", "evaluate/plans.csv")):
-        if not (tmp_path / "data" / made).exists():
-            assert run_stage(tmp_path, smoke_params, stage) == 0
-    assert run_stage(tmp_path, smoke_params, "transfer") == 0
+def test_transfer_notebook(repro, smoke_params):
+    tmp_path = repro
     metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "transfer.json", schema.TransferMetrics)
     assert set(metrics["axes"]) == {"tables", "devices", "unseen_ratio"}
     cfg = smoke_params["transfer"]
@@ -271,16 +270,12 @@ def test_transfer_notebook(profiled, smoke_params, monkeypatch):
     assert all(f"x{int(d)}/" in task for d, task in shapes.items()), "each devices point is its own shape"
     figures = sorted(p.name for p in (tmp_path / "reports" / "figures" / "transfer").iterdir())
     assert figures == ["devices.png", "tables.png", "unseen_ratio.png"]
-    _, outputs = executed_outputs(tmp_path / "nb" / "06_transfer.ipynb")
+    _, outputs = executed_outputs(notebook(tmp_path, "06_transfer.ipynb"))
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 3
 
 
-def test_ablation_notebook(profiled, smoke_params, monkeypatch):
-    monkeypatch.chdir(ROOT)
-    tmp_path = profiled
-    if not (tmp_path / "data" / "cost_model" / "model.pt").exists():
-        assert run_stage(tmp_path, smoke_params, "cost_model") == 0
-    assert run_stage(tmp_path, smoke_params, "ablation") == 0
+def test_ablation_notebook(repro, smoke_params):
+    tmp_path = repro
     metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "ablation.json", schema.AblationMetrics)
     cfg = smoke_params["ablation"]
     assert [row["variant"] for row in metrics["variants"]] == [*cfg["variants"], "best_of_n", "local_search",
@@ -293,7 +288,7 @@ def test_ablation_notebook(profiled, smoke_params, monkeypatch):
     assert sorted(refresh["seed"]) == [smoke_params["seed"], smoke_params["seed"] + 1]
     figures = sorted(p.name for p in (tmp_path / "reports" / "figures" / "ablation").iterdir())
     assert figures == ["ratios.png", "training.png"]
-    _, outputs = executed_outputs(tmp_path / "nb" / "07_ablation.ipynb")
+    _, outputs = executed_outputs(notebook(tmp_path, "07_ablation.ipynb"))
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 2
 
 
@@ -315,19 +310,8 @@ def test_missing_params_file(tmp_path, capsys):
     assert "none.yaml: parameter file not found" in capsys.readouterr().err
 
 
-def trained(tmp_path, smoke_params) -> None:
-    """The cost_model and train_rl stages' outputs under `tmp_path`, run unless an earlier test did."""
-    if not (tmp_path / "data" / "cost_model" / "model.pt").exists():
-        assert run_stage(tmp_path, smoke_params, "cost_model") == 0
-    if not (tmp_path / "data" / "rl" / "policy.pt").exists():
-        assert run_stage(tmp_path, smoke_params, "train_rl") == 0
-
-
-def test_columns_notebook(profiled, smoke_params, monkeypatch):
-    monkeypatch.chdir(ROOT)
-    tmp_path = profiled
-    trained(tmp_path, smoke_params)
-    assert run_stage(tmp_path, smoke_params, "columns") == 0
+def test_columns_notebook(repro, smoke_params):
+    tmp_path = repro
     metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "columns.json", schema.ColumnsMetrics)
     assert {"autoshard", "dreamshard"} <= set(metrics["protocols"]) <= {"autoshard", "dreamshard", "tight"}
     plans = pd.read_csv(tmp_path / "data" / "columns" / "plans.csv")
@@ -350,5 +334,41 @@ def test_columns_notebook(profiled, smoke_params, monkeypatch):
             g = pairs[(pairs["protocol"] == protocol) & (pairs["method"] == method)]
             assert entry["tasks"] == len(g) and entry["split_share"] == pytest.approx(g["split"].mean(), abs=1e-6)
     assert sorted(p.name for p in (tmp_path / "reports" / "figures" / "columns").iterdir()) == ["paired.png"]
-    _, outputs = executed_outputs(tmp_path / "nb" / "08_columns.ipynb")
+    _, outputs = executed_outputs(notebook(tmp_path, "08_columns.ipynb"))
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 1
+
+
+def test_a_second_repro_runs_nothing(repro):
+    lock = (repro / "dvc.lock").read_text()
+    for rel in ("data/pool/tables.parquet", "data/tasks.json", "reports/metrics/synthesize.json",
+                "reports/metrics/evaluate.json", "data/evaluate/plans.csv", "reports/metrics/transfer.json",
+                "reports/metrics/ablation.json", "reports/README.md", "reports/html/07_ablation.html"):
+        assert (repro / rel).is_file(), rel
+    second = sh(["dvc", "repro"], repro)
+    assert second.returncode == 0, second.stderr
+    assert "Running stage" not in second.stdout
+    assert (repro / "dvc.lock").read_text() == lock
+    status = sh(["dvc", "status", "dvc.yaml"], repro)  # data.dvc is declared, not fetched
+    assert "up to date" in status.stdout, status.stdout
+
+
+def test_an_ablation_parameter_reruns_only_ablation_and_report(repro):
+    """`dvc repro --dry` on a changed ablation parameter: the ablation is the one stage whose own
+    inputs changed (the ablation's run itself is checked above), and the report is the one stage
+    that reads its outputs, so a real repro reruns those two. The params are restored after."""
+    kept = (repro / "params.yaml").read_text()
+    params = yaml.safe_load(kept)
+    params["ablation"]["iterations"] += 1
+    (repro / "params.yaml").write_text(yaml.safe_dump(params))
+    try:
+        again = sh(["dvc", "repro", "--dry"], repro)
+    finally:
+        (repro / "params.yaml").write_text(kept)
+    assert again.returncode == 0, again.stderr + again.stdout
+    ran = sorted(line.split("'")[1] for line in again.stdout.splitlines() if line.startswith("Running stage"))
+    assert ran == ["ablation"]
+    stages = yaml.safe_load((repro / "dvc.yaml").read_text())["stages"]
+    made = {str(next(iter(o)) if isinstance(o, dict) else o) for key in ("outs", "metrics")
+            for o in stages["ablation"].get(key, [])}
+    readers = sorted(name for name, stage in stages.items() if made & set(map(str, stage.get("deps", []))))
+    assert readers == ["report"]

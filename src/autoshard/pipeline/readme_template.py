@@ -37,7 +37,7 @@ DreamShard's four stages of the slowest device in each.
 rl_greedy against each reference, per regime: compute only (the slowest device's measured \
 compute), synchronized stages (the sum over DreamShard's four stages of the slowest device in \
 each: measured compute plus {{ evaluate.comm_sources }}), tight memory caps, and few tables per \
-device (2 to 4 on 8 devices, `evaluate.few`: where greedy placement has the most headroom).
+device (2 to 4 on 8 devices, `evaluate.few`: a candidate regime for headroom).
 
 {{ evaluate.regime_table }}
 

@@ -39,7 +39,7 @@ DRAWN = ("small", "few")  # the protocols whose tasks `drawn_tasks` makes (evalu
 class SmallConfig:
     """Test tasks of unseen tables drawn in a range of shapes: `evaluate.small` (tiny, whose optimum
     under the cost model is found by exhaustive search) and `evaluate.few` (few tables per device,
-    where greedy placement is furthest from the best placement known: issue 30's headroom)."""
+    where one misplaced table moves the bottleneck most: a candidate regime for issue 30's headroom)."""
 
     tasks: int = bounded(lo=0)
     tables: tuple[int, int]  # drawn uniformly in [low, high]
