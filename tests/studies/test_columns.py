@@ -9,6 +9,8 @@ from autoshard.core.errors import ConfigError
 from autoshard.data.tasks import Task
 from autoshard.measure.store import MeasurementStore
 from autoshard.measure.timing import TimingConfig
+from autoshard.methods.artifacts import Artifacts, Settings
+from autoshard.methods.registry import COLUMNS
 from autoshard.placement.surrogate import MilpConfig
 from autoshard.studies import columns as study
 
@@ -16,6 +18,13 @@ from helpers import LinearModel
 
 SINGLES = np.array([4.0, 1.0, 0.5, 2.0])  # measured alone (ms): table a above a balanced device of two
 MILP = MilpConfig(node_limit=50, time_limit_s=10.0)
+SETTINGS = Settings(seed=0, batch_size=64, milp=MILP)
+
+
+def bundle(features: pd.DataFrame) -> Artifacts:
+    """What the column methods are built from: the tables, a linear cost model, the single costs."""
+    return Artifacts(pool_features=features, features=np.zeros((len(features), 21)), cost_model=LinearModel(),
+                     single_costs=SINGLES)
 TIMING = TimingConfig(warmup=0, runs=1, rounds=1, drift_limit=0.25, retries=1)
 
 
@@ -78,7 +87,7 @@ def test_each_twin_is_its_planner_with_every_table_whole(user_pool):
 
     f = user_pool.features
     t = Task("t", "autoshard", "test", (0, 1, 2, 3), 2, 2**30, 0.5)
-    built = study.planners(LinearModel(), f, SINGLES, config(study.TWIN), MILP, 0, 64)
+    built = study.planners(bundle(f), config(study.TWIN), SETTINGS)
     assert set(built) == set(study.TWIN) | set(study.TWIN.values())
     sizes = f["size_bytes"].to_numpy()
     for twin, expected in (("lpt_measured", lpt(SINGLES, sizes, 2, t.memory_bytes)),
@@ -90,6 +99,20 @@ def test_each_twin_is_its_planner_with_every_table_whole(user_pool):
         np.testing.assert_array_equal(placement, expected, err_msg=twin)
     assert all(s.whole for s in built["column_greedy_unsplit"](t)[0])
     assert any(not s.whole for s in built["column_lpt"](t)[0]), "table a costs more than half the task"
+
+
+def test_the_column_methods_are_registry_entries_kept_out_of_the_table_wise_stages(user_pool):
+    """One catalogue: the column study's methods are the registry's kind-`column` entries, which the
+    stages that plan table-wise (`METHODS`) and the command never build; a missing need is refused."""
+    from autoshard.cli.service import METHODS as OFFERED
+    from autoshard.methods.registry import METHODS, ids
+
+    assert set(COLUMNS) == set(study.TWIN) == set(ids(kind="column")) == set(ids("columns"))
+    assert not set(COLUMNS) & (set(METHODS) | set(OFFERED))
+    f = user_pool.features
+    with pytest.raises(ConfigError, match="columns.methods: column_lpt needs single_costs"):
+        study.planners(Artifacts(pool_features=f, features=np.zeros((len(f), 21)), cost_model=LinearModel()),
+                       config(), SETTINGS)
 
 
 def test_a_plan_over_the_memory_cap_is_no_plan(user_pool):
@@ -113,7 +136,7 @@ def measured(user_pool, tmp_path, backend):
              Task("t2", "autoshard", "test", (0, 1, 3), 1, 2**30, 0.5)]
     cfg = config()
     plans = {m: study.plan_columns(p, tasks, f)
-             for m, p in study.planners(LinearModel(), f, SINGLES, cfg, MILP, 0, 64).items()}
+             for m, p in study.planners(bundle(f), cfg, SETTINGS).items()}
     store = study.columns_store(MeasurementStore(tmp_path, "space"))
     rows = study.plan_rows(backend, f, tasks, plans, 64, store, 0, TIMING, progress=False)
     return cfg, tasks, plans, store, rows, study.pair_frame(rows, cfg.methods, tasks, SINGLES)
@@ -163,7 +186,7 @@ def test_a_ratio_across_two_passes_is_refused(user_pool, tmp_path):
 def test_other_plans_are_another_pass(user_pool, tmp_path):
     f = user_pool.features
     tasks = [Task("t0", "autoshard", "test", (0, 1, 2, 3), 2, 2**30, 0.0)]
-    built = study.planners(LinearModel(), f, SINGLES, config(), MILP, 0, 64)
+    built = study.planners(bundle(f), config(), SETTINGS)
     plans = {m: study.plan_columns(p, tasks, f) for m, p in built.items()}
     fewer = {m: p for m, p in plans.items() if m != "column_greedy"}
     assert study.pass_name(tasks, plans) != study.pass_name(tasks, fewer)

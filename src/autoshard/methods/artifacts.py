@@ -58,7 +58,9 @@ NEEDS = tuple(f.name for f in fields(Artifacts))
 class Settings:
     """What every build shares: the study's seed, the training batch size TorchRec plans for, N of
     best-of-N, and the MILP's limits; `sample_seed` seeds a task's sampled placements; `device`
-    the kind of device that measures the plans (TorchRec's topology is of that device)."""
+    the kind of device that measures the plans (TorchRec's topology is of that device); `ways`,
+    the column shards a column-wise method may split a table into (1: none, its table-wise twin),
+    and `candidates`, the tables `column_greedy` tries splitting."""
 
     seed: int
     batch_size: int
@@ -66,6 +68,8 @@ class Settings:
     milp: MilpConfig | None = None
     sample_seed: Callable[[Task], int] | None = None
     device: str = "cpu"
+    ways: tuple[int, ...] = (1,)
+    candidates: int = 0
 
     def seed_for(self, task: Task) -> int:
         if self.sample_seed is not None:

@@ -23,7 +23,7 @@ from autoshard.data.tasks import Task
 from autoshard.methods.artifacts import NEEDS, Artifacts, Settings
 from autoshard.methods.chain import Steps
 from autoshard.placement.heuristics import HEURISTICS, Infeasible, heuristic_plan
-from autoshard.placement.types import Planner
+from autoshard.placement.types import Planner, SplitPlanner
 
 MAX_DEVICE, SYNCHRONIZED = "max_device", "synchronized_stages"  # the objectives a method may optimise
 
@@ -59,12 +59,13 @@ class Context:
         self._built.solves.setdefault(self.method, {})[task.name] = result
 
 
-Build = Callable[[Artifacts, Settings, Context], Planner]
+Build = Callable[[Artifacts, Settings, Context], Planner | SplitPlanner]
 
 
 @dataclass(frozen=True)
 class Method:
-    """A placement method: `kind` heuristic | baseline | rl | optimum; `needs`, alternatives of
+    """A placement method: `kind` heuristic | baseline | rl | optimum | column (a column-wise
+    method: its build makes a `SplitPlanner`, with `Settings.ways`); `needs`, alternatives of
     `Artifacts` fields (any one set suffices); `objective`, the one it optimises (planned only for
     protocols ranked by it when that is not `MAX_DEVICE`); `only`, the one protocol it runs on."""
 
@@ -243,6 +244,42 @@ def _exact(a: Artifacts, s: Settings, ctx: Context) -> Planner:
 
 # ---- the entries ---------------------------------------------------------------------------
 
+def _column_greedy(a: Artifacts, s: Settings, ctx: Context) -> SplitPlanner:
+    from autoshard.placement.columns import split_then_place
+
+    def plan(t: Task) -> tuple[list, np.ndarray]:
+        result = split_then_place(a.cost_model, a.pool_features, t, s.ways, s.candidates)
+        return result.shards, result.placement
+    return plan
+
+
+def _column_lpt(a: Artifacts, s: Settings, ctx: Context) -> SplitPlanner:
+    from autoshard.placement.columns import lpt_split
+
+    costs = dict(enumerate(np.asarray(a.single_costs, dtype=float)))
+    return lambda t: lpt_split(costs, a.pool_features, t, s.ways)
+
+
+def _column_milp(a: Artifacts, s: Settings, ctx: Context) -> SplitPlanner:
+    from autoshard.placement.columns import milp_split
+
+    costs = dict(enumerate(np.asarray(a.single_costs, dtype=float)))
+    return lambda t: milp_split(costs, a.pool_features, t, s.ways, s.milp.node_limit, s.milp.time_limit_s, s.seed)
+
+
+def _torchrec_column(a: Artifacts, s: Settings, ctx: Context) -> SplitPlanner:
+    from autoshard.placement.columns import ColumnShard
+    from autoshard.placement.torchrec import torchrec_column_plan
+
+    dims = a.pool_features["dim"].to_numpy(dtype=np.int64)
+
+    def plan(t: Task) -> tuple[list, np.ndarray]:
+        planned = torchrec_column_plan(a.pool_features, t, s.batch_size, max(s.ways))
+        return ([ColumnShard(table, start, width, int(dims[table])) for table, start, width, _ in planned],
+                np.array([rank for *_, rank in planned], dtype=np.int64))
+    return plan
+
+
 def _tags(*names: str) -> frozenset[str]:
     return frozenset(names)
 
@@ -269,7 +306,8 @@ METHODS_LIST: tuple[Method, ...] = (
     Method(LPT, "baseline", _lpt, (("single_costs",),),
            tags=_tags("compared", "reference", "speed", "shown"),
            summary="LPT on the profile's measured single-table costs: largest first onto the least-loaded device"),
-    Method(MILP, "baseline", _milp, (("single_costs",),), tags=_tags("compared", "reference", "shown", "solver"),
+    Method(MILP, "baseline", _milp, (("single_costs",),),
+           tags=_tags("compared", "reference", "shown", "solver", "limits"),
            summary="exact min-max MILP (HiGHS) on the measured single-table costs, node- and time-limited"),
     Method("torchrec", "baseline", _torchrec, tags=_tags("command", "compared", "reference", "speed"),
            summary="TorchRec's EmbeddingShardingPlanner, table-wise"),
@@ -279,7 +317,8 @@ METHODS_LIST: tuple[Method, ...] = (
     Method("sync_local_search", "baseline", _sync_search_from("sync_greedy"), SYNC, tags=_tags("compared", "speed"),
            objective=SYNCHRONIZED,
            summary="sync_greedy refined by moves and swaps on the predicted synchronized-stages cost"),
-    Method("sync_milp", "baseline", _sync_milp, SYNC, tags=_tags("compared", "solver"), objective=SYNCHRONIZED,
+    Method("sync_milp", "baseline", _sync_milp, SYNC, tags=_tags("compared", "solver", "limits"),
+           objective=SYNCHRONIZED,
            summary="exact MILP (HiGHS) on the predicted synchronized-stages cost (per-stage linear surrogate), "
                    "node- and time-limited, from sync_local_search's plan"),
     Method(POLICY, "rl", _policy_greedy, POLICY_AND_SIMULATOR,
@@ -307,9 +346,24 @@ METHODS_LIST: tuple[Method, ...] = (
     Method(OPTIMUM, "optimum", _exact, (("cost_model",),), only="small",
            summary="exhaustive search under the cost model (small tasks)"),
 )
-REGISTRY: dict[str, Method] = {m.id: m for m in METHODS_LIST}
-METHODS: tuple[str, ...] = tuple(REGISTRY)
-KIND: dict[str, str] = {m.id: m.kind for m in METHODS_LIST}
+# The column-wise methods (the column study's): each splits tables into `Settings.ways` column
+# shards; with ways (1,) it is its own table-wise twin (`studies.columns.TWIN` names the twins).
+COLUMN_LIST: tuple[Method, ...] = (
+    Method("column_greedy", "column", _column_greedy, (("cost_model",),), tags=_tags("columns"),
+           summary="split-then-place on the cost model: a greedy search over which tables to split, each candidate "
+                   "set placed greedily on the cost model"),
+    Method("column_lpt", "column", _column_lpt, (("single_costs",),), tags=_tags("columns"),
+           summary="the tables costlier than a balanced device split just enough (measured single costs scaled "
+                   "by width), then LPT"),
+    Method("column_milp", "column", _column_milp, (("single_costs",),), tags=_tags("columns", "limits"),
+           summary="column_lpt's split, then the MILP on the column shards"),
+    Method("torchrec_column", "column", _torchrec_column, tags=_tags("columns"),
+           summary="TorchRec's planner with column-wise shards allowed"),
+)
+REGISTRY: dict[str, Method] = {m.id: m for m in (*METHODS_LIST, *COLUMN_LIST)}
+METHODS: tuple[str, ...] = tuple(m.id for m in METHODS_LIST)  # the table-wise methods, what the stages plan
+COLUMNS: tuple[str, ...] = tuple(m.id for m in COLUMN_LIST)
+KIND: dict[str, str] = {m.id: m.kind for m in REGISTRY.values()}
 
 # The paired figure's comparisons: method against reference.
 FIGURE_PAIRS = ((POLICY, GREEDY), (REFINED, GREEDY), (POLICY, LPT), (POLICY, MILP),
@@ -320,7 +374,7 @@ FIGURE_PAIRS = ((POLICY, GREEDY), (REFINED, GREEDY), (POLICY, LPT), (POLICY, MIL
 def ids(tag: str | None = None, kind: str | None = None, objective: str | None = None) -> tuple[str, ...]:
     """The ids of the methods with `tag`, of `kind` and optimising `objective` (each if given), in
     registry order."""
-    return tuple(m.id for m in METHODS_LIST if (tag is None or tag in m.tags) and (kind is None or m.kind == kind)
+    return tuple(m.id for m in REGISTRY.values() if (tag is None or tag in m.tags) and (kind is None or m.kind == kind)
                  and (objective is None or m.objective == objective))
 
 
@@ -332,7 +386,7 @@ def needs(methods: tuple[str, ...] | list[str]) -> set[str]:
 def check(method: str, option: str = "--method") -> Method:
     """The entry of `method`, or a `ConfigError` naming `option` and the known ids."""
     if method not in REGISTRY:
-        raise ConfigError(f"{option}: {method!r} (expected one of {', '.join(METHODS)})")
+        raise ConfigError(f"{option}: {method!r} (expected one of {', '.join(REGISTRY)})")
     return REGISTRY[method]
 
 
@@ -344,13 +398,13 @@ class Built:
 
     artifacts: Artifacts
     settings: Settings
-    planners: dict[str, Planner] = field(default_factory=dict)
+    planners: dict[str, Planner | SplitPlanner] = field(default_factory=dict)
     left_out: dict[str, str] = field(default_factory=dict)
     solves: dict[str, dict[str, object]] = field(default_factory=dict)
     steps: Steps = field(default_factory=Steps)
-    made: dict[str, Planner] = field(default_factory=dict)  # every planner built, starts of chains included
+    made: dict[str, Planner | SplitPlanner] = field(default_factory=dict)  # starts of chains included
 
-    def planner(self, method: str) -> Planner:
+    def planner(self, method: str) -> Planner | SplitPlanner:
         """`method`'s planner in this build, built on first use."""
         if method not in self.made:
             entry = REGISTRY[method]
@@ -358,14 +412,16 @@ class Built:
             if gap is not None:
                 raise ConfigError(f"method {method}: needs {', '.join(gap)}, which this run has not got")
             raw = entry.build(self.artifacts, self.settings, Context(self, method))
-            self.made[method] = _chained(self.steps, method, raw)
+            self.made[method] = _chained(self.steps, method, raw, entry.kind == "column")
         return self.made[method]
 
 
-def _chained(steps: Steps, method: str, raw: Planner) -> Planner:
-    """`raw` made once per task through `steps`, with `seconds(task)`: the time of its whole chain."""
-    def plan(t: Task) -> np.ndarray:
-        return np.array(steps.once(t, method, lambda: raw(t)), dtype=np.int64)
+def _chained(steps: Steps, method: str, raw: Planner | SplitPlanner, split: bool = False) -> Planner | SplitPlanner:
+    """`raw` made once per task through `steps`, with `seconds(task)`: the time of its whole chain
+    (a placement as int64 devices; a `split` planner's shards and devices as it made them)."""
+    def plan(t: Task):
+        made = steps.once(t, method, lambda: raw(t))
+        return made if split else np.array(made, dtype=np.int64)
     plan.seconds = lambda t: steps.seconds(t, method)
     return plan
 
@@ -379,7 +435,7 @@ def build(methods: tuple[str, ...] | list[str], artifacts: Artifacts, settings: 
         gap = entry.missing(artifacts)
         if gap is not None:
             built.left_out[m] = f"needs {', '.join(gap)}"
-        elif "solver" in entry.tags and settings.milp is None:
+        elif "limits" in entry.tags and settings.milp is None:
             built.left_out[m] = "needs the MILP's limits (Settings.milp)"
         else:
             built.planners[m] = built.planner(m)

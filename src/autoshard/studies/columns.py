@@ -20,7 +20,7 @@ exploratory: intervals, unadjusted, and where they lie (`findings.direction`), n
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import zip_longest
 
 import numpy as np
@@ -37,19 +37,17 @@ from autoshard.measure.base import CostBackend
 from autoshard.measure.interleaved import measure_batch
 from autoshard.measure.store import MeasurementStore, record, values
 from autoshard.measure.timing import TimingConfig
+from autoshard.methods.artifacts import Artifacts, Settings
+from autoshard.methods.registry import COLUMNS, build
 from autoshard.placement.columns import (
     ColumnShard,
     device_keys,
     device_shards,
-    lpt_split,
-    milp_split,
     parse_key,
     shard_features,
     shard_sizes,
-    split_then_place,
 )
-from autoshard.placement.surrogate import MilpConfig
-from autoshard.placement.torchrec import torchrec_column_plan
+from autoshard.placement.types import SplitPlanner
 from autoshard.studies.findings import direction
 from autoshard.studies.paired import compare, one_pass
 
@@ -68,7 +66,7 @@ class ColumnsConfig(Section):
     section = "columns"
     ways: tuple[int, ...]  # sorted, each once
     candidates: int = bounded(lo=0)
-    methods: tuple[str, ...] = choice(tuple(TWIN))
+    methods: tuple[str, ...] = choice(COLUMNS)
     tasks_per_protocol: int = bounded(lo=1)
     bootstrap: int
 
@@ -201,40 +199,21 @@ def columns_store(store: MeasurementStore) -> MeasurementStore:
     return store.tagged("columns")
 
 
-def _planners(model, pool_features: pd.DataFrame, single_costs: np.ndarray, ways: tuple[int, ...], candidates: int,
-              milp: MilpConfig, seed: int, batch_size: int) -> dict[str, Callable[[Task], SplitPlacement]]:
-    """Every column-wise method splitting tables into `ways` column shards (see `planners`)."""
-    costs = dict(enumerate(np.asarray(single_costs, dtype=float)))
-    dims = pool_features["dim"].to_numpy(dtype=np.int64)
-
-    def greedy(t: Task) -> SplitPlacement:
-        result = split_then_place(model, pool_features, t, ways, candidates)
-        return result.shards, result.placement
-
-    def torchrec(t: Task) -> SplitPlacement:
-        planned = torchrec_column_plan(pool_features, t, batch_size, max(ways))
-        return ([ColumnShard(table, start, width, int(dims[table])) for table, start, width, _ in planned],
-                np.array([rank for *_, rank in planned], dtype=np.int64))
-
-    return {"column_greedy": greedy,
-            "column_lpt": lambda t: lpt_split(costs, pool_features, t, ways),
-            "column_milp": lambda t: milp_split(costs, pool_features, t, ways, milp.node_limit, milp.time_limit_s,
-                                                seed),
-            "torchrec_column": torchrec}
-
-
-def planners(model, pool_features: pd.DataFrame, single_costs: np.ndarray, cfg: ColumnsConfig, milp: MilpConfig,
-             seed: int, batch_size: int) -> dict[str, Callable[[Task], SplitPlacement]]:
-    """The methods of `cfg.methods` and their table-wise twins (`TWIN`: the same planner with
-    `WHOLE` ways). The column-wise methods: split-then-place on the cost model (`column_greedy`);
-    the tables costlier than a balanced device split just enough, then LPT (`column_lpt`) or the
-    MILP (`column_milp`) on the measured single costs (ms per pool table) scaled by width; and
-    TorchRec's planner with column-wise shards of dim / max(ways) columns allowed (`torchrec_column`).
-    Memory: a whole table needs its `size_bytes`, as for the table-wise methods, and a split adds
-    one row-wise optimizer state per extra column shard (`shard_sizes`)."""
-    column = _planners(model, pool_features, single_costs, cfg.ways, cfg.candidates, milp, seed, batch_size)
-    whole = _planners(model, pool_features, single_costs, WHOLE, 0, milp, seed, batch_size)
-    return {m: column[m] for m in cfg.methods} | {TWIN[m]: whole[m] for m in cfg.methods}
+def planners(artifacts: Artifacts, cfg: ColumnsConfig, settings: Settings) -> dict[str, SplitPlanner]:
+    """The column-wise methods of `cfg.methods` (registry entries of kind `column`, splitting into
+    `cfg.ways`) and their table-wise twins (`TWIN`: the same entry built with `WHOLE` ways). The
+    column-wise methods: split-then-place on the cost model (`column_greedy`); the tables costlier
+    than a balanced device split just enough, then LPT (`column_lpt`) or the MILP (`column_milp`) on
+    the measured single costs (ms per pool table) scaled by width; and TorchRec's planner with
+    column-wise shards of dim / max(ways) columns allowed (`torchrec_column`). Memory: a whole table
+    needs its `size_bytes`, as for the table-wise methods, and a split adds one row-wise optimizer
+    state per extra column shard (`shard_sizes`). A method whose needs are missing is an error."""
+    column = build(cfg.methods, artifacts, replace(settings, ways=cfg.ways, candidates=cfg.candidates))
+    whole = build(cfg.methods, artifacts, replace(settings, ways=WHOLE, candidates=0))
+    missing = column.left_out | whole.left_out
+    if missing:
+        raise ConfigError("columns.methods: " + "; ".join(f"{m} {why}" for m, why in missing.items()))
+    return {m: column.planners[m] for m in cfg.methods} | {TWIN[m]: whole.planners[m] for m in cfg.methods}
 
 
 def within_memory(pool_features: pd.DataFrame, task: Task, plan: SplitPlacement) -> bool:
