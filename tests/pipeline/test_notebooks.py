@@ -166,6 +166,9 @@ def test_cost_model_notebook(repro, smoke_params):
     single = single_costs(measured_shards(load_profile(tmp_path / "data" / "profile"), "fbgemm"))
     assert (hybrid.predict_ms(with_single_costs(feature_matrix(pool.features), single), [[0, 1], [2]]) > 0).all()
     assert 0 < metrics["hybrid"]["mape_unseen"] < 1 and 0 < metrics["hybrid"]["rescaled_sum_mape_seen"] < 1
+    by_dim = metrics["error_by_dim"]  # the pool's dims are configs/smoke.yaml's: each a group, or mixed
+    assert {g for groups in by_dim.values() for g in groups} <= {*map(str, smoke_params["pool"]["dims"]), "mixed"}
+    assert "mixed" not in by_dim.get("unseen tables, single", {}), "a table alone has one dim"
     _, outputs = executed_outputs(notebook(tmp_path, "03_cost_model.ipynb"))
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 4
 

@@ -322,6 +322,13 @@ class MeasurementFloor(TypedDict):
     mape_vs_mean: dict[str, Number]
 
 
+class DimError(TypedDict):
+    """The neural cost model's MAPE on the test shards whose tables all have one dim."""
+
+    mape: Number
+    shards: int
+
+
 class CostModelMetrics(StageTime):
     """reports/metrics/cost_model.json. Built by `costmodel.evaluate.cost_model_metrics`."""
 
@@ -337,6 +344,7 @@ class CostModelMetrics(StageTime):
     hybrid: NotRequired[HybridMetrics]
     measurement_floor: NotRequired[MeasurementFloor]
     active: NotRequired[ActiveMetrics]
+    error_by_dim: NotRequired[dict[str, dict[str, DimError]]]  # test set -> dim (or "mixed") -> error
 
 
 class FairSharder(TypedDict):

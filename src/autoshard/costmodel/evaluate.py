@@ -187,6 +187,27 @@ def prediction_speed(model: CostModel, features: np.ndarray, shards: int = 10_00
             "threads": torch.get_num_threads()}
 
 
+MIXED = "mixed"  # `error_by_dim`'s group of shards whose tables differ in dim
+
+
+def error_by_dim(estimate: Estimator, test_sets: dict[str, pd.DataFrame], dims: np.ndarray) -> dict[str, dict]:
+    """Per test set and embedding dim (`dims`, per pool table): `estimate`'s MAPE and the shards
+    it is over, the shards grouped by the one dim all their tables have (MIXED where they differ):
+    where a pool spans many dims, which of them the model predicts badly (issue 30)."""
+    dims = np.asarray(dims)
+    out: dict[str, dict] = {}
+    for set_name, shards in test_sets.items():
+        if not len(shards):
+            continue
+        pred = estimate(shards)
+        measured = shards["total_ms"].to_numpy()
+        group = np.array([str(int(d[0])) if len(set(d)) == 1 else MIXED
+                          for d in (dims[list(t)] for t in shards["tables"])])
+        out[set_name] = {g: {"mape": mape(pred[group == g], measured[group == g]), "shards": int((group == g).sum())}
+                         for g in sorted(set(group), key=lambda g: (g == MIXED, int(g) if g != MIXED else 0))}
+    return out
+
+
 def predictions_frame(estimators: dict[str, Estimator], test_sets: dict[str, pd.DataFrame]) -> pd.DataFrame:
     """Long table of every estimator's prediction for every test shard (for figures)."""
     frames = []
@@ -215,13 +236,15 @@ def cost_model_metrics(splits: dict[str, pd.DataFrame], comparison: pd.DataFrame
                        replicate_mape: pd.DataFrame | None = None,
                        hybrid: HybridMetrics | None = None,
                        floor: MeasurementFloor | None = None,
-                       active: ActiveMetrics | None = None) -> CostModelMetrics:
+                       active: ActiveMetrics | None = None,
+                       by_dim: dict[str, dict] | None = None) -> CostModelMetrics:
     """The cost-model stage's metrics: shards per split, every estimator's scores per test set,
     the neural `estimator`'s MAPE against `targets` (a target on an empty test set is not met),
     the noise floor, the learning curve, the best epoch, the prediction time of 10k shards and,
     when fitted, the hybrid model's comparison (`hybrid_metrics`) and, when the profile measured
     the shards twice, the measurement floor (`floor.measurement_floor`) and, when it ran, the
-    hybrid's active selection (`active.active_metrics`)."""
+    hybrid's active selection (`active.active_metrics`) and the neural model's error by dim
+    (`error_by_dim`)."""
     mapes = comparison[comparison["estimator"] == estimator].set_index("test set")["mape"]
     metrics: CostModelMetrics = {
         "shards": {name: len(s) for name, s in splits.items()},
@@ -245,6 +268,8 @@ def cost_model_metrics(splits: dict[str, pd.DataFrame], comparison: pd.DataFrame
         metrics["measurement_floor"] = floor
     if active is not None:
         metrics["active"] = active
+    if by_dim is not None:
+        metrics["error_by_dim"] = by_dim
     return metrics
 
 
