@@ -38,15 +38,14 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def run_stage(tmp_path, params, stage="synthesize"):
+def run_synthesize(tmp_path, params):
+    """The synthesize stage through the stage runner, its folders under `tmp_path`."""
     params_file = tmp_path / "params.yaml"
     params_file.write_text(yaml.safe_dump(params))
-    resumable = ("profile", "train_rl", "evaluate", "transfer", "ablation", "columns")
-    extra = ["--set", f"work_dir={tmp_path / stage}"] if stage in resumable else []
-    return main([stage, "--params-file", str(params_file), "--dvc-file", str(ROOT / "dvc.yaml"),
+    return main(["synthesize", "--params-file", str(params_file), "--dvc-file", str(ROOT / "dvc.yaml"),
                  "--output-dir", str(tmp_path / "nb"),
                  "--set", f"data_dir={tmp_path / 'data'}",
-                 "--set", f"reports_dir={tmp_path / 'reports'}", *extra])
+                 "--set", f"reports_dir={tmp_path / 'reports'}"])
 
 
 def executed_outputs(path):
@@ -298,7 +297,7 @@ def test_ablation_notebook(repro, smoke_params):
 def test_bad_parameter_fails_cleanly(tmp_path, params, monkeypatch, capsys):
     monkeypatch.chdir(ROOT)
     params["pool"]["dims"] = [16, 18]
-    assert run_stage(tmp_path, params) == 2
+    assert run_synthesize(tmp_path, params) == 2
     err = capsys.readouterr().err
     assert "pool.dims[1]: 18 (not a multiple of 4" in err
     assert not (tmp_path / "data").exists()

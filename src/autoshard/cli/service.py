@@ -18,7 +18,7 @@ from autoshard.core.inputs import shown
 from autoshard.core.seeding import rng
 from autoshard.data.features import feature_matrix
 from autoshard.data.tasks import Task
-from autoshard.methods.registry import REGISTRY, check, ids
+from autoshard.methods.registry import METHODS_LIST, REGISTRY, check, ids
 from autoshard.rl import numpy_planner
 
 if TYPE_CHECKING:  # torch is imported only when a method needs it
@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # torch is imported only when a method needs it
     from autoshard.rl.policy import Policy
 
 # the methods that place on single-table costs, which the command measures on this machine itself
-MEASURED = tuple(m.id for m in REGISTRY.values() if m.kind != "column" and m.needs == (("single_costs",),))
+MEASURED = tuple(m.id for m in METHODS_LIST if m.needs == (("single_costs",),))
 METHODS = tuple(dict.fromkeys((*ids("command"), *MEASURED)))  # the registry's ids the command offers
 LEARNED = ids("learned")
 FIRST_RUN = MEASURED[0]  # without trained models (a fresh clone): LPT on costs measured here, instant at any size

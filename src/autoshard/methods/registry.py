@@ -253,17 +253,22 @@ def _column_greedy(a: Artifacts, s: Settings, ctx: Context) -> SplitPlanner:
     return plan
 
 
+def _table_costs(a: Artifacts) -> dict[int, float]:
+    """The measured single costs by pool table id, as the column splits read them."""
+    return dict(enumerate(np.asarray(a.single_costs, dtype=float)))
+
+
 def _column_lpt(a: Artifacts, s: Settings, ctx: Context) -> SplitPlanner:
     from autoshard.placement.columns import lpt_split
 
-    costs = dict(enumerate(np.asarray(a.single_costs, dtype=float)))
+    costs = _table_costs(a)
     return lambda t: lpt_split(costs, a.pool_features, t, s.ways)
 
 
 def _column_milp(a: Artifacts, s: Settings, ctx: Context) -> SplitPlanner:
     from autoshard.placement.columns import milp_split
 
-    costs = dict(enumerate(np.asarray(a.single_costs, dtype=float)))
+    costs = _table_costs(a)
     return lambda t: milp_split(costs, a.pool_features, t, s.ways, s.milp.node_limit, s.milp.time_limit_s, s.seed)
 
 
