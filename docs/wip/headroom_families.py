@@ -22,29 +22,26 @@ from autoshard.data.packing import memory_bounds
 from autoshard.data.pool import load_pool
 from autoshard.data.tasks import Task, split_pool
 from autoshard.placement.heuristics import HEURISTICS, Infeasible, heuristic_plan
-from autoshard.placement.search import _Costs
+from autoshard.placement.objective import Model
 
 
-def device_costs(costs: _Costs, place: np.ndarray, devices: int, speeds: np.ndarray) -> np.ndarray:
-    pre = np.tile(costs.bias, (devices, 1))
-    np.add.at(pre, place, costs.share)
-    used = np.bincount(place, minlength=devices) > 0
-    return np.where(used, costs.of(pre), 0.0) / speeds
+def device_costs(costs: Model, place: np.ndarray, devices: int, speeds: np.ndarray) -> np.ndarray:
+    return costs.stages(costs.states(place, devices))[:, 0] / speeds
 
 
-def greedy(costs: _Costs, sizes: np.ndarray, cap: int, speeds: np.ndarray) -> np.ndarray:
+def greedy(costs: Model, sizes: np.ndarray, cap: int, speeds: np.ndarray) -> np.ndarray:
     devices = len(speeds)
-    pre, memory = np.tile(costs.bias, (devices, 1)), np.zeros(devices, np.int64)
+    pre, memory = np.tile(costs.base, (devices, 1)), np.zeros(devices, np.int64)
     place = np.full(len(sizes), -1)
-    for t in np.argsort(-costs.of(costs.bias + costs.share), kind="stable"):
-        after = costs.of(pre + costs.share[t]) / speeds
+    for t in np.argsort(-costs.stages(costs.base + costs.share)[:, 0], kind="stable"):
+        after = costs.stages(pre + costs.share[t])[:, 0] / speeds
         after[memory + sizes[t] > cap] = np.inf
         k = int(np.argmin(after))
         place[t], pre[k], memory[k] = k, pre[k] + costs.share[t], memory[k] + sizes[t]
     return place
 
 
-def search(costs: _Costs, sizes: np.ndarray, cap: int, speeds: np.ndarray, place: np.ndarray) -> np.ndarray:
+def search(costs: Model, sizes: np.ndarray, cap: int, speeds: np.ndarray, place: np.ndarray) -> np.ndarray:
     devices, place = len(speeds), place.copy()
     while True:
         now = device_costs(costs, place, devices, speeds)
@@ -76,7 +73,7 @@ def family(name: str, tables: int, devices: int, n: int, speeds=None, slack: flo
         sizes = SIZES[ids]
         cap = int(np.ceil(slack * memory_bounds(sizes, devices)[1])) if slack else \
             int(max(sizes.max(), 2.0 * sizes.sum() / devices))
-        costs = _Costs(MODEL, FEATURES[ids])
+        costs = Model(MODEL, FEATURES[ids])
         task = Task(f"x/{k}", "x", "test", tuple(int(t) for t in ids), devices, cap, 1.0)
         starts = {"greedy": greedy(costs, sizes, cap, speeds), "blind": greedy(costs, sizes, cap, np.ones(devices))}
         for h in HEURISTICS:

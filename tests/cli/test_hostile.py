@@ -418,7 +418,7 @@ def test_refine_gives_the_same_plan_whatever_the_thread_count(models, corpus):
     from autoshard.costmodel.model import CostModel, CostModelConfig
     from autoshard.data.tasks import Task
     from autoshard.placement.heuristics import place
-    from autoshard.placement.search import local_search
+    from autoshard.placement.search import model_search
     from autoshard.placement.shards import memory_ok, predicted_bottleneck
 
     g = np.random.default_rng(0)
@@ -437,12 +437,12 @@ def test_refine_gives_the_same_plan_whatever_the_thread_count(models, corpus):
     try:
         for threads in (1, 2):
             torch.set_num_threads(threads)
-            plans.append(local_search(model, x, task, start))
+            plans.append(model_search(model, x, task, start))
     finally:
         torch.set_num_threads(before)
     assert np.array_equal(plans[0], plans[1]) and memory_ok(task, plans[0], sizes)
     assert predicted_bottleneck(model, x, task, plans[0]) < predicted_bottleneck(model, x, task, start)
-    assert np.array_equal(local_search(model, x, task, plans[0]), plans[0]), "a local optimum"
+    assert np.array_equal(model_search(model, x, task, plans[0]), plans[0]), "a local optimum"
     docs = []
     for threads in (1, 2):
         torch.set_num_threads(threads)

@@ -19,7 +19,7 @@ from autoshard.costmodel.model import CostModel, CostModelConfig, save_model
 from autoshard.costmodel.train import CostStageConfig, fit_hybrid, shard_weights
 from autoshard.data.tasks import make_tasks
 from autoshard.placement.exact import exact_plan
-from autoshard.placement.search import local_search
+from autoshard.placement.search import model_search
 from autoshard.placement.shards import device_shards, predicted_bottleneck
 from autoshard.rl.env import ShardingEnv, make_batch
 from autoshard.rl.infer import cost_greedy
@@ -145,7 +145,7 @@ def test_planners_take_the_hybrid(smoke_params, pool, hybrid_features, single_ms
     assert predicted_bottleneck(model, hybrid_features, task, plan) <= predicted_bottleneck(
         model, hybrid_features, task, np.zeros(len(task.tables), dtype=int)) + 1e-9
     with pytest.raises(ConfigError, match="local search: the hybrid cost model"):
-        local_search(model, hybrid_features, task, plan)
+        model_search(model, hybrid_features, task, plan)
     best = exact_plan(model, hybrid_features, task)
     assert predicted_bottleneck(model, hybrid_features, task, best) <= predicted_bottleneck(
         model, hybrid_features, task, plan) + 1e-6

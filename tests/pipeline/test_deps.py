@@ -24,7 +24,7 @@ def test_the_check_fails_on_a_missing_and_on_a_superfluous_dependency(tmp_path):
     assert deps.rewrite(text, ROOT) == text
     missing = text.replace("      - src/autoshard/measure/timing.py\n", "", 1)
     extra = text.replace("      - src/autoshard/data/tasks.py\n",
-                         "      - src/autoshard/data/tasks.py\n      - src/autoshard/placement/sync_milp.py\n", 1)
+                         "      - src/autoshard/data/tasks.py\n      - src/autoshard/placement/milp.py\n", 1)
     for broken in (missing, extra):
         assert broken != text and deps.rewrite(broken, ROOT) == text
 
@@ -55,8 +55,8 @@ def test_only_the_ablation_stage_reads_ablation_parameters():
 
 
 def test_an_edit_reruns_only_the_stages_that_import_it():
-    """The profile never imports the synchronized MILP, so editing it reruns the stages that plan with
+    """The profile never imports the MILP, so editing it reruns the stages that plan with
     it (evaluate and after) and not the profile, the cost model or the policy's training."""
-    users = {s for s, spec in STAGES.items() if "src/autoshard/placement/sync_milp.py" in spec["deps"]}
+    users = {s for s, spec in STAGES.items() if "src/autoshard/placement/milp.py" in spec["deps"]}
     assert {"profile", "cost_model", "train_rl"}.isdisjoint(users)
     assert "evaluate" in users

@@ -13,16 +13,17 @@ from autoshard.measure.comm_store import placement_key
 from autoshard.measure.commmodel import CommModel
 from autoshard.methods.artifacts import Artifacts, Settings
 from autoshard.methods.registry import build
+from autoshard.placement import search as search_module
 from autoshard.placement import sync as sync_module
-from autoshard.placement import sync_search as sync_search_module
 from autoshard.placement.heuristics import Infeasible
 from autoshard.placement.lpt import lpt
+from autoshard.placement.objective import Linear, comm_lines
 from autoshard.placement.surrogate import MilpConfig
-from autoshard.placement.sync import predicted_stages, stage_singles, sync_greedy, synchronized_cost
+from autoshard.placement.sync import stage_singles, sync_greedy
 from autoshard.studies.measured import bottlenecks, device_widths, plan_comm, plan_frame, synchronized
 
 # where each step of the sync chain is defined: what a test patches to count or slow it
-SOURCE = {"sync_greedy": sync_module, "sync_local_search": sync_search_module}
+SOURCE = {"sync_greedy": (sync_module, "sync_greedy"), "sync_local_search": (search_module, "local_search")}
 
 
 def planners(forward, backward, features, comm, batch_size, milp=None, solves=None, learned=None, monkeypatch=None):
@@ -46,8 +47,7 @@ NO_COMM = CommModel({2: {"forward": [0.0, 0.0, 0.0], "backward": [0.0, 0.0, 0.0]
                     {"forward": [0.0] * 4, "backward": [0.0] * 4})
 
 
-def _zero_comm(widths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    return np.zeros(len(widths)), np.zeros(len(widths))
+ZERO_LINES = np.zeros((2, 2))  # comm lines of a free all-to-all
 
 
 def _stages(rows: list[tuple[float, float, float, float]]) -> pd.DataFrame:
@@ -61,7 +61,7 @@ def test_balanced_sums_but_not_stages_scores_worse_synchronized():
     assert max_device_ms(sums_only) == max_device_ms(per_stage) == 6.0
     assert synchronized_ms(sums_only) == 9.0 and synchronized_ms(per_stage) == 6.0
     assert synchronized_ms(sums_only) > synchronized_ms(per_stage)
-    assert synchronized_cost(sums_only.to_numpy()) == 9.0
+    assert Linear(sums_only.to_numpy(), np.zeros(4)).cost(np.array([0, 1]), 2) == 9.0  # one table per device
 
 
 def _devices(plan_stages: dict[str, pd.DataFrame]) -> pd.DataFrame:
@@ -133,11 +133,10 @@ def test_sync_greedy_beats_max_device_greedy_on_its_objective():
     sizes = np.ones(4, np.int64)
 
     def cost(p: np.ndarray) -> float:
-        f, b = np.bincount(p, forward, 2), np.bincount(p, backward, 2)
-        return synchronized_cost(predicted_stages(f, b, np.bincount(p, dims, 2), _zero_comm))
+        return Linear.synchronized(forward, backward, dims, ZERO_LINES).cost(p, 2)
 
     greedy_plan = lpt(forward + backward, sizes, 2, 10)
-    placement = sync_greedy(forward, backward, dims, sizes, 2, 10, _zero_comm)
+    placement = sync_greedy(forward, backward, dims, sizes, 2, 10, ZERO_LINES)
     assert cost(greedy_plan) == 17.0 and cost(placement) == 9.0
     assert placement[0] != placement[3] and placement[1] != placement[2]
 
@@ -150,20 +149,21 @@ def test_sync_greedy_respects_memory():
         capacity = int(max(sizes.max(), np.ceil(1.3 * sizes.sum() / devices)))
         try:
             placement = sync_greedy(rng.uniform(0.1, 2, n), rng.uniform(0.1, 2, n), rng.integers(4, 64, n),
-                                    sizes, devices, capacity, _zero_comm)
+                                    sizes, devices, capacity, ZERO_LINES)
         except Infeasible:
             continue
         assert (placement >= 0).all()
         assert np.bincount(placement, sizes, devices).max() <= capacity
     with pytest.raises(Infeasible):
-        sync_greedy(np.ones(2), np.ones(2), np.ones(2), np.array([5, 5]), 2, 4, _zero_comm)
+        sync_greedy(np.ones(2), np.ones(2), np.ones(2), np.array([5, 5]), 2, 4, ZERO_LINES)
 
 
 def test_sync_greedy_weighs_communication():
     """Equal compute; the comm model charges what a device sends: wide tables are spread."""
     model = CommModel({2: {"forward": [0.0, 100.0, 0.0], "backward": [0.0, 0.0, 100.0]}}, {})
-    comm = lambda w: model.predict_arrays(w, 64)  # noqa: E731
-    placement = sync_greedy(np.ones(4), np.ones(4), np.array([256, 256, 1, 1]), np.ones(4, np.int64), 2, 10, comm)
+    dims = np.array([256, 256, 1, 1])
+    lines = comm_lines(model, 2, 64, float(dims.sum()))
+    placement = sync_greedy(np.ones(4), np.ones(4), dims, np.ones(4, np.int64), 2, 10, lines)
     assert placement[0] != placement[1]
 
 
@@ -216,14 +216,14 @@ def test_a_tasks_sync_chain_makes_each_plan_once(monkeypatch):
     calls = {"sync_greedy": 0, "sync_local_search": 0}
 
     def counted(name):
-        plan = getattr(SOURCE[name], name)
+        plan = getattr(*SOURCE[name])
 
         def counting(*args, **kwargs):
             calls[name] += 1
             return plan(*args, **kwargs)
         return counting
     for name in calls:
-        monkeypatch.setattr(SOURCE[name], name, counted(name))
+        monkeypatch.setattr(*SOURCE[name], counted(name))
     features = pd.DataFrame({"dim": [8, 8, 8], "size_bytes": [1, 1, 1]})
     methods = planners(np.array([2.0, 1.0, 3.0]), np.array([1.0, 2.0, 1.0]), features, NO_COMM, 64,
                        MilpConfig(1000, 10.0))
@@ -238,14 +238,14 @@ def test_a_chained_sync_planner_reports_its_whole_chains_time(monkeypatch):
     import time as clock
 
     def slow(name, pause):
-        plan = getattr(SOURCE[name], name)
+        plan = getattr(*SOURCE[name])
 
         def waiting(*args, **kwargs):
             clock.sleep(pause)
             return plan(*args, **kwargs)
         return waiting
-    monkeypatch.setattr(sync_module, "sync_greedy", slow("sync_greedy", 0.05))
-    monkeypatch.setattr(sync_search_module, "sync_local_search", slow("sync_local_search", 0.03))
+    monkeypatch.setattr(*SOURCE["sync_greedy"], slow("sync_greedy", 0.05))
+    monkeypatch.setattr(*SOURCE["sync_local_search"], slow("sync_local_search", 0.03))
     features = pd.DataFrame({"dim": [8, 8, 8], "size_bytes": [1, 1, 1]})
     methods = planners(np.array([2.0, 1.0, 3.0]), np.array([1.0, 2.0, 1.0]), features, NO_COMM, 64,
                        MilpConfig(1000, 10.0))
@@ -277,8 +277,6 @@ def test_the_speed_benchmark_times_a_cached_sync_planners_whole_chain_every_call
 
 def test_the_sync_policys_plan_refined_by_the_sync_search_is_never_predicted_worse(monkeypatch):
     """rl_sync_local_search starts from rl_sync_greedy's plan (made once) and only improves it."""
-    from autoshard.placement.sync import placement_cost
-
     rng = np.random.default_rng(3)
     forward, backward = rng.uniform(0.5, 3.0, 12), rng.uniform(0.5, 3.0, 12)
     features = pd.DataFrame({"dim": [8] * 12, "size_bytes": [1] * 12})
@@ -292,6 +290,6 @@ def test_the_sync_policys_plan_refined_by_the_sync_search_is_never_predicted_wor
     task = Task("t", "dreamshard", "test", tuple(range(12)), 2, 100, 1.0)
     start, refined = methods["rl_sync_greedy"](task), methods["rl_sync_local_search"](task)
     assert made == ["t"], "the policy's plan was made more than once"
-    cost = [placement_cost(forward, backward, np.full(12, 8.0), p, 2, _zero_comm) for p in (start, refined)]
+    cost = [Linear.synchronized(forward, backward, np.full(12, 8.0), ZERO_LINES).cost(p, 2) for p in (start, refined)]
     assert cost[1] < cost[0]
     assert methods["rl_sync_local_search"].seconds(task) >= 0.05, "the reused policy plan's time was left out"

@@ -5,7 +5,7 @@ import numpy as np
 import torch
 from study_configs import study
 
-from autoshard.placement.search import local_search
+from autoshard.placement.search import model_search
 from autoshard.placement.shards import memory_ok, predicted_bottleneck
 from autoshard.rl.infer import cost_greedy, policy_plans
 from autoshard.rl.policy import Policy, PolicyConfig
@@ -27,5 +27,5 @@ def test_inference_and_search_respect_memory_and_improve(world):
         assert all(memory_ok(t, p, sizes) and len(p) == len(t.tables) for t, p in zip(tasks, plans, strict=True))
     for t, g_, r in zip(tasks, greedy, refined, strict=True):
         assert predicted_bottleneck(model, features, t, r) <= predicted_bottleneck(model, features, t, g_) + 1e-6
-    again = local_search(model, features, tasks[0], refined[0])
+    again = model_search(model, features, tasks[0], refined[0])
     assert np.array_equal(again, refined[0]), "local search stops at a local optimum"

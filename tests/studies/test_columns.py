@@ -82,7 +82,7 @@ def test_study_tasks_take_turns_over_the_unseen_ratios():
 def test_each_twin_is_its_planner_with_every_table_whole(user_pool):
     """The twins that carry a registry id place exactly as that method; column_greedy's splits nothing."""
     from autoshard.placement.lpt import lpt
-    from autoshard.placement.milp import solve
+    from autoshard.placement.milp import solve_costs as solve
     from autoshard.placement.torchrec import torchrec_plan
 
     f = user_pool.features

@@ -136,10 +136,10 @@ def _best_of_n(a: Artifacts, s: Settings, ctx: Context) -> Planner:
 
 def _local_search_from(start: str) -> Build:
     def build(a: Artifacts, s: Settings, ctx: Context) -> Planner:
-        from autoshard.placement.search import local_search
+        from autoshard.placement.search import model_search
 
         model = a.numpy if a.numpy is not None else a.cost_model
-        return lambda t: local_search(model, a.features, t, ctx.plan(start, t))
+        return lambda t: model_search(model, a.features, t, ctx.plan(start, t))
     return build
 
 
@@ -169,20 +169,20 @@ def _lpt(a: Artifacts, s: Settings, ctx: Context) -> Planner:
 
 
 def _milp(a: Artifacts, s: Settings, ctx: Context) -> Planner:
-    from autoshard.placement.milp import solve
+    from autoshard.placement.milp import solve_costs
 
     def plan(t: Task) -> np.ndarray:
-        result = solve(_measured_costs(a.single_costs, t), a.sizes[list(t.tables)], t.devices, t.memory_bytes,
-                       time_limit=s.milp.time_limit_s, seed=s.seed, node_limit=s.milp.node_limit)
+        result = solve_costs(_measured_costs(a.single_costs, t), a.sizes[list(t.tables)], t.devices, t.memory_bytes,
+                             time_limit=s.milp.time_limit_s, seed=s.seed, node_limit=s.milp.node_limit)
         ctx.record(t, result)
         return result.placement
     return plan
 
 
 def _sync_inputs(a: Artifacts, s: Settings, ctx: Context, t: Task) -> tuple:
-    """(forward, backward, dims, sizes, comm lines) of a task's tables for the sync searches."""
+    """(forward, backward, dims, sizes, comm lines) of a task's tables for the sync planners."""
     def make() -> tuple:
-        from autoshard.placement.sync_search import comm_lines
+        from autoshard.placement.objective import comm_lines
 
         forward, backward = a.stage_singles
         ids = list(t.tables)
@@ -192,39 +192,46 @@ def _sync_inputs(a: Artifacts, s: Settings, ctx: Context, t: Task) -> tuple:
     return ctx.once(t, "sync inputs", make)
 
 
+def _sync_objective(a: Artifacts, s: Settings, ctx: Context, t: Task) -> tuple:
+    """(the synchronized objective, sizes) of a task's tables."""
+    from autoshard.placement.objective import Linear
+
+    f, b, w, z, lines = _sync_inputs(a, s, ctx, t)
+    return Linear.synchronized(f, b, w, lines), z
+
+
 def _sync_greedy(a: Artifacts, s: Settings, ctx: Context) -> Planner:
     from autoshard.placement.sync import sync_greedy
 
     def plan(t: Task) -> np.ndarray:
-        f, b, w, z, _ = _sync_inputs(a, s, ctx, t)
-        return sync_greedy(f, b, w, z, t.devices, t.memory_bytes,
-                           lambda widths: a.comm_model.predict_arrays(widths, s.batch_size))
+        f, b, w, z, lines = _sync_inputs(a, s, ctx, t)
+        return sync_greedy(f, b, w, z, t.devices, t.memory_bytes, lines)
     return plan
 
 
 def _sync_search_from(start: str) -> Build:
     def build(a: Artifacts, s: Settings, ctx: Context) -> Planner:
-        from autoshard.placement.sync_search import sync_local_search
+        from autoshard.placement.search import local_search
 
         def plan(t: Task) -> np.ndarray:
             begin = ctx.plan(start, t)
-            f, b, w, z, lines = _sync_inputs(a, s, ctx, t)
-            return sync_local_search(f, b, w, z, t.devices, t.memory_bytes, lines, begin)
+            objective, sizes = _sync_objective(a, s, ctx, t)
+            return local_search(objective, sizes, t.devices, t.memory_bytes, begin)
         return plan
     return build
 
 
 def _sync_milp(a: Artifacts, s: Settings, ctx: Context) -> Planner:
-    from autoshard.placement.sync_milp import solve_sync
+    from autoshard.placement.milp import solve
 
     def plan(t: Task) -> np.ndarray:
         try:
             begin = ctx.plan("sync_local_search", t)  # bounded by, and never worse than, its plan
         except Infeasible:
             begin = None
-        f, b, w, z, lines = _sync_inputs(a, s, ctx, t)
-        result = solve_sync(f, b, w, z, t.devices, t.memory_bytes, lines, begin,
-                            time_limit=s.milp.time_limit_s, node_limit=s.milp.node_limit, seed=s.seed)
+        objective, sizes = _sync_objective(a, s, ctx, t)
+        result = solve(objective, sizes, t.devices, t.memory_bytes, begin,
+                       time_limit=s.milp.time_limit_s, node_limit=s.milp.node_limit, seed=s.seed)
         ctx.record(t, result)
         return result.placement
     return plan

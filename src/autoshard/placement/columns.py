@@ -33,7 +33,7 @@ from autoshard.core.errors import ConfigError
 from autoshard.data.features import feature_matrix
 from autoshard.data.sizes import ROW_STATE_BYTES
 from autoshard.data.tasks import Task
-from autoshard.placement.heuristics import Infeasible, greedy
+from autoshard.placement.heuristics import Infeasible, key_greedy
 
 if TYPE_CHECKING:  # placing whole tables by a heuristic needs no torch
     from autoshard.costmodel.model import CostModel
@@ -233,7 +233,7 @@ def scaled_costs(table_costs: Mapping[int, float], shards: Sequence[ColumnShard]
 
 def lpt_items(costs: np.ndarray, sizes: np.ndarray, devices: int, capacity: int) -> np.ndarray:
     """LPT on column shards: costliest first onto the least-loaded device with room."""
-    return greedy(np.asarray(costs, dtype=float), np.asarray(sizes, dtype=np.int64), devices, capacity)
+    return key_greedy(np.asarray(costs, dtype=float), np.asarray(sizes, dtype=np.int64), devices, capacity)
 
 
 def lpt_split(table_costs: Mapping[int, float], pool_features: pd.DataFrame, task: Task,
@@ -255,10 +255,10 @@ def lpt_split(table_costs: Mapping[int, float], pool_features: pd.DataFrame, tas
 
 def milp_split(table_costs: Mapping[int, float], pool_features: pd.DataFrame, task: Task, ways: Sequence[int],
                node_limit: int, time_limit_s: float, seed: int = 0) -> tuple[list[ColumnShard], np.ndarray]:
-    """The MILP (`placement.milp.solve`) on `lpt_split`'s column shards and scaled costs."""
-    from autoshard.placement.milp import solve
+    """The MILP (`placement.milp.solve_costs`) on `lpt_split`'s column shards and scaled costs."""
+    from autoshard.placement.milp import solve_costs
 
     shards, _ = lpt_split(table_costs, pool_features, task, ways)
-    result = solve(scaled_costs(table_costs, shards), shard_sizes(pool_features, shards),
+    result = solve_costs(scaled_costs(table_costs, shards), shard_sizes(pool_features, shards),
                    task.devices, task.memory_bytes, time_limit=time_limit_s, seed=seed, node_limit=node_limit)
     return shards, result.placement

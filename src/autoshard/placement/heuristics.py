@@ -1,8 +1,11 @@
-"""The prototypes' heuristic placements, made to respect memory always.
+"""The prototypes' heuristic placements, made to respect memory always, and the one greedy loop.
 
-All greedy heuristics share one loop: sort tables by a key, largest first; put each on the
-device with the lowest accumulated key among those where it still fits; ties go to the
-device with less memory used, then the lower index. "Fits" is the RL environment's mask
+The greedy loop (`greedy`) takes tables in a given order and puts each on the device, among
+those where it still fits, that leaves the lowest cost of the tables placed so far under an
+objective (`placement.objective`); ties go to the lower cost of that device itself, then less
+memory used, then the lower index. The greedy heuristics are that loop on one linear stage,
+their key: largest key first, onto the device with the lowest accumulated key; LPT is it on
+measured single costs, `sync_greedy` on the synchronized stages. "Fits" is the RL environment's mask
 (`PackingGuard`): room for the table and, after it, for the tables still to place, so a task
 first-fit-decreasing can place never dead-ends. Unlike the prototypes, a table that fits
 nowhere is an error (`Infeasible`), never silently put on the last device.
@@ -17,6 +20,7 @@ from autoshard.core.errors import ConfigError
 from autoshard.core.seeding import rng
 from autoshard.data.packing import PackingGuard
 from autoshard.data.tasks import Task
+from autoshard.placement.objective import Linear, Objective, slowest_others
 
 
 class Infeasible(ConfigError):
@@ -70,18 +74,31 @@ class _Fitting:
         return i
 
 
-def greedy(keys: np.ndarray, sizes: np.ndarray, devices: int, capacity: int) -> np.ndarray:
-    """Largest key first, onto the fitting device with the lowest accumulated key."""
-    load = np.zeros(devices)
-    placement = np.full(len(keys), -1, dtype=np.int64)
-    fitting = _Fitting(sizes, np.argsort(-keys, kind="stable"), devices, capacity)
-    for _ in range(len(keys)):
+def greedy(objective: Objective, order: np.ndarray, sizes: np.ndarray, devices: int, capacity: int) -> np.ndarray:
+    """A device per table: the tables in `order`, each onto the fitting device that leaves the
+    lowest cost of the tables placed so far (ties: see the module note)."""
+    state = np.tile(objective.base, (devices, 1))
+    values = objective.stages(state)
+    placement = np.full(len(sizes), -1, dtype=np.int64)
+    fitting = _Fitting(sizes, np.asarray(order), devices, capacity)
+    for _ in range(len(sizes)):
         fits = fitting.devices()
-        best = fits[np.lexsort((fits, fitting.memory[fits], load[fits]))[0]]
-        i = fitting.put(best)
+        i = fitting.order[fitting.step]
+        own = objective.stages(state[fits] + objective.share[i])
+        cost = np.maximum(own, slowest_others(values, fits, fits)).sum(axis=-1)
+        best = fits[np.lexsort((fits, fitting.memory[fits], own.sum(axis=-1), cost))[0]]
+        fitting.put(best)
         placement[i] = best
-        load[best] += keys[i]
+        state[best] += objective.share[i]
+        values[best] = objective.stages(state[best])
     return placement
+
+
+def key_greedy(keys: np.ndarray, sizes: np.ndarray, devices: int, capacity: int) -> np.ndarray:
+    """Largest key first (ties: lower table index), onto the fitting device with the lowest
+    accumulated key: `greedy` on the one linear stage of `keys`."""
+    keys = np.asarray(keys, dtype=float)
+    return greedy(Linear.max_device(keys), np.argsort(-keys, kind="stable"), sizes, devices, capacity)
 
 
 
@@ -114,7 +131,7 @@ def place(method: str, features: pd.DataFrame, devices: int, capacity: int,
     """Device per row of `features` (the task's tables) by the named heuristic."""
     sizes = features["size_bytes"].to_numpy(dtype=np.int64)
     if method in GREEDY:
-        return greedy(_keys(features)[method], sizes, devices, capacity)
+        return key_greedy(_keys(features)[method], sizes, devices, capacity)
     if method == "naive":
         return naive(sizes, devices, capacity)
     if method == "random":

@@ -8,7 +8,7 @@ a memory cap its bottleneck is at most 4/3 - 1/(3D) of the optimum (Graham, 1969
 
 import numpy as np
 
-from autoshard.placement.heuristics import greedy
+from autoshard.placement.heuristics import key_greedy
 
 
 def lpt(costs: np.ndarray, sizes: np.ndarray, devices: int, capacity: int) -> np.ndarray:
@@ -21,7 +21,7 @@ def lpt(costs: np.ndarray, sizes: np.ndarray, devices: int, capacity: int) -> np
         raise ValueError(f"costs {costs.shape} and sizes {sizes.shape} must be vectors of one length")
     if devices < 1:
         raise ValueError(f"devices: {devices} (need at least one)")
-    return greedy(costs, sizes, devices, capacity)
+    return key_greedy(costs, sizes, devices, capacity)
 
 
 def makespan(costs: np.ndarray, placement: np.ndarray, devices: int) -> float:

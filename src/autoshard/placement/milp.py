@@ -1,16 +1,20 @@
-"""The exact min-max placement on a linear per-table surrogate, by a MILP (HiGHS via SciPy).
+"""The exact placement under a linear objective, by a MILP (HiGHS via SciPy).
 
-The surrogate cost of a device is the sum of its tables' costs (measured single-table costs,
-or a cost model's single-table predictions): the idea SurCo applied to table sharding. The
-model, over binary x[t, d] (table t on device d) and the bottleneck z:
+A linear objective (`placement.objective.Linear`) has S stages, each a device's summed per-table
+values v[t, s] plus an offset a_s, never below 0, and costs the sum over stages of the slowest
+device: one stage of per-table costs (measured single costs, or a cost model's single-table
+predictions: the idea SurCo applied to table sharding) or DreamShard's four synchronized stages.
+Over binary x[t, d] (table t on device d) and one bound z_s per stage:
 
-    minimise z  s.t.  sum_d x[t, d] = 1,  sum_t c_t x[t, d] <= z,  sum_t size_t x[t, d] <= cap.
+    minimise sum_s z_s  s.t.  sum_d x[t, d] = 1,  a_s + sum_t v[t, s] x[t, d] <= z_s,
+        z_s >= 0,  sum_t size_t x[t, d] <= cap.
 
 The devices are identical, so any placement can be renumbered so that the k-th table in
-decreasing cost sits on one of the devices 0..k; fixing that removes most of the D! mirror
-images of each solution. LPT's plan bounds z from above (SciPy's `milp` takes no warm start)
-and stands in when the solver finds nothing within its time limit. HiGHS runs on one thread
-with a fixed seed, so a solve that ends before its time limit is repeatable.
+decreasing total value sits on one of the devices 0..k; fixing that removes most of the D!
+mirror images of each solution. A starting plan bounds the objective from above (SciPy's `milp`
+takes no warm start) and stands in when the solver finds nothing better within its limits
+(status "start"). HiGHS runs on one thread with a fixed seed, so a solve that ends before its
+time limit is repeatable.
 """
 
 import time
@@ -22,20 +26,21 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from scipy.sparse import coo_array, eye_array, hstack, kron
 
 from autoshard.placement.heuristics import Infeasible
-from autoshard.placement.lpt import lpt, makespan
+from autoshard.placement.lpt import lpt
+from autoshard.placement.objective import Linear
 
 
 @dataclass(frozen=True)
 class MilpResult:
-    """A placement with its surrogate bottleneck, the proven lower bound on the optimum and the
-    relative gap between them (0: proven optimal, up to the solver's `rel_gap`)."""
+    """A placement with its objective, the proven lower bound on the optimum and the relative
+    gap between them (0: proven optimal, up to the solver's `rel_gap`)."""
 
     placement: np.ndarray
     objective: float
     lower_bound: float
     gap: float
     status: str  # "optimal"; "node_limit" or "time_limit": the solver's best plan when it stopped there;
-    # "fallback": LPT's plan (the solver found none, or none as good)
+    # "start": the starting plan (the solver found none, or none as good)
     seconds: float
 
 
@@ -47,75 +52,81 @@ def stop_status(solver_status: int, seconds: float, time_limit: float) -> str:
     return "time_limit" if seconds >= 0.95 * time_limit else "node_limit"
 
 
-def solve(costs: np.ndarray, sizes: np.ndarray, devices: int, capacity: int,
-          time_limit: float = 60.0, rel_gap: float = 1e-3, seed: int = 0,
-          node_limit: int | None = None) -> MilpResult:
-    """Minimise the largest per-device sum of `costs` under the memory cap `capacity`, within
-    `time_limit` seconds. A solve stopped by the clock depends on the machine's speed; one
-    stopped by `node_limit` (branch-and-bound nodes) does not. The default `rel_gap` (0.1%)
-    is far below the measurement noise (2-3%). Raises `Infeasible` when no placement exists, or none is found in
-    time and LPT finds none either."""
-    start = time.perf_counter()
-    costs = np.asarray(costs, dtype=float)
+def solve(objective: Linear, sizes: np.ndarray, devices: int, capacity: int, start: np.ndarray | None = None,
+          time_limit: float = 60.0, rel_gap: float = 1e-3, seed: int = 0, node_limit: int | None = None) -> MilpResult:
+    """Minimise `objective` under the memory cap `capacity`, from the plan `start` (or none), within
+    `time_limit` seconds. A solve stopped by the clock depends on the machine's speed; one stopped
+    by `node_limit` (branch-and-bound nodes) does not. The default `rel_gap` (0.1%) is far below the
+    measurement noise (2-3%). Raises `Infeasible` when the solver finds no placement and there is
+    no `start`."""
+    began = time.perf_counter()
+    values, offsets = objective.share, objective.base
     sizes = np.asarray(sizes, dtype=np.int64)
-    n, d = len(costs), devices
-    if costs.shape != sizes.shape or costs.ndim != 1 or n == 0:
-        raise ValueError(f"costs {costs.shape} and sizes {sizes.shape} must be non-empty vectors of one length")
+    (n, stages), d = values.shape, devices
+    if sizes.shape != (n,) or n == 0:
+        raise ValueError(f"objective of {n} tables and sizes {sizes.shape} must be non-empty and of one length")
     if d < 1:
         raise ValueError(f"devices: {devices} (need at least one)")
-    try:
-        fallback = lpt(costs, sizes, d, capacity)
-    except Infeasible:
-        fallback = None
-    scale = float(costs.mean()) or 1.0  # keeps the load rows' coefficients near 1
-    bound = max(float(costs.max()), float(costs.sum()) / d)  # holds with or without the cap
-    upper = makespan(costs, fallback, d) if fallback is not None else np.inf
+    scale = float(np.abs(values).sum(axis=1).mean()) or 1.0  # keeps the coefficients near 1
+    lower = _lower_bound(objective, d)
+    upper = objective.cost(start, d) if start is not None else np.inf
 
-    constraints, bounds = _model(costs / scale, sizes / capacity, d, bound / scale, upper / scale)
-    objective = np.zeros(n * d + 1)
-    objective[-1] = 1.0
-    integrality = np.append(np.ones(n * d), 0)
+    load = [hstack([kron(values[None, :, s] / scale, eye_array(d)), coo_array(-np.eye(stages)[[s]].repeat(d, axis=0))])
+            for s in range(stages)]
+    one_each = hstack([kron(eye_array(n), np.ones((1, d))), coo_array((n, stages))])
+    memory = hstack([kron(sizes[None, :] / capacity, eye_array(d)), coo_array((d, stages))])
+    total = np.append(np.zeros(n * d), np.ones(stages))[None, :]
+    constraints = [LinearConstraint(one_each, 1, 1), LinearConstraint(memory, -np.inf, 1),
+                   *(LinearConstraint(a, -np.inf, -offsets[s] / scale) for s, a in enumerate(load)),
+                   LinearConstraint(total, 0, upper / scale * (1 + 1e-9) if np.isfinite(upper) else np.inf)]
+    ub = np.ones((n, d))
+    for rank, t in enumerate(np.argsort(-values.sum(axis=1), kind="stable")):
+        ub[t, rank + 1:] = 0  # the mirror images: see the module's docstring
+    bounds = Bounds(np.append(np.zeros(n * d), lower / scale), np.append(ub.ravel(), np.full(stages, np.inf)))
 
+    limits = {"time_limit": float(time_limit), "mip_rel_gap": float(rel_gap), "threads": 1, "random_seed": int(seed)}
+    if node_limit is not None:
+        limits["node_limit"] = int(node_limit)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Unrecognized options", RuntimeWarning)
-        res = milp(objective, integrality=integrality, bounds=bounds, constraints=constraints,
-                   options={"time_limit": float(time_limit), "mip_rel_gap": float(rel_gap),
-                            "threads": 1, "random_seed": int(seed)}
-                   | ({"node_limit": int(node_limit)} if node_limit is not None else {}))
+        res = milp(total[0], integrality=np.append(np.ones(n * d), np.zeros(stages)), bounds=bounds,
+                   constraints=constraints, options=limits)
 
-    dual = getattr(res, "mip_dual_bound", None)
-    proven = max(bound, dual * scale) if dual is not None and np.isfinite(dual) else bound
-    placement, status = None, "fallback"
+    placement, status, value = None, "start", np.inf
     if res.x is not None:
-        candidate = np.argmax(res.x[:-1].reshape(n, d), axis=1).astype(np.int64)
+        candidate = np.argmax(res.x[:n * d].reshape(n, d), axis=1).astype(np.int64)
         # The solver's tolerances allow a hair over the cap; the cap is checked in whole bytes.
         if np.bincount(candidate, weights=sizes, minlength=d).max() <= capacity:
-            placement, status = candidate, stop_status(res.status, time.perf_counter() - start, time_limit)
-    if placement is None or (fallback is not None and makespan(costs, fallback, d) < makespan(costs, placement, d)):
-        if fallback is None:
+            placement, status = candidate, stop_status(res.status, time.perf_counter() - began, time_limit)
+            value = objective.cost(placement, d)
+    if placement is None or upper < value:
+        if start is None:
             why = "no placement exists" if res.status == 2 else f"none found in {time_limit:g} s"
             raise Infeasible(f"MILP: {n} tables on {d} devices of {capacity} bytes: {why}")
-        placement, status = fallback, "fallback"
-    value = makespan(costs, placement, d)
-    lower = min(proven, value)
-    gap = (value - lower) / value if value > 0 else 0.0
-    return MilpResult(placement=placement, objective=value, lower_bound=lower, gap=gap, status=status,
-                      seconds=time.perf_counter() - start)
+        placement, status, value = np.asarray(start, np.int64), "start", upper
+    dual = getattr(res, "mip_dual_bound", None)
+    proven = max(float(lower.sum()), dual * scale) if dual is not None and np.isfinite(dual) else float(lower.sum())
+    bound = min(value, proven)
+    gap = (value - bound) / value if value > 0 else 0.0
+    return MilpResult(placement=placement, objective=value, lower_bound=bound, gap=gap, status=status,
+                      seconds=time.perf_counter() - began)
 
 
-def _model(costs: np.ndarray, fill: np.ndarray, d: int, lower: float, upper: float
-           ) -> tuple[list[LinearConstraint], Bounds]:
-    """The constraints and bounds over the columns x[t, dev] (at t * d + dev), then z; `fill`
-    is each table's share of a device's memory, `lower` and `upper` bound z."""
-    n = len(costs)
-    one_each = hstack([kron(eye_array(n), np.ones((1, d))), coo_array((n, 1))])
-    load = hstack([kron(costs[None, :], eye_array(d)), -np.ones((d, 1))])
-    memory = hstack([kron(fill[None, :], eye_array(d)), coo_array((d, 1))])
-    constraints = [LinearConstraint(one_each, 1, 1), LinearConstraint(load, -np.inf, 0),
-                   LinearConstraint(memory, -np.inf, 1)]
-    ub = np.ones((n, d))
-    for rank, t in enumerate(np.argsort(-costs, kind="stable")):
-        ub[t, rank + 1:] = 0  # the mirror images: see the module's docstring
-    lb = np.append(np.zeros(n * d), lower)
-    ub = np.append(ub.ravel(), upper * (1 + 1e-9) if np.isfinite(upper) else np.inf)
-    return constraints, Bounds(lb, ub)
+def solve_costs(costs: np.ndarray, sizes: np.ndarray, devices: int, capacity: int, **limits) -> MilpResult:
+    """The min-max placement of per-table `costs` (`solve` on `Linear.max_device`), from LPT's
+    plan where LPT finds one."""
+    costs = np.asarray(costs, dtype=float)
+    try:
+        start = lpt(costs, np.asarray(sizes, dtype=np.int64), devices, capacity)
+    except Infeasible:
+        start = None
+    return solve(Linear.max_device(costs), sizes, devices, capacity, start, **limits)
+
+
+def _lower_bound(objective: Linear, devices: int) -> np.ndarray:
+    """(S,): per stage, a bound its slowest device cannot go below: the average device (offset +
+    total / D), and, where no table's value is negative, the offset plus the largest one."""
+    values, offsets = objective.share, objective.base
+    spread = values.sum(axis=0) / devices
+    largest = np.where(values.min(axis=0) >= 0, values.max(axis=0), -np.inf)
+    return np.maximum(offsets + np.maximum(spread, largest), 0.0)

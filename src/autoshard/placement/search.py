@@ -1,189 +1,94 @@
-"""Local search on the cost model: move one table or swap two while the bottleneck improves.
+"""Local search: move one table or swap two while the objective improves, for any objective
+(`placement.objective`: the cost model's max_device, or a linear one such as the synchronized
+stages).
 
-Each round evaluates every move of a table off the bottleneck device and every swap of such
-a table with a table of another device, and applies the best one if it lowers the predicted
-bottleneck and respects memory. A device's cost is the cost model's head on the sum of its
-tables' encodings; the head's first layer is linear, so each table's share of it is computed
-once, and a candidate costs the head's remaining layers on the two devices it changes.
-
-The search runs in float64 NumPy on copies of the model's weights (of the torch model, or of
-the NumPy planner exported from it: the same numbers), with `einsum`'s own loops rather than a
-multi-threaded BLAS, and sums in a fixed order: the same plan whatever the number of threads.
+Each round scores every move of a table off a critical device (one that is the slowest, or tied
+slowest, in some stage: a candidate that touches none cannot lower any stage's maximum) to
+another device, and every swap of such a table with a table of another device, and applies the
+one with the lowest cost if it improves (ties: moves before swaps, then the lowest table and
+device numbers). A device whose memory grows must stay within the cap. A candidate changes two
+devices, so it costs two evaluations of `stages`. Deterministic, and never worse than its start.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from autoshard.core.errors import ConfigError
-from autoshard.data.features import FEATURE_COLUMNS, LOG_COLUMNS, check_features
+from autoshard.data.features import FEATURE_COLUMNS
 from autoshard.data.tasks import Task
+from autoshard.placement.objective import Model, NumpyNetwork, Objective, slowest_others
 
 if TYPE_CHECKING:  # the search itself needs no torch
     from autoshard.costmodel.model import CostModel
 
-
-class NumpyNetwork(Protocol):
-    """The NumPy copy of the cost model that `rl.numpy_planner.NumpyModels` holds (the search reads
-    its layer stacks and arrays, so `autoshard plan --refine` needs no torch)."""
-
-    stacks: dict
-    arrays: dict
-    scale: float
-
-Layer = tuple[np.ndarray, np.ndarray, bool]  # weight, bias, followed by a ReLU
+CHUNK = 4096  # candidates scored at once (bounds the memory of one round on large tasks)
+MARGIN = 1e-6  # a candidate must lower the cost by more than this share of it
 
 
-def _network(model: CostModel | NumpyNetwork) -> tuple[list[Layer], list[Layer], np.ndarray, np.ndarray, float]:
-    """(encoder, head, mean, std, scale) of the cost model, in float64."""
-    if hasattr(model, "log_fusion"):
-        raise ConfigError("local search: the hybrid cost model's head is not linear in the tables' shares "
-                          "(it takes the log of their summed single costs); refine with the feature-only model")
-    if hasattr(model, "stacks"):  # the NumPy planner's copy
-        def layers(stack) -> list[Layer]:
-            return [(w.astype(np.float64), b.astype(np.float64), r)
-                    for w, b, r in zip(stack.weights, stack.biases, stack.relu, strict=True)]
-
-        a = model.arrays
-        return (layers(model.stacks["cost_model.encoder"]), layers(model.stacks["cost_model.head"]),
-                a["cost_model.mean"].astype(np.float64), a["cost_model.std"].astype(np.float64), float(model.scale))
-    return (_layers(model.encoder), _layers(model.head), model.mean.double().numpy(), model.std.double().numpy(),
-            float(model.scale))
-
-
-def _layers(sequential) -> list[Layer]:
-    """The Linear layers of a Sequential of Linear and ReLU, in float64."""
-    out: list[Layer] = []
-    for module in sequential:
-        kind = type(module).__name__
-        if kind == "Linear":
-            out.append((module.weight.detach().double().numpy(), module.bias.detach().double().numpy(), False))
-        elif kind == "ReLU":
-            out[-1] = (*out[-1][:2], True)
-        else:
-            raise TypeError(f"local search: cannot evaluate a {kind} layer")
-    return out
-
-
-def _apply(layers: list[Layer], x: np.ndarray) -> np.ndarray:
-    for w, b, relu in layers:
-        x = np.einsum("...i,oi->...o", x, w) + b
-        if relu:
-            x = np.maximum(x, 0.0)
-    return x
-
-
-class _Costs:
-    """The cost model in float64: table shares of the head's first layer, and device costs."""
-
-    def __init__(self, model: CostModel | NumpyNetwork, features: np.ndarray):
-        encoder, head, mean, std, self.scale = _network(model)
-        x = check_features(features).astype(np.float64)  # the float32 values the model sees
-        for name in LOG_COLUMNS:
-            i = FEATURE_COLUMNS.index(name)
-            x[:, i] = np.log1p(x[:, i])
-        enc = _apply(encoder, (x - mean) / std)
-        (w, self.bias, self.relu), self.rest = head[0], head[1:]
-        self.share = np.einsum("te,he->th", enc, w)  # (T, H): what each table adds to a device
-
-    def of(self, pre: np.ndarray) -> np.ndarray:
-        """Predicted cost (ms) of devices from their first-layer sums (..., H)."""
-        hidden = np.maximum(pre, 0.0) if self.relu else pre
-        return np.logaddexp(0.0, _apply(self.rest, hidden)).sum(-1) * self.scale
-
-
-def local_search(model: CostModel | NumpyNetwork, features: np.ndarray, task: Task, placement: np.ndarray,
+def local_search(objective: Objective, sizes: np.ndarray, devices: int, capacity: int, placement: np.ndarray,
                  max_rounds: int = 1000) -> np.ndarray:
-    """An improved copy of `placement` (device per `task.tables` entry) under the cost model
-    (a torch `CostModel` or the NumPy planner)."""
-    tables = list(task.tables)
-    costs = _Costs(model, np.asarray(features)[tables])
-    sizes = np.asarray(features[tables, FEATURE_COLUMNS.index("size_bytes")]).astype(np.int64)
+    """An improved copy of `placement` (a device per table) under `objective`, every device
+    that gains memory within `capacity` bytes."""
+    sizes = np.asarray(sizes, dtype=np.int64)
     place = np.asarray(placement, dtype=np.int64).copy()
-    d = task.devices
     for _ in range(max_rounds):
-        pre = np.tile(costs.bias, (d, 1))
-        np.add.at(pre, place, costs.share)  # in table order: a fixed summation order
-        counts = np.bincount(place, minlength=d)
-        memory = np.zeros(d, dtype=np.int64)
+        state = objective.states(place, devices)
+        values = objective.stages(state)
+        memory = np.zeros(devices, dtype=np.int64)
         np.add.at(memory, place, sizes)
-        device_costs = np.where(counts > 0, costs.of(pre), 0.0)
-        best = _Best(float(device_costs.max()) * (1 - 1e-6))
-        _moves(best, costs, pre, counts, device_costs, memory, sizes, place, task.memory_bytes)
-        _swaps(best, costs, pre, device_costs, memory, sizes, place, task.memory_bytes)
-        if best.moves is None:
+        critical = np.flatnonzero((values == values.max(axis=0)).any(axis=1))
+        candidates = _candidates(place, critical, devices)
+        best, best_cost = None, float(values.max(axis=0).sum()) * (1 - MARGIN)
+        for start in range(0, len(candidates), CHUNK):
+            chunk = candidates[start:start + CHUNK]
+            costs = _scores(objective, chunk, place, state, values, memory, sizes, capacity)
+            i = int(np.argmin(costs))
+            if costs[i] < best_cost:
+                best, best_cost = chunk[i], float(costs[i])
+        if best is None:
             break
-        for table, device in best.moves:
-            place[table] = device
+        table, device, other = (int(v) for v in best)
+        if other >= 0:
+            place[other] = place[table]
+        place[table] = device
     return place
 
 
-class _Best:
-    """The best candidate so far: the lowest new bottleneck under `bound` (the current one, less
-    a margin), ties to the lowest key (moves before swaps, then in table order)."""
-
-    def __init__(self, bound: float):
-        self.bound, self.key, self.moves = bound, (), None
-
-    def offer(self, bottlenecks: np.ndarray, keys: np.ndarray, moves_of) -> None:
-        if not len(bottlenecks):
-            return
-        low = bottlenecks.min()
-        if low > self.bound:
-            return
-        tied = np.flatnonzero(bottlenecks == low)
-        c = int(tied[np.lexsort(keys[tied].T[::-1])[0]])
-        key = tuple(int(k) for k in keys[c])
-        if low < self.bound or key < self.key:
-            self.bound, self.key, self.moves = float(low), key, moves_of(c)
+def model_search(model: CostModel | NumpyNetwork, features: np.ndarray, task: Task, placement: np.ndarray,
+                 max_rounds: int = 1000) -> np.ndarray:
+    """`local_search` of a task's placement (a device per `task.tables` entry) under the cost model
+    (a torch `CostModel` or the NumPy planner's copy) on the pool's `features`."""
+    tables = list(task.tables)
+    rows = np.asarray(features)[tables]
+    sizes = rows[:, FEATURE_COLUMNS.index("size_bytes")].astype(np.int64)
+    return local_search(Model(model, rows), sizes, task.devices, task.memory_bytes, placement, max_rounds)
 
 
-def _others_max(device_costs: np.ndarray) -> tuple[int, np.ndarray]:
-    """The bottleneck device b and, per device k, the highest cost among the devices other
-    than b and k (those a candidate between b and k leaves alone)."""
-    order = np.argsort(-device_costs, kind="stable")
-    padded = np.concatenate([device_costs[order], [0.0, 0.0]])
-    out = np.full(len(device_costs), padded[1])
-    out[order[1:2]] = padded[2]
-    return int(order[0]), out
+def _candidates(place: np.ndarray, critical: np.ndarray, devices: int) -> np.ndarray:
+    """(C, 3) rows (table, its new device, the table it swaps with or -1): moves first, then
+    swaps, each in table order."""
+    tables = np.flatnonzero(np.isin(place, critical))
+    t, d = (a.ravel() for a in np.meshgrid(tables, np.arange(devices), indexing="ij"))
+    keep = d != place[t]
+    moves = np.column_stack([t[keep], d[keep], np.full(keep.sum(), -1)])
+    t, o = (a.ravel() for a in np.meshgrid(tables, np.arange(len(place)), indexing="ij"))
+    keep = (place[t] != place[o]) & ~(np.isin(o, tables) & (o < t))  # each pair of critical tables once
+    swaps = np.column_stack([t[keep], place[o[keep]], o[keep]])
+    return np.concatenate([moves, swaps]).astype(np.int64)
 
 
-def _moves(best: _Best, costs: _Costs, pre, counts, device_costs, memory, sizes, place, capacity) -> None:
-    """Offer every move of a table off the bottleneck device to another device with room."""
-    b, rest = _others_max(device_costs)
-    on_b = np.flatnonzero(place == b)
-    others = np.array([k for k in range(len(device_costs)) if k != b], dtype=np.int64)
-    i, dest = (a.ravel() for a in np.meshgrid(on_b, others, indexing="ij"))
-    ok = memory[dest] + sizes[i] <= capacity
-    i, dest = i[ok], dest[ok]
-    left = costs.of(pre[b] - costs.share[i]) if counts[b] > 1 else np.zeros(len(i))
-    bottlenecks = np.maximum(np.maximum(left, costs.of(pre[dest] + costs.share[i])), rest[dest])
-    keys = np.stack([np.zeros_like(i), i, dest], axis=1)
-    best.offer(bottlenecks, keys, lambda c: [(int(i[c]), int(dest[c]))])
-
-
-def _swaps(best: _Best, costs: _Costs, pre, device_costs, memory, sizes, place, capacity) -> None:
-    """Offer every swap of a table on the bottleneck device with a table of another device,
-    one device at a time; a candidate whose other device alone already exceeds the best so
-    far is not evaluated on the bottleneck device."""
-    b, rest = _others_max(device_costs)
-    on_b = np.flatnonzero(place == b)
-    without_i = pre[b] - costs.share[on_b]                                     # (I, H)
-    for k in range(len(device_costs)):
-        on_k = np.flatnonzero(place == k)
-        if k == b or not len(on_k) or rest[k] > best.bound:
-            continue
-        fits = ((memory[k] - sizes[on_k][None, :] + sizes[on_b][:, None] <= capacity)
-                & (memory[b] - sizes[on_b][:, None] + sizes[on_k][None, :] <= capacity))   # (I, J)
-        gains = (pre[k] - costs.share[on_k])[None, :, :] + costs.share[on_b][:, None, :]  # k: j out, i in
-        cost_k = np.where(fits, costs.of(gains), np.inf)
-        ii, jj = np.nonzero(cost_k <= best.bound)
-        if not len(ii):
-            continue
-        cost_b = costs.of(without_i[ii] + costs.share[on_k[jj]])
-        bottlenecks = np.maximum(np.maximum(cost_b, cost_k[ii, jj]), rest[k])
-        keys = np.stack([np.ones_like(ii), on_k[jj], on_b[ii]], axis=1)
-        best.offer(bottlenecks, keys,
-                   lambda c, ii=ii, jj=jj, on_k=on_k, k=k: [(int(on_b[ii[c]]), k), (int(on_k[jj[c]]), b)])
+def _scores(objective: Objective, moves: np.ndarray, place: np.ndarray, state: np.ndarray, values: np.ndarray,
+            memory: np.ndarray, sizes: np.ndarray, capacity: int) -> np.ndarray:
+    """The cost after each candidate (inf where a device that gains memory overflows)."""
+    table, device, other = moves.T
+    swap = other >= 0
+    partner = np.maximum(other, 0)
+    source = place[table]
+    gained = objective.share[table] - np.where(swap[:, None], objective.share[partner], 0.0)
+    moved = sizes[table] - np.where(swap, sizes[partner], 0)
+    over = np.where(moved > 0, memory[device] + moved > capacity, memory[source] - moved > capacity)
+    after = np.maximum(np.maximum(objective.stages(state[source] - gained), objective.stages(state[device] + gained)),
+                       slowest_others(values, source, device))
+    return np.where(over, np.inf, after.sum(axis=-1))

@@ -12,7 +12,7 @@ device's tables (the cost model is the simulator).
 The `synchronized` reward scores DreamShard's synchronized stages instead (`placement.sync`):
 each device's forward and backward compute are a stage-head cost model's two heads
 (`heads: stages`) on its summed encodings, its all-to-all times the comm model's lines
-(`placement.sync_search.comm_lines`) in its summed embedding width; the cost is the sum over the
+(`placement.objective.comm_lines`) in its summed embedding width; the cost is the sum over the
 four stages of the slowest device. The device costs the policy sees stay the totals (the two
 heads summed), as with the other rewards.
 """
@@ -30,7 +30,7 @@ from autoshard.data.packing import PackingGuard
 from autoshard.data.tasks import Task
 from autoshard.measure.commmodel import CommModel
 from autoshard.placement.heuristics import Infeasible
-from autoshard.placement.sync_search import comm_lines
+from autoshard.placement.objective import comm_lines
 
 REWARDS = ("bottleneck", "balance", "synchronized")
 

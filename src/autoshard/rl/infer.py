@@ -6,7 +6,7 @@ import torch
 
 from autoshard.costmodel.model import CostModel
 from autoshard.data.tasks import Task
-from autoshard.placement.search import local_search
+from autoshard.placement.search import model_search
 from autoshard.rl.env import Batch, ShardingEnv, StageComm, make_batch, synchronized_stages
 from autoshard.rl.policy import Policy
 from autoshard.rl.ppo import group_by_shape, rollout
@@ -37,7 +37,7 @@ def policy_plans(policy: Policy, model: CostModel, features: np.ndarray, tasks: 
             plans[task.name] = _in_task_order(batch, traj.actions, best)
     out = [plans[t.name] for t in tasks]
     if refine:
-        out = [local_search(model, features, t, p) for t, p in zip(tasks, out, strict=True)]
+        out = [model_search(model, features, t, p) for t, p in zip(tasks, out, strict=True)]
     return out
 
 

@@ -37,7 +37,7 @@ from autoshard.core.seeding import one_thread
 from autoshard.data.tasks import Task
 from autoshard.methods.registry import GREEDY, LPT, MILP, OPTIMUM, ids
 from autoshard.placement.lpt import makespan
-from autoshard.placement.search import local_search
+from autoshard.placement.search import model_search
 from autoshard.placement.shards import device_shards
 from autoshard.studies import paired
 from autoshard.studies.endpoints import has_headroom
@@ -72,13 +72,13 @@ class ModelBottlenecks:
 
 
 class ModelSearch:
-    """`local_search` under `model` from a start placement."""
+    """`model_search` under `model` from a start placement."""
 
     def __init__(self, model, features: np.ndarray):
         self.model, self.features = model, features
 
     def __call__(self, task: Task, start: np.ndarray) -> np.ndarray:
-        return local_search(self.model, self.features, task, start)
+        return model_search(self.model, self.features, task, start)
 
 
 def known_placements(tasks: list[Task], plans: dict[str, list[np.ndarray | None]], predict: Bottlenecks,
