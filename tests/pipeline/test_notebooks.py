@@ -195,6 +195,8 @@ def test_train_rl_notebook(repro, smoke_params):
     assert set(fair["curves"]) == {"reproduction (rl_greedy)", "fair, per-step rewards", "fair, terminal reward"}
     assert fair["after_imitation_val_ratio"] is not None and fair["unshaped_val_ratio"] is not None
     assert fair["no_worse_than_greedy"] == (fair["val_ratio"] <= fair["cost_greedy_val_ratio"] + 1e-9)
+    kept = dict(fair["curves"]["fair, per-step rewards"])[fair["kept_iteration"]]  # keep_best: its best point
+    assert kept == min(ratio for _, ratio in fair["curves"]["fair, per-step rewards"])
     assert load_policy(tmp_path / "data" / "rl" / "policy_fair.pt", load_model(tmp_path / "data" / "rl" /
                                                                                "cost_model.pt")).cfg.lookahead
     _, outputs = executed_outputs(notebook(tmp_path, "04_train_rl.ipynb"))

@@ -80,11 +80,41 @@ def test_the_imitation_start_places_as_its_teacher(world, tmp_path):
 def test_shaping_needs_the_bottleneck_reward_and_the_fair_section_sets_it():
     with pytest.raises(ConfigError, match="rl.shaping: true needs reward: bottleneck"):
         replace(study(RLConfig), reward="balance", shaping=True)
-    fair = FairPolicyConfig(enabled=True, shaping=True, imitation_iterations=5, iterations=7, unshaped=True)
+    fair = FairPolicyConfig(enabled=True, shaping=True, imitation_iterations=5, iterations=7, unshaped=True,
+                            keep_best=True)
     cfg = fair.training(replace(study(RLConfig), reward="balance"))
-    assert cfg.policy.lookahead and cfg.shaping and cfg.reward == "bottleneck"
+    assert cfg.policy.lookahead and cfg.shaping and cfg.reward == "bottleneck" and cfg.keep_best
     assert (cfg.imitation_iterations, cfg.iterations) == (5, 7)
     assert not fair.training(study(RLConfig), shaping=False).shaping
+
+
+def test_keep_best_ends_with_the_earliest_best_validation_points_weights(world, tmp_path):
+    """Validation ratios 0.9, 0.8, 0.8, 0.85 at iterations 1, 3, 5, 7: the run ends with the weights it
+    had at iteration 3 (the earliest of the two bests), its history marks that row `kept`, the final
+    checkpoint holds them, and resuming the finished run changes nothing."""
+    from autoshard.rl.ppo import load_policy
+
+    pool, features, model = world
+    tasks = tasks_of(pool, 8, 10, 3)
+    scripted, seen = iter([0.9, 0.8, 0.8, 0.85]), []
+
+    def validate(policy):
+        seen.append({k: v.clone() for k, v in policy.state_dict().items()})
+        return {"val_ratio": next(scripted)}
+    cfg = study(RLConfig, policy=LOOKING, iterations=6, imitation_iterations=2, tasks_per_batch=4,
+                validate_every=2, checkpoint_every=3, keep_best=True)
+    policy, history = train(model, features, tasks, cfg, 0, tmp_path / "fair.pt", validate, progress=False)
+    assert history.loc[history["kept"], "iteration"].tolist() == [3]
+    for name, value in policy.state_dict().items():
+        assert torch.equal(value, seen[1][name]), name
+    assert not all(torch.equal(v, seen[-1][k]) for k, v in policy.state_dict().items()), "training moved on"
+    loaded = load_policy(tmp_path / "fair.pt", model)
+    assert all(torch.equal(v, seen[1][k]) for k, v in loaded.state_dict().items())
+    again, _ = train(model, features, tasks, cfg, 0, tmp_path / "fair.pt", validate, progress=False)
+    assert all(torch.equal(v, seen[1][k]) for k, v in again.state_dict().items())
+    last, last_history = train(model, features, tasks, replace(cfg, keep_best=False), 0, tmp_path / "last.pt",
+                    lambda p: {"val_ratio": 0.5}, progress=False)
+    assert "kept" not in last_history and not all(torch.equal(v, seen[1][k]) for k, v in last.state_dict().items())
 
 
 def test_a_lookahead_policy_has_no_numpy_export(world, tmp_path):

@@ -357,6 +357,7 @@ class FairSharder(TypedDict):
     after_imitation_val_ratio: Number  # after cloning cost_greedy, before PPO
     unshaped_val_ratio: Number         # the same training with the terminal reward only (None: not run)
     no_worse_than_greedy: bool         # val_ratio <= cost_greedy_val_ratio (a benchmark, not an assert)
+    kept_iteration: int | None         # the validation point whose weights it ends with (None: the last iterate)
     curves: dict[str, list[list[Number]]]  # run -> [iteration, validation ratio] pairs
 
 

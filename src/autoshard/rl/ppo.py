@@ -56,6 +56,7 @@ class RLConfig:
     checkpoint_every: int
     shaping: bool              # per-step rewards: the fall of the predicted bottleneck (reward bottleneck only)
     imitation_iterations: int = bounded(lo=0)  # iterations cloning cost_greedy before PPO (0: none)
+    keep_best: bool            # end with the weights of the best validation point (false: the last iterate)
 
     def __post_init__(self) -> None:
         if self.shaping and self.reward != "bottleneck":
@@ -252,10 +253,12 @@ def group_by_shape(tasks: list[Task]) -> list[list[Task]]:
 
 
 def save_checkpoint(path: str | Path, policy: Policy, optimizer: torch.optim.Optimizer, cfg: RLConfig,
-                    iteration: int, generator: torch.Generator, history: list[dict]) -> None:
+                    iteration: int, generator: torch.Generator, history: list[dict], best: dict | None = None) -> None:
+    """The run's state; `best` is the best validation point so far (`keep_best`: its iteration, validation
+    ratio and weights), kept across a resume."""
     save_tagged(path, FORMAT, {"rl_config": asdict(cfg), "state_dict": policy.state_dict(),
                                "optimizer": optimizer.state_dict(), "iteration": iteration,
-                               "generator": generator.get_state(), "history": history})
+                               "generator": generator.get_state(), "history": history, "best": best})
 
 
 def load_checkpoint(path: str | Path) -> dict:
@@ -283,9 +286,12 @@ def train(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task], 
           init: Policy | None = None, comm: StageComm | None = None) -> tuple[Policy, pd.DataFrame]:
     """Train (or resume from `checkpoint`) for `cfg.iterations`; returns the policy and history.
 
-    `validate(policy) -> dict` is called every `cfg.validate_every` iterations; its values
-    join the history rows. `init` is a policy to continue from (a refresh round) instead of
-    fresh weights. `comm` (the comm model) is what the `synchronized` reward needs besides a
+    `validate(policy) -> dict` is called every `cfg.validate_every` iterations (and after the last
+    imitation iteration); its values join the history rows. With `cfg.keep_best` the run ends with the
+    weights of the validation point with the lowest `val_ratio` (the earliest of equals, so a policy
+    that cloned its teacher keeps the clone unless training strictly improves on it), and its history
+    row says `kept`; the final checkpoint holds those weights. `init` is a policy to continue from
+    (a refresh round) instead of fresh weights. `comm` (the comm model) is what the `synchronized` reward needs besides a
     stage-head cost model. Runs on one thread, so a seed gives the same policy every time.
     """
     with one_thread():
@@ -302,7 +308,7 @@ def _train(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task],
     optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.learning_rate, eps=1e-5)
     generator = torch.Generator().manual_seed(seed)
     history: list[dict] = []
-    start = 0
+    start, best = 0, None
     checkpoint = Path(checkpoint)
     if checkpoint.exists():
         payload = load_checkpoint(checkpoint)
@@ -311,7 +317,7 @@ def _train(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task],
         policy.load_state_dict(payload["state_dict"])
         optimizer.load_state_dict(payload["optimizer"])
         generator.set_state(payload["generator"])
-        history, start = list(payload["history"]), int(payload["iteration"])
+        history, start, best = list(payload["history"]), int(payload["iteration"]), payload.get("best")
     groups = group_by_shape(train_tasks)
     batches = [make_batch(cost_model, features, g) for g in groups]
     total = cfg.imitation_iterations + cfg.iterations
@@ -333,10 +339,18 @@ def _train(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task],
         if validate is not None and ((it + 1) % cfg.validate_every == 0 or it + 1 == total or last_clone):
             policy.eval()
             row |= validate(policy)
+            if cfg.keep_best and (best is None or row["val_ratio"] < best["val_ratio"]):
+                best = {"iteration": it, "val_ratio": float(row["val_ratio"]),
+                        "state_dict": {k: v.detach().clone() for k, v in policy.state_dict().items()}}
         history.append({k: v.item() if isinstance(v, np.generic) else v for k, v in row.items()})
         if (it + 1) % cfg.checkpoint_every == 0 or it + 1 == total:
-            save_checkpoint(checkpoint, policy, optimizer, cfg, it + 1, generator, history)
-    return policy.eval(), pd.DataFrame(history)
+            if it + 1 == total and best is not None:
+                policy.load_state_dict(best["state_dict"])  # the run is over: its checkpoint holds the kept weights
+            save_checkpoint(checkpoint, policy, optimizer, cfg, it + 1, generator, history, best)
+    frame = pd.DataFrame(history)
+    if best is not None:
+        frame["kept"] = frame["iteration"] == best["iteration"]
+    return policy.eval(), frame
 
 
 def _subset(batch: Batch, index: torch.Tensor) -> Batch:
@@ -364,7 +378,8 @@ class SyncPolicyConfig:
 class FairPolicyConfig:
     """The `rl.fair_policy` section: the fair learned sharder, trained beside the reproduction on
     the same tasks and simulator. It sees what the cost-model greedy sees (`PolicyConfig.lookahead`),
-    is paid per step (`shaping`) and starts by cloning the greedy (`imitation_iterations`); every
+    is paid per step (`shaping`), starts by cloning the greedy (`imitation_iterations`) and ends with
+    the weights of its best validation point (`keep_best`), so training can only add to its teacher; every
     other hyper-parameter is `rl`'s. `unshaped`: train it once more with the terminal reward only,
     for the training-curve comparison of credit assignment."""
 
@@ -373,12 +388,14 @@ class FairPolicyConfig:
     imitation_iterations: int = bounded(lo=0)
     iterations: int
     unshaped: bool
+    keep_best: bool
 
     def training(self, base: RLConfig, shaping: bool | None = None) -> RLConfig:
         """`base` with this section's settings (`shaping` overriding its own, for the comparison)."""
         return replace(base, policy=replace(base.policy, lookahead=True), reward="bottleneck",
                        shaping=self.shaping if shaping is None else shaping,
-                       imitation_iterations=self.imitation_iterations, iterations=self.iterations)
+                       imitation_iterations=self.imitation_iterations, iterations=self.iterations,
+                       keep_best=self.keep_best)
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ def fair_summary(curves: dict[str, pd.DataFrame], inference: pd.DataFrame, fair:
 
     run = points(curves[shaped])
     cloned = run[run["phase"] == "imitation"]
+    kept = run[run["kept"].astype(bool)] if "kept" in run else run.iloc[:0]
     ratio = float(inference.loc[fair, "mean"])
     teacher = float(inference.loc[greedy, "mean"])
     return {"val_ratio": ratio, "cost_greedy_val_ratio": teacher,
@@ -56,6 +57,7 @@ def fair_summary(curves: dict[str, pd.DataFrame], inference: pd.DataFrame, fair:
             "after_imitation_val_ratio": float(cloned["val_ratio"].iloc[-1]) if len(cloned) else None,
             "unshaped_val_ratio": float(points(curves[unshaped])["val_ratio"].iloc[-1]) if unshaped in curves else None,
             "no_worse_than_greedy": bool(ratio <= teacher + 1e-9),
+            "kept_iteration": int(kept["iteration"].iloc[0]) if len(kept) else None,
             "curves": {name: points(h)[["iteration", "val_ratio"]].astype(float).values.tolist()
                        for name, h in curves.items()}}
 
