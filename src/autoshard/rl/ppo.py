@@ -291,8 +291,8 @@ def train(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task], 
     weights of the validation point with the lowest `val_ratio` (the earliest of equals, so a policy
     that cloned its teacher keeps the clone unless training strictly improves on it), and its history
     row says `kept`; the final checkpoint holds those weights. `init` is a policy to continue from
-    (a refresh round) instead of fresh weights. `comm` (the comm model) is what the `synchronized` reward needs besides a
-    stage-head cost model. Runs on one thread, so a seed gives the same policy every time.
+    (a refresh round) instead of fresh weights. `comm` (the comm model) is what the `synchronized`
+    reward needs besides a stage-head cost model. Runs on one thread, so a seed gives the same policy every time.
     """
     with one_thread():
         return _train(cost_model, features, train_tasks, cfg, seed, checkpoint, validate, progress, init, comm)
