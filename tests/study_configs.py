@@ -27,6 +27,7 @@ def top_configs(params: dict = PARAMS) -> dict[str, Any]:
     from autoshard.data.pool import DatasetConfig
     from autoshard.data.synth import PoolConfig
     from autoshard.data.tasks import TaskConfig
+    from autoshard.data.wide import WideConfig
     from autoshard.measure.collect import ProfileConfig
     from autoshard.methods.registry import METHODS
     from autoshard.rl.ppo import RLStageConfig
@@ -41,6 +42,7 @@ def top_configs(params: dict = PARAMS) -> dict[str, Any]:
         "compute": ComputeConfig.from_params(params["compute"]),
         "dataset": DatasetConfig.from_params(params["dataset"]),
         "pool": PoolConfig.from_params(params["pool"]),
+        "wide": WideConfig.from_params(params["wide"]),
         "tasks": TaskConfig.from_params(params["tasks"]),
         "profile": ProfileConfig.from_params(params["profile"] | {"device": "cpu"}),
         "cost_model": CostStageConfig.from_params(params["cost_model"]),

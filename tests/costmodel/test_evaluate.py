@@ -31,3 +31,22 @@ def test_the_error_by_dim_groups_shards_by_their_tables_one_dim():
     assert got["unseen"]["16"] == {"mape": pytest.approx(0.0), "shards": 2}
     assert got["unseen"]["64"] == {"mape": pytest.approx(0.5), "shards": 2}
     assert got["unseen"][MIXED] == {"mape": pytest.approx(0.1), "shards": 1}
+
+
+def test_the_wide_pools_error_goes_by_each_shards_widest_table():
+    """With `widest`, a shard of dims (4, 256) counts for 256; `wide_metrics` gives each estimator's
+    MAPE per test set and its error by widest dim, and the split sizes."""
+    from autoshard.costmodel.evaluate import wide_metrics
+
+    dims = np.array([4, 256, 4, 256])
+    shards = pd.DataFrame({"tables": [(0,), (1,), (0, 1), (2, 3), (0, 2)], "total_ms": [1.0, 2.0, 4.0, 8.0, 10.0]})
+    high = {(0,): 1.0, (1,): 1.5, (0, 1): 1.5, (2, 3): 1.5, (0, 2): 1.1}
+    estimate = lambda s: s["total_ms"].to_numpy() * s["tables"].map(high).to_numpy()  # noqa: E731
+    got = error_by_dim(estimate, {"unseen": shards}, dims, widest=True)["unseen"]
+    assert got == {"4": {"mape": pytest.approx(0.05), "shards": 2}, "256": {"mape": pytest.approx(0.5), "shards": 3}}
+    exact = lambda s: s["total_ms"].to_numpy()  # noqa: E731
+    entry = wide_metrics({"model": estimate, "exact": exact}, {"unseen": shards, "empty": shards.iloc[:0]},
+                         {"train": shards, "test_unseen": shards.iloc[:2]}, dims, best_epoch=7)
+    assert entry["shards"] == {"train": 5, "test_unseen": 2} and entry["dims"] == [4, 256] and entry["best_epoch"] == 7
+    assert entry["mape"]["exact"] == {"unseen": 0.0} and entry["mape"]["model"]["unseen"] == pytest.approx(0.32)
+    assert entry["error_by_dim"]["model"]["unseen"] == got

@@ -173,3 +173,21 @@ def test_profile_cache_not_reused_after_settings_code_or_machine_change(setup, m
     monkeypatch.undo()
     monkeypatch.setattr(factory, "source_digest", lambda *modules: "edited backend code")
     assert space(cfg.backend, pool) != base
+
+
+def test_the_wide_pools_shards_are_singles_then_random_shards_of_each_half_within_the_limits(params):
+    from autoshard.data.wide import build_wide
+    from autoshard.measure.collect import wide_jobs
+
+    pool, train, test = build_wide(params["pool"], params["wide"] | {"tables": 30}, seed=0, progress=False)
+    sizes = pool.features["size_bytes"].to_numpy()
+    capacity = int(np.sort(sizes)[-3:].sum())  # any three of the largest tables fill a shard
+    jobs = wide_jobs(pool, train, test, 25, 10, 5, capacity, seed=0)
+    assert [j.tables for j in jobs[:30]] == [(t,) for t in range(30)] and jobs[0].kind == "single"
+    kinds = {j.kind for j in jobs[30:]}
+    assert kinds == {"random", "test_random"}
+    for j in jobs[30:]:
+        half = set(map(int, train if j.kind == "random" else test))
+        assert set(j.tables) <= half and 1 <= len(j.tables) <= 5 and sizes[list(j.tables)].sum() <= capacity
+    assert len({j.tables for j in jobs}) == len(jobs), "each shard once"
+    assert jobs == wide_jobs(pool, train, test, 25, 10, 5, capacity, seed=0), "deterministic for a seed"

@@ -24,6 +24,7 @@ from autoshard.costmodel.model import load_model
 from autoshard.data.features import feature_matrix
 from autoshard.data.pool import load_pool
 from autoshard.data.tasks import load_tasks
+from autoshard.data.wide import load_wide
 from autoshard.measure.analysis import repeatability, rounds_needed
 from autoshard.measure.collect import load_profile
 from autoshard.measure.commmodel import CommModel, mape
@@ -112,6 +113,9 @@ def test_synthesize_notebook(repro, smoke_params):
     assert metrics["tables"] == pool.num_tables
     assert metrics["lookups_per_bag"] == pytest.approx(params["pool"]["pooling_factor_mean"], rel=0.1)
     assert sum(metrics["tasks"].values()) == len(tasks)
+    wide, wide_train, wide_test = load_wide(tmp_path / "data" / "wide")  # the wide pool: its own dims and split
+    assert metrics["wide"]["tables"] == wide.num_tables == params["wide"]["tables"] == len(wide_train) + len(wide_test)
+    assert metrics["wide"]["dims"] == sorted(params["wide"]["dims"])
     figures = sorted(p.name for p in (tmp_path / "reports" / "figures" / "synthesize").iterdir())
     assert figures == ["pool_distributions.png", "reuse_vs_published.png"]
     nb, outputs = executed_outputs(notebook(tmp_path, "01_synthesize.ipynb"))
@@ -147,6 +151,9 @@ def test_profile_notebook(repro, smoke_params):
     assert len(heldout) > 0 and metrics["comm"]["mape_heldout"] == pytest.approx(mape(comm_model, heldout), abs=written)
     assert metrics["comm"]["mape_target"] == mape_target
     assert metrics["comm"]["mape_target_met"] == (metrics["comm"]["mape_heldout_honest"] <= mape_target)
+    wide = load_profile(tmp_path / "data" / "profile" / "wide")  # the wide pool's shards, measured alike
+    assert (wide["status"] == "ok").all() and set(wide["kind"]) == {"single", "random", "test_random"}
+    assert (wide["num_tables"] == 1).sum() == smoke_params["wide"]["tables"]
     _, outputs = executed_outputs(notebook(tmp_path, "02_profile.ipynb"))
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 6
     assert not (tmp_path / "data" / "profile-work").exists(), "the profile chunks are dropped once saved"
@@ -168,6 +175,12 @@ def test_cost_model_notebook(repro, smoke_params):
     by_dim = metrics["error_by_dim"]  # the pool's dims are configs/smoke.yaml's: each a group, or mixed
     assert {g for groups in by_dim.values() for g in groups} <= {*map(str, smoke_params["pool"]["dims"]), "mixed"}
     assert "mixed" not in by_dim.get("unseen tables, single", {}), "a table alone has one dim"
+    wide = metrics["wide"]  # the wide pool: a model fitted there, the pool's model, the sum of singles
+    assert wide["dims"] == sorted(smoke_params["wide"]["dims"]) and set(wide["mape"]) == set(wide["error_by_dim"])
+    assert len(wide["mape"]) == 3 and all(0 <= m < 10 for sets in wide["mape"].values() for m in sets.values())
+    singles = wide["error_by_dim"]["sum of single costs"]["unseen tables, single"]
+    assert set(singles) <= set(map(str, smoke_params["wide"]["dims"]))
+    assert all(e["mape"] < 1e-9 for e in singles.values()), "the sum of single costs is exact on a table alone"
     _, outputs = executed_outputs(notebook(tmp_path, "03_cost_model.ipynb"))
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 4
 

@@ -516,3 +516,18 @@ def test_the_headroom_stands_beside_each_endpoint_against_greedy():
     assert "1.20% (5.00%)" in text and "cost_greedy_local_search 40" in text and "**no**" in text
     assert re.search(r"\| rl_greedy +\| -0\.50 +\|", text), "captured: worse than cost_greedy"
     assert headroom_table(EVALUATE).startswith("(no headroom computed")
+
+
+def test_the_wide_pool_table_reads_the_error_by_widest_dim():
+    from autoshard.pipeline.report import WIDE_SET, wide_table
+
+    by_dim = {WIDE_SET: {"4": {"mape": 0.1, "shards": 3}, "1024": {"mape": 0.7, "shards": 2}}}
+    wide = {"dims": [4, 256, 1024], "shards": {}, "best_epoch": 1,
+            "mape": {"fitted": {WIDE_SET: 0.34}, "pool's": {WIDE_SET: 0.9}},
+            "error_by_dim": {"fitted": by_dim, "pool's": {WIDE_SET: {"4": {"mape": 0.2, "shards": 3},
+                                                                   "1024": {"mape": 1.5, "shards": 2}}}}}
+    table = wide_table({"wide": wide})
+    lines = table.splitlines()
+    assert "all (5)" in lines[0] and "dim 4 (3)" in lines[0] and "dim 1024 (2)" in lines[0] and "256" not in lines[0]
+    assert "34.0%" in lines[2] and "70.0%" in lines[2] and "150.0%" in lines[3]
+    assert wide_table({}) is None

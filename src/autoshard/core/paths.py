@@ -19,6 +19,16 @@ class Paths:
         return self.data / "pool"
 
     @property
+    def wide(self) -> Path:
+        """The wide pool and its split (`data.wide`), from the synthesize stage."""
+        return self.data / "wide"
+
+    @property
+    def wide_profile(self) -> Path:
+        """The wide pool's measured shards (profile stage)."""
+        return self.data / "profile" / "wide"
+
+    @property
     def tasks(self) -> Path:
         return self.data / "tasks.json"
 

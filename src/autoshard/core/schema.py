@@ -24,6 +24,17 @@ class StageTime(TypedDict):
     seconds: float
 
 
+class WidePool(TypedDict):
+    """The synthesize stage's wide pool: tables whose dims, hash sizes and pooling span real models'."""
+
+    tables: int
+    train_tables: int
+    dims: list[int]
+    rows: list[int]              # the smallest and largest hash size
+    lookups_per_bag: list[float]  # the lowest and highest mean lookups per bag of a table
+    largest_table_bytes: int
+
+
 class SynthesisMetrics(StageTime):
     """reports/metrics/synthesize.json. Built by `data.calibration.synthesis_metrics`."""
 
@@ -38,6 +49,7 @@ class SynthesisMetrics(StageTime):
     pool_bytes: int
     largest_table_bytes: int
     tasks: dict[str, int]
+    wide: NotRequired[WidePool]  # the wide pool (data.wide)
 
 
 class FailedPlacements(TypedDict):
@@ -329,6 +341,16 @@ class DimError(TypedDict):
     shards: int
 
 
+class WideCostModel(TypedDict):
+    """The cost models on the wide pool (`data.wide`: dims to 1024), measured by the profile."""
+
+    shards: dict[str, int]                     # split -> shards
+    dims: list[int]                            # the dims its tables have
+    mape: dict[str, dict[str, Number]]         # estimator -> test set -> MAPE
+    error_by_dim: dict[str, dict[str, dict[str, DimError]]]  # estimator -> test set -> widest dim -> error
+    best_epoch: int                            # of the model fitted on it
+
+
 class CostModelMetrics(StageTime):
     """reports/metrics/cost_model.json. Built by `costmodel.evaluate.cost_model_metrics`."""
 
@@ -345,6 +367,7 @@ class CostModelMetrics(StageTime):
     measurement_floor: NotRequired[MeasurementFloor]
     active: NotRequired[ActiveMetrics]
     error_by_dim: NotRequired[dict[str, dict[str, DimError]]]  # test set -> dim (or "mixed") -> error
+    wide: NotRequired[WideCostModel]           # the wide pool's fitted and transferred models
 
 
 class FairSharder(TypedDict):

@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 from scipy.stats import kendalltau
 
-from autoshard.core.schema import ActiveMetrics, CostModelMetrics, HybridMetrics, MeasurementFloor
+from autoshard.core.schema import ActiveMetrics, CostModelMetrics, HybridMetrics, MeasurementFloor, WideCostModel
 from autoshard.costmodel.dataset import SEEN_MULTI, UNSEEN_MULTI
 from autoshard.costmodel.hybrid import HybridCostModel, with_single_costs
 from autoshard.costmodel.model import CostModel, transform
@@ -190,9 +190,11 @@ def prediction_speed(model: CostModel, features: np.ndarray, shards: int = 10_00
 MIXED = "mixed"  # `error_by_dim`'s group of shards whose tables differ in dim
 
 
-def error_by_dim(estimate: Estimator, test_sets: dict[str, pd.DataFrame], dims: np.ndarray) -> dict[str, dict]:
+def error_by_dim(estimate: Estimator, test_sets: dict[str, pd.DataFrame], dims: np.ndarray,
+                 widest: bool = False) -> dict[str, dict]:
     """Per test set and embedding dim (`dims`, per pool table): `estimate`'s MAPE and the shards
-    it is over, the shards grouped by the one dim all their tables have (MIXED where they differ):
+    it is over, the shards grouped by the one dim all their tables have (MIXED where they differ),
+    or with `widest` by their widest table's dim (a pool of many dims has few shards of one):
     where a pool spans many dims, which of them the model predicts badly (issue 30)."""
     dims = np.asarray(dims)
     out: dict[str, dict] = {}
@@ -201,11 +203,25 @@ def error_by_dim(estimate: Estimator, test_sets: dict[str, pd.DataFrame], dims: 
             continue
         pred = estimate(shards)
         measured = shards["total_ms"].to_numpy()
-        group = np.array([str(int(d[0])) if len(set(d)) == 1 else MIXED
+        group = np.array([str(int(d.max())) if widest or len(set(d)) == 1 else MIXED
                           for d in (dims[list(t)] for t in shards["tables"])])
         out[set_name] = {g: {"mape": mape(pred[group == g], measured[group == g]), "shards": int((group == g).sum())}
                          for g in sorted(set(group), key=lambda g: (g == MIXED, int(g) if g != MIXED else 0))}
     return out
+
+
+def wide_metrics(estimators: dict[str, Estimator], test_sets: dict[str, pd.DataFrame],
+                 splits: dict[str, pd.DataFrame], dims: np.ndarray, best_epoch: int) -> WideCostModel:
+    """The wide pool's entry of cost_model.json: its shards per split, each estimator's MAPE per
+    test set, and its error by the widest table's dim (`error_by_dim`)."""
+    return {"shards": {name: len(part) for name, part in splits.items()},
+            "dims": sorted(int(d) for d in set(np.asarray(dims).tolist())),
+            "mape": {name: {s: mape(estimate(shards), shards["total_ms"].to_numpy())
+                            for s, shards in test_sets.items() if len(shards)}
+                     for name, estimate in estimators.items()},
+            "error_by_dim": {name: error_by_dim(estimate, test_sets, dims, widest=True)
+                             for name, estimate in estimators.items()},
+            "best_epoch": int(best_epoch)}
 
 
 def predictions_frame(estimators: dict[str, Estimator], test_sets: dict[str, pd.DataFrame]) -> pd.DataFrame:
@@ -237,14 +253,14 @@ def cost_model_metrics(splits: dict[str, pd.DataFrame], comparison: pd.DataFrame
                        hybrid: HybridMetrics | None = None,
                        floor: MeasurementFloor | None = None,
                        active: ActiveMetrics | None = None,
-                       by_dim: dict[str, dict] | None = None) -> CostModelMetrics:
+                       by_dim: dict[str, dict] | None = None, wide: WideCostModel | None = None) -> CostModelMetrics:
     """The cost-model stage's metrics: shards per split, every estimator's scores per test set,
     the neural `estimator`'s MAPE against `targets` (a target on an empty test set is not met),
     the noise floor, the learning curve, the best epoch, the prediction time of 10k shards and,
     when fitted, the hybrid model's comparison (`hybrid_metrics`) and, when the profile measured
     the shards twice, the measurement floor (`floor.measurement_floor`) and, when it ran, the
-    hybrid's active selection (`active.active_metrics`) and the neural model's error by dim
-    (`error_by_dim`)."""
+    hybrid's active selection (`active.active_metrics`), the neural model's error by dim
+    (`error_by_dim`) and, where the wide pool was measured, its entry (`wide_metrics`)."""
     mapes = comparison[comparison["estimator"] == estimator].set_index("test set")["mape"]
     metrics: CostModelMetrics = {
         "shards": {name: len(s) for name, s in splits.items()},
@@ -270,6 +286,8 @@ def cost_model_metrics(splits: dict[str, pd.DataFrame], comparison: pd.DataFrame
         metrics["active"] = active
     if by_dim is not None:
         metrics["error_by_dim"] = by_dim
+    if wide is not None:
+        metrics["wide"] = wide
     return metrics
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pandas as pd
 
-from autoshard.core.schema import SynthesisMetrics
+from autoshard.core.schema import SynthesisMetrics, WidePool
 from autoshard.data.features import REUSE_COLUMNS
 from autoshard.data.pool import Pool
 from autoshard.data.tasks import Task
@@ -56,8 +56,10 @@ def reuse_l1_distance(features: pd.DataFrame) -> float:
     return float(np.abs(reuse_shares(features) - published_reuse_shares()).sum())
 
 
-def synthesis_metrics(pool: Pool, tasks: list[Task], seconds: float) -> SynthesisMetrics:
-    """The synthesize stage's metrics: pool aggregates, calibration error, task counts."""
+def synthesis_metrics(pool: Pool, tasks: list[Task], seconds: float,
+                      wide: tuple[Pool, np.ndarray] | None = None) -> SynthesisMetrics:
+    """The synthesize stage's metrics: pool aggregates, calibration error, task counts and, with
+    `wide` (the wide pool and its train tables), that pool's ranges."""
     f = pool.features
     counts: dict[str, int] = {}
     for t in tasks:
@@ -76,4 +78,14 @@ def synthesis_metrics(pool: Pool, tasks: list[Task], seconds: float) -> Synthesi
         "largest_table_bytes": int(f["size_bytes"].max()),
         "tasks": counts,
         "seconds": seconds,
-    }
+    } | ({"wide": wide_summary(*wide)} if wide is not None else {})
+
+
+def wide_summary(pool: Pool, train_tables: np.ndarray) -> WidePool:
+    """The wide pool's size and the ranges of its dims, hash sizes and lookups per bag."""
+    f = pool.features
+    per_bag = f["lookups"].to_numpy() / pool.traces.batch_size
+    return {"tables": len(f), "train_tables": len(train_tables), "dims": sorted(int(d) for d in f["dim"].unique()),
+            "rows": [int(f["rows"].min()), int(f["rows"].max())],
+            "lookups_per_bag": [float(per_bag.min()), float(per_bag.max())],
+            "largest_table_bytes": int(f["size_bytes"].max())}

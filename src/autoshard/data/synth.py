@@ -6,6 +6,7 @@ lengths (gamma-Poisson, so empty bags occur), and Zipf-like index skew (some tab
 uniform). Each table draws from its own seeded stream.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -62,13 +63,17 @@ class TableSpecs:
     alphas: np.ndarray
 
 
-def draw_specs(cfg: PoolConfig, seed: int) -> TableSpecs:
-    """Draw every table's hash size, dim, mean pooling factor and skew."""
-    g = rng(seed, "pool", "specs")
+def draw_specs(cfg: PoolConfig, seed: int, stream: str = "pool",
+               rows_cap: Callable[[np.ndarray], np.ndarray] | None = None) -> TableSpecs:
+    """Draw every table's hash size, dim, mean pooling factor and skew from the random streams
+    named `stream`; `rows_cap(dims)` bounds each table's hash size by its dim."""
+    g = rng(seed, stream, "specs")
     n = cfg.num_tables
     rows = np.exp(g.normal(np.log(cfg.rows_median), cfg.rows_sigma, n))
     rows = np.clip(np.rint(rows), cfg.rows_min, cfg.rows_max).astype(np.int64)
     dims = g.choice(np.array(cfg.dims, dtype=np.int64), size=n)
+    if rows_cap is not None:
+        rows = np.minimum(rows, rows_cap(dims))
     pooling = _pooling_factors(g, n, cfg)
     uniform = g.random(n) < cfg.uniform_share
     alphas = np.where(uniform, g.uniform(0.0, cfg.uniform_alpha_max, n),
@@ -124,22 +129,24 @@ def bag_trace(g: np.random.Generator, rows: int, pooling_factor: float, alpha: f
     return lengths, scatter(g, ranks, rows).astype(dtype)
 
 
-def table_trace(cfg: PoolConfig, specs: TableSpecs, table: int, seed: int
+def table_trace(cfg: PoolConfig, specs: TableSpecs, table: int, seed: int, stream: str = "pool"
                 ) -> tuple[np.ndarray, np.ndarray]:
     """One table's per-bag lengths and flat indices for a batch of `cfg.batch_size` bags."""
-    return bag_trace(rng(seed, "pool", "trace", table), int(specs.rows[table]), specs.pooling_factors[table],
+    return bag_trace(rng(seed, stream, "trace", table), int(specs.rows[table]), specs.pooling_factors[table],
                      float(specs.alphas[table]), cfg.batch_size, cfg.bag_dispersion)
 
 
-def synthesize(cfg: PoolConfig, seed: int, progress: bool = True) -> tuple[TableSpecs, Traces]:
-    """Draw the pool and generate its traces, table-major as in the DLRM dataset."""
+def synthesize(cfg: PoolConfig, seed: int, progress: bool = True, stream: str = "pool",
+               rows_cap: Callable[[np.ndarray], np.ndarray] | None = None) -> tuple[TableSpecs, Traces]:
+    """Draw the pool and generate its traces, table-major as in the DLRM dataset (`stream` and
+    `rows_cap` as `draw_specs` takes them)."""
     from tqdm.auto import tqdm  # here: the portable worker regenerates traces (`table_trace`) without tqdm
 
-    specs = draw_specs(cfg, seed)
+    specs = draw_specs(cfg, seed, stream, rows_cap)
     lengths = np.empty((cfg.num_tables, cfg.batch_size), dtype=np.int64)
     parts = []
     for t in tqdm(range(cfg.num_tables), desc="synthesize traces", disable=not progress):
-        lengths[t], idx = table_trace(cfg, specs, t, seed)
+        lengths[t], idx = table_trace(cfg, specs, t, seed, stream)
         parts.append(idx)
     traces = from_lengths(np.concatenate(parts), lengths)
     traces.validate("synthetic pool")

@@ -100,12 +100,14 @@ def _protocol(f: Fields, name: str) -> ProtocolConfig:
     return cfg
 
 
-def split_pool(num_tables: int, train_share: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """A seeded split of table ids into disjoint, sorted train and test pools."""
-    order = rng(seed, "tasks", "split").permutation(num_tables)
+def split_pool(num_tables: int, train_share: float, seed: int, stream: str = "tasks"
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """A seeded split of table ids into disjoint, sorted train and test pools (the random stream
+    `stream`, whose section names `train_share` in the error)."""
+    order = rng(seed, stream, "split").permutation(num_tables)
     cut = int(round(train_share * num_tables))
     if cut < 1 or cut >= num_tables:
-        raise invalid("tasks.train_share", train_share,
+        raise invalid(f"{stream}.train_share", train_share,
                       f"leaves an empty train or test pool of {num_tables} tables")
     return np.sort(order[:cut]), np.sort(order[cut:])
 

@@ -24,10 +24,12 @@ from autoshard.core.atomic import atomic_dir
 from autoshard.core.compute import Engine
 from autoshard.core.errors import ConfigError
 from autoshard.core.params import Fields, Section, bounded, read
+from autoshard.core.paths import Paths
 from autoshard.core.seeding import rng
 from autoshard.data.pool import Pool
 from autoshard.data.tasks import Task, shards
-from autoshard.measure.backends import BackendConfig
+from autoshard.data.wide import WideConfig, load_wide
+from autoshard.measure.backends import BackendConfig, make_backend
 from autoshard.measure.base import CostBackend
 from autoshard.measure.batches import BatchJob, measure_batch_job
 from autoshard.measure.crosscheck import BenchConfig
@@ -139,8 +141,11 @@ def plan_jobs(pool: Pool, tasks: list[Task], train_tables: np.ndarray, cfg: Prof
                        cfg.test_heuristic_tasks))
     heuristic: list[tuple[int, ...]] = []
     for prefix, tables, group_tasks, n_random, n_tasks in groups:
-        for shard in _random_shards(pool, tables, tasks, n_random, rng(seed, "profile", f"{prefix}random")):
-            add(f"{prefix}random", shard)
+        if tasks:  # random shards as large as a task's largest device may be
+            most, capacity = max(len(t.tables) for t in tasks), max(t.memory_bytes for t in tasks)
+            for shard in random_shards(pool, tables, n_random, most, capacity,
+                                       rng(seed, "profile", f"{prefix}random")):
+                add(f"{prefix}random", shard)
         start = len(jobs)
         for task in _first_per_protocol(group_tasks, n_tasks):
             for placement in placements(task) if placements else []:
@@ -156,15 +161,46 @@ def plan_jobs(pool: Pool, tasks: list[Task], train_tables: np.ndarray, cfg: Prof
     return jobs
 
 
-def _random_shards(pool: Pool, tables: np.ndarray, tasks: list[Task], n: int,
-                   g: np.random.Generator) -> list[np.ndarray]:
-    """`n` random subsets of `tables`, sizes log-uniform in [1, most tables of a task], each
-    cut to what one device can hold (smallest tables first)."""
-    if not tasks or n == 0:
+def wide_jobs(pool: Pool, train_tables: np.ndarray, test_tables: np.ndarray, random: int, test_random: int,
+              most: int, capacity: int, seed: int) -> list[Job]:
+    """The wide pool's shards (`data.wide`), in order: every table alone, then `random` random shards
+    of train tables and `test_random` of test tables, sizes log-uniform in [1, `most`], each cut to
+    `capacity` bytes; deterministic for a seed."""
+    jobs = [Job("single", (t,)) for t in range(pool.num_tables)]
+    seen = {j.tables for j in jobs}
+    for kind, tables, n in (("random", train_tables, random), ("test_random", test_tables, test_random)):
+        for shard in random_shards(pool, tables, n, most, capacity, rng(seed, "profile", "wide", kind)):
+            key = tuple(sorted(int(t) for t in shard))
+            if key and key not in seen:
+                seen.add(key)
+                jobs.append(Job(kind, key))
+    return jobs
+
+
+def collect_wide(paths: Paths, cfg: ProfileConfig, wide: dict, seed: int) -> pd.DataFrame | None:
+    """Measure the wide pool's shards (`wide_jobs` of the `wide` section) into the store under
+    `paths.measurements` and save them as `paths.wide_profile`; None, measuring nothing, where the
+    profile reads an imported measurements space (it holds the pool's shards only)."""
+    if cfg.measurements_space is not None:
+        return None
+    w = WideConfig.from_params(wide)
+    pool, train, test = load_wide(paths.wide)
+    jobs = wide_jobs(pool, train, test, w.random_shards, w.test_random_shards, w.shard_tables,
+                     cfg.backend.memory_limit_bytes, seed)
+    table = collect(pool, jobs, make_backend(pool, cfg.backend), cfg, paths.measurements, seed=seed,
+                    what="the wide pool")
+    save_profile(table, paths.wide_profile)
+    return table
+
+
+def random_shards(pool: Pool, tables: np.ndarray, n: int, most: int, capacity: int,
+                  g: np.random.Generator) -> list[np.ndarray]:
+    """`n` random subsets of `tables`, sizes log-uniform in [1, `most`], each cut to what `capacity`
+    bytes hold (smallest tables first)."""
+    if n == 0:
         return []
     sizes = pool.features["size_bytes"].to_numpy()
-    most = min(max(len(t.tables) for t in tasks), len(tables))
-    capacity = max(t.memory_bytes for t in tasks)
+    most = min(most, len(tables))
     out = []
     for _ in range(n):
         k = int(np.clip(np.round(np.exp(g.uniform(0, np.log(most)))), 1, most))

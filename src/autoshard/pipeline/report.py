@@ -182,6 +182,26 @@ def _share(value: float | None) -> str:
     return "n/a" if value is None or value != value else f"{value:.1%}"
 
 
+WIDE_SET = "unseen tables, multi-table shards"  # the wide pool's test set shown by dim
+
+
+def wide_table(cost_model: CostModelMetrics) -> str | None:
+    """Markdown: each estimator's MAPE on the wide pool's shards of unseen tables, in all and by the
+    dim of the shard's widest table (`cost_model.json`'s `wide`), with the shards behind each
+    column; None where the wide pool was not measured."""
+    wide = cost_model.get("wide")
+    if not wide:
+        return None
+    dims = [str(d) for d in wide["dims"]]
+    counts = next(iter(wide["error_by_dim"].values())).get(WIDE_SET, {})
+    head = ["estimator", f"all ({sum(g['shards'] for g in counts.values())})",
+            *(f"dim {d} ({counts[d]['shards']})" for d in dims if d in counts)]
+    rows = [[name, percent(wide["mape"][name].get(WIDE_SET)),
+             *(percent(groups[WIDE_SET][d]["mape"]) for d in dims if d in counts)]
+            for name, groups in wide["error_by_dim"].items() if WIDE_SET in groups]
+    return pd.DataFrame(rows, columns=head).to_markdown(index=False)
+
+
 def active_line(cost_model: CostModelMetrics) -> str:
     """Markdown: the hybrid's active selection (`costmodel.active`): what was measured, each arm's
     MAPE on seen and unseen multi-table test shards, and whether choosing where the model is least
@@ -712,6 +732,7 @@ def readme(reports: Path, stages: list[tuple[str, str]], budget_minutes: float |
         "cost_model": cost_model and {
             "floor": floor_line(cost_model), "hybrid": hybrid_label(profile),
             "architecture": architecture_line(cost_model), "active": active_line(cost_model),
+            "wide": wide_table(cost_model),
             "device_error": device_error_line(evaluate) if evaluate else None},
         "comm": comm_model_lines(profile) if profile and profile.get("comm") else None,
         "transfer": transfer and transfer_table(transfer),
