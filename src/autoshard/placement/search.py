@@ -5,8 +5,10 @@ stages).
 Each round scores every move of a table off a critical device (one that is the slowest, or tied
 slowest, in some stage: a candidate that touches none cannot lower any stage's maximum) to
 another device, and every swap of such a table with a table of another device, and applies the
-one with the lowest cost if it improves (ties: moves before swaps, then the lowest table and
-device numbers). A device whose memory grows must stay within the cap. A candidate changes two
+one with the lowest cost if it improves. Where the slowest device is a third one, many candidates
+cost the same: the tie goes to the one that leaves its own two devices lowest (the sum over stages of
+the slower of the two), so the next round starts from the better balance; then moves before swaps,
+then the lowest table and device numbers. A device whose memory grows must stay within the cap. A candidate changes two
 devices, so it costs two evaluations of `stages`. Deterministic, and never worse than its start.
 """
 
@@ -40,13 +42,13 @@ def local_search(objective: Objective, sizes: np.ndarray, devices: int, capacity
         np.add.at(memory, place, sizes)
         critical = np.flatnonzero((values == values.max(axis=0)).any(axis=1))
         candidates = _candidates(place, critical, devices)
-        best, best_cost = None, float(values.max(axis=0).sum()) * (1 - MARGIN)
+        bound, best, best_key = float(values.max(axis=0).sum()) * (1 - MARGIN), None, None
         for start in range(0, len(candidates), CHUNK):
             chunk = candidates[start:start + CHUNK]
-            costs = _scores(objective, chunk, place, state, values, memory, sizes, capacity)
-            i = int(np.argmin(costs))
-            if costs[i] < best_cost:
-                best, best_cost = chunk[i], float(costs[i])
+            costs, pair = _scores(objective, chunk, place, state, values, memory, sizes, capacity)
+            i = int(np.lexsort((np.arange(len(chunk)), pair, costs))[0])
+            if costs[i] < bound and (best_key is None or (costs[i], pair[i]) < best_key):
+                best, best_key = chunk[i], (float(costs[i]), float(pair[i]))
         if best is None:
             break
         table, device, other = (int(v) for v in best)
@@ -80,8 +82,9 @@ def _candidates(place: np.ndarray, critical: np.ndarray, devices: int) -> np.nda
 
 
 def _scores(objective: Objective, moves: np.ndarray, place: np.ndarray, state: np.ndarray, values: np.ndarray,
-            memory: np.ndarray, sizes: np.ndarray, capacity: int) -> np.ndarray:
-    """The cost after each candidate (inf where a device that gains memory overflows)."""
+            memory: np.ndarray, sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+    """The cost after each candidate (inf where a device that gains memory overflows), and the
+    sum over stages of the slower of its two devices after it (the tie-break)."""
     table, device, other = moves.T
     swap = other >= 0
     partner = np.maximum(other, 0)
@@ -89,6 +92,6 @@ def _scores(objective: Objective, moves: np.ndarray, place: np.ndarray, state: n
     gained = objective.share[table] - np.where(swap[:, None], objective.share[partner], 0.0)
     moved = sizes[table] - np.where(swap, sizes[partner], 0)
     over = np.where(moved > 0, memory[device] + moved > capacity, memory[source] - moved > capacity)
-    after = np.maximum(np.maximum(objective.stages(state[source] - gained), objective.stages(state[device] + gained)),
-                       slowest_others(values, source, device))
-    return np.where(over, np.inf, after.sum(axis=-1))
+    pair = np.maximum(objective.stages(state[source] - gained), objective.stages(state[device] + gained))
+    after = np.maximum(pair, slowest_others(values, source, device))
+    return np.where(over, np.inf, after.sum(axis=-1)), pair.sum(axis=-1)
