@@ -184,8 +184,8 @@ def test_the_wide_pools_shards_are_singles_then_random_shards_of_each_half_withi
     capacity = int(np.sort(sizes)[-3:].sum())  # any three of the largest tables fill a shard
     jobs = wide_jobs(pool, train, test, 25, 10, 5, capacity, seed=0)
     assert [j.tables for j in jobs[:30]] == [(t,) for t in range(30)] and jobs[0].kind == "single"
-    kinds = {j.kind for j in jobs[30:]}
-    assert kinds == {"random", "test_random"}
+    kinds = [j.kind for j in jobs[30:]]
+    assert kinds.count("random") >= 12 and kinds.count("test_random") >= 4, "most draws are new shards"
     for j in jobs[30:]:
         half = set(map(int, train if j.kind == "random" else test))
         assert set(j.tables) <= half and 1 <= len(j.tables) <= 5 and sizes[list(j.tables)].sum() <= capacity

@@ -177,9 +177,9 @@ def test_cost_model_notebook(repro, smoke_params):
     assert "mixed" not in by_dim.get("unseen tables, single", {}), "a table alone has one dim"
     wide = metrics["wide"]  # the wide pool: a model fitted there, the pool's model, the sum of singles
     assert wide["dims"] == sorted(smoke_params["wide"]["dims"]) and set(wide["mape"]) == set(wide["error_by_dim"])
-    assert len(wide["mape"]) == 3 and all(0 <= m < 10 for sets in wide["mape"].values() for m in sets.values())
+    assert len(wide["mape"]) == 3 and all(np.isfinite(m) and m >= 0 for s in wide["mape"].values() for m in s.values())
     singles = wide["error_by_dim"]["sum of single costs"]["unseen tables, single"]
-    assert set(singles) <= set(map(str, smoke_params["wide"]["dims"]))
+    assert singles and set(singles) <= set(map(str, smoke_params["wide"]["dims"]))
     assert all(e["mape"] < 1e-9 for e in singles.values()), "the sum of single costs is exact on a table alone"
     _, outputs = executed_outputs(notebook(tmp_path, "03_cost_model.ipynb"))
     assert sum("image/png" in o.get("data", {}) for o in outputs) == 4
@@ -208,8 +208,9 @@ def test_train_rl_notebook(repro, smoke_params):
     assert set(fair["curves"]) == {"reproduction (rl_greedy)", "fair, per-step rewards", "fair, terminal reward"}
     assert fair["after_imitation_val_ratio"] is not None and fair["unshaped_val_ratio"] is not None
     assert fair["no_worse_than_greedy"] == (fair["val_ratio"] <= fair["cost_greedy_val_ratio"] + 1e-9)
-    kept = dict(fair["curves"]["fair, per-step rewards"])[fair["kept_iteration"]]  # keep_best: its best point
-    assert kept == min(ratio for _, ratio in fair["curves"]["fair, per-step rewards"])
+    curve = fair["curves"]["fair, per-step rewards"]  # keep_best: the earliest of its best points
+    best = min(ratio for _, ratio in curve)
+    assert fair["kept_iteration"] == next(it for it, ratio in curve if ratio == best)
     assert load_policy(tmp_path / "data" / "rl" / "policy_fair.pt", load_model(tmp_path / "data" / "rl" /
                                                                                "cost_model.pt")).cfg.lookahead
     _, outputs = executed_outputs(notebook(tmp_path, "04_train_rl.ipynb"))

@@ -14,7 +14,7 @@ from autoshard.methods.artifacts import Artifacts, Settings
 from autoshard.methods.registry import build
 from autoshard.placement.heuristics import Infeasible
 from autoshard.placement.lpt import lpt, makespan
-from autoshard.placement.milp import solve_costs as solve
+from autoshard.placement.milp import solve_costs
 from autoshard.placement.surrogate import MilpConfig, per_table, solve_table
 
 
@@ -92,9 +92,9 @@ def test_milp_equals_brute_force(case):
     best = brute_force(costs, sizes, devices, capacity)
     if not np.isfinite(best):
         with pytest.raises(Infeasible):
-            solve(costs, sizes, devices, capacity, time_limit=10)
+            solve_costs(costs, sizes, devices, capacity, time_limit=10)
         return
-    res = solve(costs, sizes, devices, capacity, time_limit=10, rel_gap=0)
+    res = solve_costs(costs, sizes, devices, capacity, time_limit=10, rel_gap=0)
     assert res.objective == pytest.approx(best, rel=1e-6)
     assert np.bincount(res.placement, weights=sizes, minlength=devices).max() <= capacity
     assert 0 <= res.lower_bound <= res.objective and res.gap >= 0
@@ -105,7 +105,7 @@ def test_milp_eight_tables_three_devices():
     g = np.random.default_rng(8)
     costs, sizes = g.lognormal(0, 1, 8), g.integers(10, 100, 8)
     capacity = int(sizes.sum() / 3 * 1.1)
-    res = solve(costs, sizes, 3, capacity, rel_gap=0)
+    res = solve_costs(costs, sizes, 3, capacity, rel_gap=0)
     assert res.objective == pytest.approx(brute_force(costs, sizes, 3, capacity), rel=1e-9)
     assert res.objective <= makespan(costs, lpt(costs, sizes, 3, capacity), 3)
 
@@ -113,7 +113,7 @@ def test_milp_eight_tables_three_devices():
 def test_milp_is_deterministic():
     g = np.random.default_rng(1)
     costs, sizes = g.lognormal(0, 1, 12), g.integers(10, 100, 12)
-    first, again = (solve(costs, sizes, 3, int(sizes.sum() / 2), time_limit=20) for _ in range(2))
+    first, again = (solve_costs(costs, sizes, 3, int(sizes.sum() / 2), time_limit=20) for _ in range(2))
     assert first.status == "optimal"
     assert np.array_equal(first.placement, again.placement) and first.objective == again.objective
 
@@ -122,7 +122,7 @@ def test_milp_out_of_time_keeps_a_valid_plan_and_bound():
     g = np.random.default_rng(2)
     costs, sizes = g.lognormal(0, 1, 60), g.integers(10, 100, 60)
     capacity = int(sizes.sum() / 6 * 1.2)
-    res = solve(costs, sizes, 6, capacity, time_limit=0.05)
+    res = solve_costs(costs, sizes, 6, capacity, time_limit=0.05)
     assert res.status in ("time_limit", "start"), "60 tables on 6 devices are not proven optimal in 50 ms"
     if res.status == "start":  # the solver found nothing as good: LPT's very plan
         np.testing.assert_array_equal(res.placement, lpt(costs, sizes, 6, capacity))
@@ -136,13 +136,13 @@ def test_milp_out_of_time_keeps_a_valid_plan_and_bound():
 def test_milp_node_limit_is_repeatable():
     g = np.random.default_rng(3)
     costs, sizes = g.lognormal(0, 0.8, 40), g.integers(10, 100, 40)
-    first, again = (solve(costs, sizes, 4, int(sizes.sum() / 3), rel_gap=0, node_limit=50) for _ in range(2))
+    first, again = (solve_costs(costs, sizes, 4, int(sizes.sum() / 3), rel_gap=0, node_limit=50) for _ in range(2))
     assert np.array_equal(first.placement, again.placement) and first.lower_bound == again.lower_bound
 
 
 def test_milp_raises_infeasible_when_nothing_fits():
     with pytest.raises(Infeasible, match="no placement exists"):
-        solve(np.ones(3), np.array([6, 6, 6]), 2, 10)
+        solve_costs(np.ones(3), np.array([6, 6, 6]), 2, 10)
 
 
 def test_measured_planners_on_tasks():
@@ -175,7 +175,7 @@ def test_milp_names_the_limit_that_stopped_it():
 
     g = np.random.default_rng(4)
     costs, sizes = g.uniform(1, 2, 13), g.integers(10, 100, 13)
-    res = solve(costs, sizes, 3, int(sizes.sum() / 3 * 1.3), time_limit=60, node_limit=1, rel_gap=0.0)
+    res = solve_costs(costs, sizes, 3, int(sizes.sum() / 3 * 1.3), time_limit=60, node_limit=1, rel_gap=0.0)
     assert res.status == "node_limit" and res.gap > 0 and res.seconds < 30
     assert stop_status(0, 100.0, 1.0) == "optimal"
     assert stop_status(1, 0.99, 1.0) == "time_limit" and stop_status(1, 0.2, 1.0) == "node_limit"

@@ -112,9 +112,26 @@ def test_keep_best_ends_with_the_earliest_best_validation_points_weights(world, 
     assert all(torch.equal(v, seen[1][k]) for k, v in loaded.state_dict().items())
     again, _ = train(model, features, tasks, cfg, 0, tmp_path / "fair.pt", validate, progress=False)
     assert all(torch.equal(v, seen[1][k]) for k, v in again.state_dict().items())
+
+    interrupted = iter([0.9, 0.8, 0.8])  # the same run stopped at its fourth validation, after the checkpoint at 6
+
+    def until_third(policy):
+        ratio = next(interrupted, None)
+        if ratio is None:
+            raise KeyboardInterrupt
+        return {"val_ratio": ratio}
+    with pytest.raises(KeyboardInterrupt):
+        train(model, features, tasks, cfg, 0, tmp_path / "resumed.pt", until_third, progress=False)
+    resumed, history = train(model, features, tasks, cfg, 0, tmp_path / "resumed.pt", lambda p: {"val_ratio": 0.85},
+                             progress=False)
+    assert history.loc[history["kept"], "iteration"].tolist() == [3], "the best point survives the interruption"
+    assert all(torch.equal(v, seen[1][k]) for k, v in resumed.state_dict().items())
+
+    finals = []
     last, last_history = train(model, features, tasks, replace(cfg, keep_best=False), 0, tmp_path / "last.pt",
-                    lambda p: {"val_ratio": 0.5}, progress=False)
-    assert "kept" not in last_history and not all(torch.equal(v, seen[1][k]) for k, v in last.state_dict().items())
+                               lambda p: finals.append({k: v.clone() for k, v in p.state_dict().items()}) or {"val_ratio": 0.5}, progress=False)
+    assert "kept" not in last_history, "keep_best off: the last iterate"
+    assert all(torch.equal(v, finals[-1][k]) for k, v in last.state_dict().items())
 
 
 def test_a_lookahead_policy_has_no_numpy_export(world, tmp_path):

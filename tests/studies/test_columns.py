@@ -82,7 +82,7 @@ def test_study_tasks_take_turns_over_the_unseen_ratios():
 def test_each_twin_is_its_planner_with_every_table_whole(user_pool):
     """The twins that carry a registry id place exactly as that method; column_greedy's splits nothing."""
     from autoshard.placement.lpt import lpt
-    from autoshard.placement.milp import solve_costs as solve
+    from autoshard.placement.milp import solve_costs
     from autoshard.placement.torchrec import torchrec_plan
 
     f = user_pool.features
@@ -91,7 +91,7 @@ def test_each_twin_is_its_planner_with_every_table_whole(user_pool):
     assert set(built) == set(study.TWIN) | set(study.TWIN.values())
     sizes = f["size_bytes"].to_numpy()
     for twin, expected in (("lpt_measured", lpt(SINGLES, sizes, 2, t.memory_bytes)),
-                           ("milp", solve(SINGLES, sizes, 2, t.memory_bytes, time_limit=10.0, seed=0,
+                           ("milp", solve_costs(SINGLES, sizes, 2, t.memory_bytes, time_limit=10.0, seed=0,
                                           node_limit=50).placement),
                            ("torchrec", torchrec_plan(f, t, 64))):
         shards, placement = built[twin](t)

@@ -379,7 +379,8 @@ class FairSharder(TypedDict):
     reproduction_val_ratio: Number     # rl_greedy: AutoShard's design
     after_imitation_val_ratio: Number  # after cloning cost_greedy, before PPO
     unshaped_val_ratio: Number         # the same training with the terminal reward only (None: not run)
-    no_worse_than_greedy: bool         # val_ratio <= cost_greedy_val_ratio (a benchmark, not an assert)
+    no_worse_than_greedy: bool         # val_ratio <= cost_greedy_val_ratio (a benchmark, not an assert; with
+                                       #   keep_best chosen on these tasks, so evaluate's test tasks are the check)
     kept_iteration: int | None         # the validation point whose weights it ends with (None: the last iterate)
     curves: dict[str, list[list[Number]]]  # run -> [iteration, validation ratio] pairs
 

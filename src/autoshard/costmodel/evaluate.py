@@ -210,6 +210,14 @@ def error_by_dim(estimate: Estimator, test_sets: dict[str, pd.DataFrame], dims: 
     return out
 
 
+def dim_table(by_dim: dict[str, dict[str, dict]]) -> pd.DataFrame:
+    """Per estimator, test set and dim group (`error_by_dim`'s entries, by estimator): MAPE and shards."""
+    rows = [{"estimator": e, "test set": s, "dim": g, **v}
+            for e, sets in by_dim.items() for s, groups in sets.items() for g, v in groups.items()]
+    return pd.DataFrame(rows, columns=["estimator", "test set", "dim", "mape", "shards"]).set_index(
+        ["estimator", "test set", "dim"])
+
+
 def wide_metrics(estimators: dict[str, Estimator], test_sets: dict[str, pd.DataFrame],
                  splits: dict[str, pd.DataFrame], dims: np.ndarray, best_epoch: int) -> WideCostModel:
     """The wide pool's entry of cost_model.json: its shards per split, each estimator's MAPE per

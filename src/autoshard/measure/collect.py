@@ -177,18 +177,20 @@ def wide_jobs(pool: Pool, train_tables: np.ndarray, test_tables: np.ndarray, ran
     return jobs
 
 
-def collect_wide(paths: Paths, cfg: ProfileConfig, wide: dict, seed: int) -> pd.DataFrame | None:
+def collect_wide(paths: Paths, cfg: ProfileConfig, wide: dict, seed: int, engine: Engine | None = None
+                 ) -> pd.DataFrame | None:
     """Measure the wide pool's shards (`wide_jobs` of the `wide` section) into the store under
-    `paths.measurements` and save them as `paths.wide_profile`; None, measuring nothing, where the
-    profile reads an imported measurements space (it holds the pool's shards only)."""
+    `paths.measurements`, as `collect` measures the pool's (here, or on `engine`), and save them as
+    `paths.wide_profile`; None, measuring nothing, where the profile reads an imported measurements
+    space (it holds the pool's shards only)."""
     if cfg.measurements_space is not None:
         return None
     w = WideConfig.from_params(wide)
     pool, train, test = load_wide(paths.wide)
     jobs = wide_jobs(pool, train, test, w.random_shards, w.test_random_shards, w.shard_tables,
                      cfg.backend.memory_limit_bytes, seed)
-    table = collect(pool, jobs, make_backend(pool, cfg.backend), cfg, paths.measurements, seed=seed,
-                    what="the wide pool")
+    table = collect(pool, jobs, make_backend(pool, cfg.backend), cfg, paths.measurements, seed=seed, engine=engine,
+                    pool_source={"folder": str((paths.wide / "pool").resolve())}, what="the wide pool")
     save_profile(table, paths.wide_profile)
     return table
 

@@ -82,12 +82,12 @@ finds no placement under the cap (or exceeds it) fails that task.
 {% if cost_model.device_error %}
 {{ cost_model.device_error }}
 {% endif %}{% if cost_model.wide %}
-## The cost model on the wide pool: dims 4 to 1024
+## The cost model on the wide pool: the dims of real models
 
 MAPE of predicted against measured cost on shards of the wide pool's unseen tables (`wide`: drawn like
-the pool, dims {{ "{" }}4, ..., 1024{{ "}" }}), in all and by the dim of each shard's widest table (shards in
-brackets): the model fitted on the wide pool's train tables, the pool's own model (fitted on AutoShard's dims
-only) and the sum of the tables' measured single costs.
+the pool, dims {{ cost_model.wide_dims }}), in all and by the dim of each shard's widest table (shards in
+parentheses): the model fitted on the wide pool's train tables, the pool's own model (fitted on the pool's
+dims only) and the sum of the tables' measured single costs.
 
 {{ cost_model.wide }}
 {% endif %}{% endif %}{% if comm %}

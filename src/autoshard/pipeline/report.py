@@ -33,6 +33,7 @@ from autoshard.core.schema import (
     check,
     read_checked,
 )
+from autoshard.costmodel.dataset import UNSEEN_MULTI
 from autoshard.methods.registry import BEST_HEURISTIC, GREEDY, METHODS, POLICY, ids
 from autoshard.studies.findings import SYNC_POLICY_METHODS, SYNC_REFERENCES, direction, sync_policy_protocols
 
@@ -182,7 +183,7 @@ def _share(value: float | None) -> str:
     return "n/a" if value is None or value != value else f"{value:.1%}"
 
 
-WIDE_SET = "unseen tables, multi-table shards"  # the wide pool's test set shown by dim
+WIDE_SET = UNSEEN_MULTI  # the wide pool's test set shown by dim
 
 
 def wide_table(cost_model: CostModelMetrics) -> str | None:
@@ -190,7 +191,7 @@ def wide_table(cost_model: CostModelMetrics) -> str | None:
     dim of the shard's widest table (`cost_model.json`'s `wide`), with the shards behind each
     column; None where the wide pool was not measured."""
     wide = cost_model.get("wide")
-    if not wide:
+    if not wide or not wide["error_by_dim"]:
         return None
     dims = [str(d) for d in wide["dims"]]
     counts = next(iter(wide["error_by_dim"].values())).get(WIDE_SET, {})
@@ -733,6 +734,7 @@ def readme(reports: Path, stages: list[tuple[str, str]], budget_minutes: float |
             "floor": floor_line(cost_model), "hybrid": hybrid_label(profile),
             "architecture": architecture_line(cost_model), "active": active_line(cost_model),
             "wide": wide_table(cost_model),
+            "wide_dims": ", ".join(map(str, (cost_model.get("wide") or {}).get("dims", []))),
             "device_error": device_error_line(evaluate) if evaluate else None},
         "comm": comm_model_lines(profile) if profile and profile.get("comm") else None,
         "transfer": transfer and transfer_table(transfer),

@@ -11,7 +11,7 @@ Over binary x[t, d] (table t on device d) and one bound z_s per stage:
 
 The devices are identical, so any placement can be renumbered so that the k-th table in
 decreasing total value sits on one of the devices 0..k; fixing that removes most of the D!
-mirror images of each solution. A starting plan bounds the objective from above (SciPy's `milp`
+mirror images of each solution. A starting placement bounds the objective from above (SciPy's `milp`
 takes no warm start) and stands in when the solver finds nothing better within its limits
 (status "start"). HiGHS runs on one thread with a fixed seed, so a solve that ends before its
 time limit is repeatable.
@@ -40,7 +40,7 @@ class MilpResult:
     lower_bound: float
     gap: float
     status: str  # "optimal"; "node_limit" or "time_limit": the solver's best plan when it stopped there;
-    # "start": the starting plan (the solver found none, or none as good)
+    # "start": the starting placement (the solver found none, or none as good)
     seconds: float
 
 
@@ -54,7 +54,7 @@ def stop_status(solver_status: int, seconds: float, time_limit: float) -> str:
 
 def solve(objective: Linear, sizes: np.ndarray, devices: int, capacity: int, start: np.ndarray | None = None,
           time_limit: float = 60.0, rel_gap: float = 1e-3, seed: int = 0, node_limit: int | None = None) -> MilpResult:
-    """Minimise `objective` under the memory cap `capacity`, from the plan `start` (or none), within
+    """Minimise `objective` under the memory cap `capacity`, from the placement `start` (or none), within
     `time_limit` seconds. A solve stopped by the clock depends on the machine's speed; one stopped
     by `node_limit` (branch-and-bound nodes) does not. The default `rel_gap` (0.1%) is far below the
     measurement noise (2-3%). Raises `Infeasible` when the solver finds no placement and there is
@@ -114,7 +114,7 @@ def solve(objective: Linear, sizes: np.ndarray, devices: int, capacity: int, sta
 
 def solve_costs(costs: np.ndarray, sizes: np.ndarray, devices: int, capacity: int, **limits) -> MilpResult:
     """The min-max placement of per-table `costs` (`solve` on `Linear.max_device`), from LPT's
-    plan where LPT finds one."""
+    placement where LPT finds one."""
     costs = np.asarray(costs, dtype=float)
     try:
         start = lpt(costs, np.asarray(sizes, dtype=np.int64), devices, capacity)

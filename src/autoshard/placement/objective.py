@@ -68,7 +68,7 @@ class Linear(Objective):
 
     @classmethod
     def max_device(cls, costs: np.ndarray) -> Linear:
-        """One stage: the device's summed per-table `costs` (a table's measured single cost)."""
+        """One stage: the device's summed per-table `costs` (measured single costs, or a heuristic's key)."""
         costs = np.asarray(costs, dtype=np.float64)
         if costs.ndim != 1:
             raise ValueError(f"costs {costs.shape}: need a vector")

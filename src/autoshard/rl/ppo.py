@@ -339,8 +339,9 @@ def _train(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task],
         if validate is not None and ((it + 1) % cfg.validate_every == 0 or it + 1 == total or last_clone):
             policy.eval()
             row |= validate(policy)
-            if cfg.keep_best and (best is None or row["val_ratio"] < best["val_ratio"]):
-                best = {"iteration": it, "val_ratio": float(row["val_ratio"]),
+            ratio = float(row["val_ratio"])
+            if cfg.keep_best and np.isfinite(ratio) and (best is None or ratio < best["val_ratio"]):
+                best = {"iteration": it, "val_ratio": ratio,
                         "state_dict": {k: v.detach().clone() for k, v in policy.state_dict().items()}}
         history.append({k: v.item() if isinstance(v, np.generic) else v for k, v in row.items()})
         if (it + 1) % cfg.checkpoint_every == 0 or it + 1 == total:

@@ -3,7 +3,7 @@
 Predicted, under the cost model the policy plans on: per task, `best_ms`, the lowest predicted
 bottleneck of any placement known for it. Those are every method's plan and, on a task without
 the exhaustive optimum (`exact`, which the small tasks have), local search
-(`placement.search.local_search`) run to its local optimum from each plan of STARTS (every
+(`placement.search.model_search`) run to its local optimum from each plan of STARTS (every
 heuristic's, lpt_measured's, milp's and cost_greedy's). `greedy_gap` is cost_greedy's predicted
 bottleneck over `best_ms`, less 1; `bound` is `best_ms` over cost_greedy's, so 1 - bound is the
 most a planner could gain under the model; `captured` is the share of the gap each method's plan
