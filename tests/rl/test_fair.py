@@ -128,8 +128,12 @@ def test_keep_best_ends_with_the_earliest_best_validation_points_weights(world, 
     assert all(torch.equal(v, seen[1][k]) for k, v in resumed.state_dict().items())
 
     finals = []
+
+    def record(policy):
+        finals.append({k: v.clone() for k, v in policy.state_dict().items()})
+        return {"val_ratio": 0.5}
     last, last_history = train(model, features, tasks, replace(cfg, keep_best=False), 0, tmp_path / "last.pt",
-                               lambda p: finals.append({k: v.clone() for k, v in p.state_dict().items()}) or {"val_ratio": 0.5}, progress=False)
+                               record, progress=False)
     assert "kept" not in last_history, "keep_best off: the last iterate"
     assert all(torch.equal(v, finals[-1][k]) for k, v in last.state_dict().items())
 
