@@ -60,7 +60,7 @@ def executed_outputs(path):
 def test_stage_spec_reads_dvc_yaml():
     notebook, names = stage_spec("synthesize", ROOT / "dvc.yaml")
     assert notebook.name == "01_synthesize.ipynb"
-    assert names == ["seed", "dataset", "pool", "tasks"]
+    assert names == ["seed", "dataset", "pool", "tasks", "wide"]
 
 
 def test_select_takes_only_the_named_params():

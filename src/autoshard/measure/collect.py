@@ -181,8 +181,9 @@ def collect_wide(paths: Paths, cfg: ProfileConfig, wide: dict, seed: int, engine
                  ) -> pd.DataFrame | None:
     """Measure the wide pool's shards (`wide_jobs` of the `wide` section) into the store under
     `paths.measurements`, as `collect` measures the pool's (here, or on `engine`), and save them as
-    `paths.wide_profile`; None, measuring nothing, where the profile reads an imported measurements
-    space (it holds the pool's shards only)."""
+    `paths.wide_profile` (under the pool's profile folder: call it after `save_profile`); None,
+    measuring nothing, where the profile reads an imported measurements space (it holds the pool's
+    shards only)."""
     if cfg.measurements_space is not None:
         return None
     w = WideConfig.from_params(wide)
@@ -340,7 +341,8 @@ def profile_table(jobs: list[Job], measured: dict[int, dict[str, dict]], cfg: Pr
 
 def save_profile(table: pd.DataFrame, folder: str | Path, remeasured: pd.DataFrame | None = None) -> None:
     """Write the data set at once, with the independent second pass (`remeasured.parquet`) when
-    there is one (the measurements stay in the store for later stages)."""
+    there is one (the measurements stay in the store for later stages). It replaces `folder`, any
+    data set saved under it included: the wide pool's is saved after (`collect_wide`)."""
     with atomic_dir(folder) as tmp:
         table.to_parquet(tmp / "shards.parquet", index=False)
         if remeasured is not None:
