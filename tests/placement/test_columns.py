@@ -175,3 +175,36 @@ def test_a_torchrec_plan_of_column_shards_is_read_strictly(tmp_path):
     doc["modules"][""]["a"]["shards"][1]["sizes"] = [99, 16]
     with pytest.raises(ConfigError, match="every shard has the table's 100 rows"):
         plan_blocks(doc, path)
+
+
+def _split_plan(columns, rows):
+    return {"format": "autoshard-plan/1", "method": "m", "options": {}, "tables_file": "t.csv", "devices": 2,
+            "memory_per_device_bytes": 1 << 30, "assignment": {"a": 0}, "per_device": [{}, {}],
+            "predicted_bottleneck_ms": None, "predicted": "p", "sharding_seconds": 0.0, "model_files": {},
+            "engine": "e", "sharding": "auto", "columns": {"c": columns}, "rows": {"r": {"kind": "row_wise",
+                                                                                        "shards": rows}}}
+
+
+def test_a_plan_of_column_and_row_shards_is_read_strictly(tmp_path):
+    from autoshard.core.inputs import Block, plan_blocks
+
+    path = tmp_path / "p.json"
+    cols = [{"start": 0, "width": 8, "device": 1}, {"start": 8, "width": 24, "device": 0}]
+    rows = [{"start": 0, "rows": 60, "device": 0}, {"start": 60, "rows": 40, "device": 1}]
+    plan = plan_blocks(_split_plan(cols, rows), path)
+    assert plan.blocks["c"] == [Block(0, None, 0, 8, 1), Block(0, None, 8, 24, 0)]
+    assert plan.blocks["r"] == [Block(0, 60, 0, None, 0), Block(60, 40, 0, None, 1)]
+    assert plan.kinds == {"a": "table_wise", "c": "column_wise", "r": "row_wise"}
+    for bad_cols, bad_rows, message in (
+            (cols[:1], rows, r"columns\.'c': expected a list of at least two column shards"),
+            (cols, rows[:1], r"rows\.'r', field shards: expected a list of at least two row shards"),
+            ([cols[0], {**cols[1], "start": 4}], rows, r"columns\.'c', field start: 4 \(expected 8: shards cover "
+                                                       r"the columns left to right\)"),
+            ([cols[0], {**cols[1], "width": 22}], rows, "field width: 22 \\(column shards are multiples of 4"),
+            (cols, [rows[0], {**rows[1], "start": 50}], r"rows\.'r', field start: 50 \(expected 60: shards cover "
+                                                       r"the rows top to bottom\)"),
+            (cols, [rows[0], {**rows[1], "device": 0}], r"rows\.'r': two row shards on one device"),
+            (cols, [rows[0], {**rows[1], "device": 2}], r"rows\.'r', field device: 2"),
+            (cols, [rows[0], {"start": 60, "width": 40, "device": 1}], r"rows\.'r'")):
+        with pytest.raises(ConfigError, match=message):
+            plan_blocks(_split_plan(bad_cols, bad_rows), path)

@@ -218,8 +218,6 @@ PLAN_FIELDS = {"format", "method", "options", "tables_file", "devices", "memory_
                "per_device", "predicted_bottleneck_ms", "predicted", "sharding_seconds", "model_files", "engine"}
 SPLIT_FIELDS = {"sharding", "columns", "rows"}  # a plan of split tables: `sharding` and either or both
 SHARDINGS = ("table", "column", "row", "auto")
-COLUMN_FIELDS = {"start", "width", "device"}
-ROW_FIELDS = {"start", "rows", "device"}
 ROW_KINDS = ("row_wise", "table_row_wise")
 TORCHREC_FIELDS = {"format", "world_size", "device_type", "modules"}
 PARAMETER_FIELDS = {"sharding_type", "compute_kernel", "ranks", "shards"}
@@ -293,15 +291,15 @@ def plan_blocks(doc: object, path: Path) -> PlanBlocks:
               for name, d in doc["assignment"].items()}
     kinds = dict.fromkeys(blocks, "table_wise")
     for name, shards in _typed(doc, "columns", (dict,), where).items() if "columns" in doc else ():
-        blocks[_new(name, blocks, f"{where}, columns.{shown(name)}")] = _column_blocks(
-            shards, devices, f"{where}, columns.{shown(name)}")
+        blocks[_new(name, blocks, f"{where}, columns.{shown(name)}")] = _split_blocks(
+            shards, "columns", devices, f"{where}, columns.{shown(name)}")
         kinds[name] = "column_wise"
     for name, entry in _typed(doc, "rows", (dict,), where).items() if "rows" in doc else ():
         at = f"{where}, rows.{shown(name)}"
         entry = _fields(entry, {"kind", "shards"}, at)
         if entry["kind"] not in ROW_KINDS:
             raise ConfigError(f"{at}, field kind: {shown(entry['kind'])} (expected {' or '.join(ROW_KINDS)})")
-        blocks[_new(name, blocks, at)] = _row_blocks(entry["shards"], devices, at)
+        blocks[_new(name, blocks, at)] = _split_blocks(entry["shards"], "rows", devices, at)
         kinds[name] = entry["kind"]
     return PlanBlocks(blocks, devices, {}, kinds)
 
@@ -312,38 +310,28 @@ def _new(name: str, blocks: dict, where: str) -> str:
     return name
 
 
-def _column_blocks(shards: object, devices: int, at: str) -> list[Block]:
-    """Column shards left to right, each a multiple of 4 columns."""
-    if not isinstance(shards, list) or len(shards) < 2:
-        raise ConfigError(f"{at}: expected a list of at least two column shards")
-    start, found = 0, []
-    for shard in shards:
-        _fields(shard, COLUMN_FIELDS, at)
-        if integer(shard["start"], f"{at}, field start", 0, MAX_DIM) != start:
-            raise ConfigError(f"{at}, field start: {shown(shard['start'])} (expected {start}: shards cover "
-                              "the columns left to right)")
-        width = integer(shard["width"], f"{at}, field width", 4, MAX_DIM)
-        if width % 4:
-            raise ConfigError(f"{at}, field width: {width} (column shards are multiples of 4 columns)")
-        found.append(Block(0, None, start, width, integer(shard["device"], f"{at}, field device", 0, devices - 1)))
-        start += width
-    return found
+SPLITS = {"columns": ("width", 4, MAX_DIM, "the columns left to right", ""),
+          "rows": ("rows", 0, MAX_ROWS, "the rows top to bottom", ", field shards")}
 
 
-def _row_blocks(shards: object, devices: int, at: str) -> list[Block]:
-    """Row shards top to bottom, on distinct devices."""
+def _split_blocks(shards: object, axis: str, devices: int, at: str) -> list[Block]:
+    """The shards of a table split along `axis` (`columns`: each a multiple of 4 columns; `rows`:
+    on distinct devices), in order, covering it without gaps."""
+    size_field, least, most, cover, field = SPLITS[axis]
     if not isinstance(shards, list) or len(shards) < 2:
-        raise ConfigError(f"{at}, field shards: expected a list of at least two row shards")
+        raise ConfigError(f"{at}{field}: expected a list of at least two {axis[:-1]} shards")
     start, found = 0, []
     for shard in shards:
-        _fields(shard, ROW_FIELDS, at)
-        if integer(shard["start"], f"{at}, field start", 0, MAX_ROWS) != start:
-            raise ConfigError(f"{at}, field start: {shown(shard['start'])} (expected {start}: shards cover "
-                              "the rows top to bottom)")
-        rows = integer(shard["rows"], f"{at}, field rows", 0, MAX_ROWS)
-        found.append(Block(start, rows, 0, None, integer(shard["device"], f"{at}, field device", 0, devices - 1)))
-        start += rows
-    if len({b.device for b in found}) != len(found):
+        _fields(shard, {"start", size_field, "device"}, at)
+        if integer(shard["start"], f"{at}, field start", 0, most) != start:
+            raise ConfigError(f"{at}, field start: {shown(shard['start'])} (expected {start}: shards cover {cover})")
+        size = integer(shard[size_field], f"{at}, field {size_field}", least, most)
+        if axis == "columns" and size % 4:
+            raise ConfigError(f"{at}, field width: {size} (column shards are multiples of 4 columns)")
+        device = integer(shard["device"], f"{at}, field device", 0, devices - 1)
+        found.append(Block(start, size, 0, None, device) if axis == "rows" else Block(0, None, start, size, device))
+        start += size
+    if axis == "rows" and len({b.device for b in found}) != len(found):
         raise ConfigError(f"{at}: two row shards on one device")
     return found
 
