@@ -191,3 +191,23 @@ def test_the_wide_pools_shards_are_singles_then_random_shards_of_each_half_withi
         assert set(j.tables) <= half and 1 <= len(j.tables) <= 5 and sizes[list(j.tables)].sum() <= capacity
     assert len({j.tables for j in jobs}) == len(jobs), "each shard once"
     assert jobs == wide_jobs(pool, train, test, 25, 10, 5, capacity, seed=0), "deterministic for a seed"
+
+
+def test_the_wide_pools_data_set_is_measured_and_saved_beside_the_pools(tmp_path, setup, smoke_params):
+    from dataclasses import replace
+
+    from autoshard.core.paths import Paths
+    from autoshard.data.wide import build_wide, save_wide
+    from autoshard.measure.collect import collect_wide, load_profile, save_profile
+
+    pool, _, _, _, cfg, jobs = setup
+    paths = Paths(tmp_path / "data", tmp_path / "reports")
+    save_wide(paths.wide, *build_wide(smoke_params["pool"], smoke_params["wide"], seed=0, progress=False))
+    pool_table = collect(pool, jobs[:4], AnalyticBackend(pool), cfg, paths.measurements, progress=False)
+    save_profile(pool_table, paths.profile)
+    wide = collect_wide(paths, cfg, smoke_params["wide"], 0)
+    assert (wide["status"] == "ok").all() and wide["shard_id"].is_unique
+    assert wide["kind"].value_counts()["single"] == smoke_params["wide"]["tables"]
+    pd.testing.assert_frame_equal(load_profile(paths.wide_profile), wide)
+    pd.testing.assert_frame_equal(load_profile(paths.profile), pool_table)  # the pool's data set kept
+    assert collect_wide(paths, replace(cfg, measurements_space="elsewhere"), smoke_params["wide"], 0) is None
