@@ -64,6 +64,8 @@ def test_profile_metrics():
         "cv": [0.01, 0.02, 0.03, 0.04, 0.05], "drift": [0.0, 0.0, 0.2, 0.05, 0.05], "attempts": [1, 1, 2, 1, 1]})
     versus = pd.DataFrame({"fbgemm_total_ms": [1.0, 2.0, 3.0], "torch_total_ms": [2.0, 3.0, 7.0]})
     versus["ratio"] = versus["torch_total_ms"] / versus["fbgemm_total_ms"]
+    fused = pd.DataFrame({"fbgemm_total_ms": [1.0, 2.0, 3.0], "torch_fused_total_ms": [0.9, 2.4, 2.1]})
+    fused["ratio"] = fused["torch_fused_total_ms"] / fused["fbgemm_total_ms"]
     harness = pd.DataFrame({"component": ["forward", "backward"], "fbgemm_harness_ms": [1.0, 2.0],
                             "ours_ms": [1.1, 2.1]})
     comm = {"placements": 4, "device_counts": [2], "batch_size": 256, "heldout_share": 0.25, "mape_heldout": 0.08,
@@ -72,15 +74,17 @@ def test_profile_metrics():
             "mape_target": 0.1, "mape_target_met": True}
     protocols = {name: {"shards": 8, "pass_change_median": change, "within_pass_cv_median": 0.02, "seconds": 9.0}
                  for name, change in [("sequential", 0.06), ("interleaved", 0.02)]}
-    metrics = as_written(profile_metrics(table, versus, harness, 0.01, 2, 1, 3.0, 0.5, comm, protocols),
+    metrics = as_written(profile_metrics(table, versus, fused, harness, 0.01, 2, 1, 3.0, 0.5, comm, protocols),
                          schema.ProfileMetrics)
     assert metrics["comm"]["mape_heldout"] == 0.08
     assert metrics["protocol_check"]["interleaved"]["pass_change_median"] == 0.02
     with pytest.raises(ConfigError, match=r"protocol_check\.sequential\.shards"):
-        as_written(profile_metrics(table, versus, harness, 0.01, 2, 1, 3.0, 0.5, comm,
+        as_written(profile_metrics(table, versus, fused, harness, 0.01, 2, 1, 3.0, 0.5, comm,
                                    {"sequential": protocols["sequential"] | {"shards": "8"}}), schema.ProfileMetrics)
     assert metrics["cv_target"] == 0.01 and not metrics["cv_target_met"] and metrics["rounds_for_cv_target"] > 1
     assert metrics["torch_fbgemm_kendall_tau"] == 1.0 and metrics["torch_over_fbgemm_median_ratio"] == 2.0
+    assert metrics["torch_fused_fbgemm_kendall_tau"] == pytest.approx(1 / 3)
+    assert metrics["torch_fused_over_fbgemm_median_ratio"] == pytest.approx(0.9)
     assert metrics["harness_check"]["forward"]["ours_ms"] == 1.1
     assert metrics["noise"] == {"median_cv": 0.03, "round_drift": 0.05, "round_drift_max": 0.2,
                                 "remeasured_share": 0.2}

@@ -263,6 +263,8 @@ class ProfileMetrics(StageTime):
     fused_over_sum_p10_p90: list[Number]
     torch_over_fbgemm_median_ratio: Number
     torch_fbgemm_kendall_tau: Number
+    torch_fused_over_fbgemm_median_ratio: Number  # the fused pure-torch backend on the same shards
+    torch_fused_fbgemm_kendall_tau: Number
     harness_check: dict[str, dict[str, Any]]
     comm_measured_processes: int
     comm: NotRequired[CommMetrics]

@@ -69,13 +69,14 @@ def round_noise(table: pd.DataFrame) -> dict[str, float]:
             "remeasured_share": float((ok["attempts"] > 1).mean())}
 
 
-def profile_metrics(table: pd.DataFrame, versus: pd.DataFrame, harness: pd.DataFrame, cv_target: float,
-                    comm_processes: int, torch_threads: int, seconds: float, peak_gib: float,
+def profile_metrics(table: pd.DataFrame, versus: pd.DataFrame, fused_versus: pd.DataFrame, harness: pd.DataFrame,
+                    cv_target: float, comm_processes: int, torch_threads: int, seconds: float, peak_gib: float,
                     comm: dict | None = None, protocol_check: dict | None = None,
                     feeds_check: dict | None = None) -> ProfileMetrics:
     """The profile stage's metrics: what was measured and how, repeatability against the CV
     target (across separate passes: `median_cv`; across a chunk's interleaved rounds: `noise`),
     the fusion gap, and the cross-checks (`versus`: the torch backend against the profile's;
+    `fused_versus`: the fused pure-torch backend against the profile's;
     `harness`: FBGEMM's benchmark harness against our timing loop; `comm`: the comm model's
     fit, from `measure.commmodel.profile_comm`, with its MAPE target; `protocol_check`: the timing
     protocols compared, from `measure.protocols.protocol_scores`; `feeds_check`: the same for the
@@ -84,6 +85,7 @@ def profile_metrics(table: pd.DataFrame, versus: pd.DataFrame, harness: pd.DataF
     median_cv = float(rep["cv"].median()) if len(rep) else float("nan")
     gap = fusion_gap(table)
     ratio, tau = backend_agreement(versus)
+    fused_ratio, fused_tau = backend_agreement(fused_versus)
     return {
         "shards_measured": int((table["status"] == "ok").sum()),
         "shards_unmeasurable": int((table["status"] != "ok").sum()),
@@ -102,6 +104,8 @@ def profile_metrics(table: pd.DataFrame, versus: pd.DataFrame, harness: pd.DataF
         if len(gap) else [],
         "torch_over_fbgemm_median_ratio": ratio,
         "torch_fbgemm_kendall_tau": tau,
+        "torch_fused_over_fbgemm_median_ratio": fused_ratio,
+        "torch_fused_fbgemm_kendall_tau": fused_tau,
         "harness_check": harness.set_index("component").to_dict("index"),
         "comm_measured_processes": comm_processes,
         **({"comm": comm} if comm is not None else {}),

@@ -16,6 +16,7 @@ from autoshard.measure.fbgemm import OPTIMIZERS, FbgemmBackend
 from autoshard.measure.names import BACKENDS, DEVICES
 from autoshard.measure.timing import TimingConfig
 from autoshard.measure.torch_bag import TorchBackend
+from autoshard.measure.torch_fused import TorchFusedBackend
 
 if TYPE_CHECKING:  # only a type here: the portable worker (no pandas) imports this module
     from autoshard.data.pool import Pool
@@ -69,6 +70,8 @@ def make_backend(pool: Pool, cfg: BackendConfig) -> CostBackend:
     device = torch.device(cfg.device)
     if cfg.backend == "fbgemm":
         return FbgemmBackend(pool, device, cfg.optimizer, cfg.timing, cfg.memory_limit_bytes, cfg.threads)
+    if cfg.backend == "torch_fused":
+        return TorchFusedBackend(pool, device, cfg.timing, cfg.memory_limit_bytes, cfg.threads)
     if cfg.backend == "torch":
         return TorchBackend(pool, device, cfg.timing, cfg.memory_limit_bytes, cfg.threads)
     if cfg.backend == "analytic":
