@@ -1,9 +1,11 @@
 """The timing protocol: warm-up runs, then timed runs; median and interquartile range.
 
-Each timed run starts from a cold cache, as a training step does after the rest of the model
-ran: on CUDA the L2 cache is flushed by writing a GPU buffer larger than it, on CPU the
-last-level cache by writing a buffer twice its size (`llc_bytes`, read from the machine), both
-outside the timed span. On CUDA runs are timed with CUDA events, on CPU with `time.perf_counter`.
+Each timed forward and each timed backward starts from a cold cache, as in training, where the
+dense layers run between them (and as FBGEMM's benchmark flushes before every timed backward):
+on CUDA the L2 cache is flushed by writing a GPU buffer twice its size (`l2_flush_bytes`, read
+from the device), on CPU the last-level cache by writing a buffer twice its size (`llc_bytes`,
+read from the machine), both outside the timed spans. On CUDA runs are timed with CUDA events,
+on CPU with `time.perf_counter`.
 Which bags each run feeds is the backends' part (`base.feeds`: every run the next window of the
 trace, when `rotate`).
 """
@@ -37,8 +39,7 @@ class TimingConfig:
     # The protocol, not parameters: the profile's timing check turns them off to show what each
     # does to the noise (`measure.protocols.compare_feeds`).
     rotate: bool = True   # each run feeds the next window of the trace (`base.feeds`), not the first bags
-    evict: bool = True    # evict the cache before every timed run (CPU: last level; CUDA: L2)
-    flush_mb: int = 128   # CUDA: MiB written to evict the L2 cache
+    evict: bool = True    # evict the cache before every timed forward and backward (CPU: last level; CUDA: L2)
 
 
 def one_round(warmup: int, runs: int) -> TimingConfig:
@@ -75,10 +76,31 @@ def _eviction_buffer() -> torch.Tensor:
     return torch.empty(2 * llc_bytes(), dtype=torch.uint8)
 
 
-def evict_cpu_cache(run: int) -> None:
-    """Write a buffer of twice the last-level cache (a new value each run, so no write is
-    skipped), which evicts the shard's weights and inputs left there by the previous run."""
-    _eviction_buffer().fill_(run & 0xFF)
+def evict_cpu_cache(stamp: int) -> None:
+    """Write a buffer of twice the last-level cache (a new value each time, so no write is
+    skipped), which evicts the shard's weights and inputs left there by the previous step."""
+    _eviction_buffer().fill_(stamp & 0xFF)
+
+
+FALLBACK_L2_BYTES = 128 * 2**20  # where the device reports no L2 size (the 128 MiB the flush once wrote)
+
+
+def l2_flush_bytes(device: torch.device) -> int:
+    """Bytes written to flush a GPU's L2 cache: twice its size as the device reports it
+    (`L2_cache_size`), or twice FALLBACK_L2_BYTES where it reports none."""
+    l2 = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 0)
+    return 2 * (l2 if l2 > 0 else FALLBACK_L2_BYTES)
+
+
+@functools.cache
+def _flush_buffer(device: torch.device) -> torch.Tensor:
+    return torch.empty(l2_flush_bytes(device), dtype=torch.uint8, device=device)
+
+
+def flush_l2(device: torch.device, stamp: int) -> None:
+    """Write a device buffer of twice the GPU's L2 cache (`l2_flush_bytes`; a new value each
+    time), which evicts what the previous kernels left there."""
+    _flush_buffer(device).fill_(stamp & 0xFF)
 
 
 def _summary(values: list[float]) -> tuple[float, float]:
@@ -101,35 +123,43 @@ def time_steps(forward: Callable[[int], torch.Tensor], backward: Callable[[torch
 def _time_cpu(forward, backward, timing: TimingConfig) -> tuple[list[float], list[float]]:
     fwd, bwd = [], []
     for i in range(timing.warmup + timing.runs):
-        if timing.evict and i >= timing.warmup:
-            evict_cpu_cache(i)
+        timed = i >= timing.warmup
+        if timing.evict and timed:
+            evict_cpu_cache(2 * i)
         t0 = time.perf_counter()
         out = forward(i)
         t1 = time.perf_counter()
-        backward(out)
+        if timing.evict and timed:
+            evict_cpu_cache(2 * i + 1)
         t2 = time.perf_counter()
-        if i >= timing.warmup:
+        backward(out)
+        t3 = time.perf_counter()
+        if timed:
             fwd.append((t1 - t0) * 1e3)
-            bwd.append((t2 - t1) * 1e3)
+            bwd.append((t3 - t2) * 1e3)
     return fwd, bwd
 
 
 def _time_cuda(forward, backward, timing: TimingConfig, device: torch.device
                ) -> tuple[list[float], list[float]]:
-    flush = torch.empty(timing.flush_mb * 2**20 // 4, dtype=torch.float32, device=device)
+    """Each run: flush, forward between two events, flush, backward between two more (the
+    flushes are queued between the events, so no timed span holds one)."""
     events = []
     for i in range(timing.warmup + timing.runs):
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
         if timing.evict:
-            flush.zero_()
-        marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+            flush_l2(device, 2 * i)
         marks[0].record()
         out = forward(i)
         marks[1].record()
-        backward(out)
+        if timing.evict:
+            flush_l2(device, 2 * i + 1)
         marks[2].record()
+        backward(out)
+        marks[3].record()
         if i >= timing.warmup:
             events.append(marks)
     torch.cuda.synchronize(device)
-    fwd = [a.elapsed_time(b) for a, b, _ in events]
-    bwd = [b.elapsed_time(c) for _, b, c in events]
+    fwd = [a.elapsed_time(b) for a, b, _, _ in events]
+    bwd = [c.elapsed_time(d) for _, _, c, d in events]
     return fwd, bwd
