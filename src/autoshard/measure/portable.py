@@ -14,7 +14,14 @@ space key needs (it is computed where pandas is):
 
     "traces": {"seed": 0, "batch_size": 4096, "dispersion": 1.5, "pool": "<SHA-256>",
                "tables": [{"table": 3, "rows": 9021, "dim": 16, "pooling_factor": 12.5,
-                           "alpha": 1.05, "trace": "<SHA-256>"}, ...]}
+                           "alpha": 1.05, "trace": "<SHA-256>", "ambiguous": [[5180, 77]]}, ...]}
+
+A trace's Zipf ranks are floors of a vectorised power (`data.synth.zipf_ranks`), which numpy
+computes with the CPU's vector extensions: another CPU may round a draw one ulp apart, and a
+draw that close to an integer then floors to the neighbouring rank. The job's writer lists, per
+table, the draws within AMBIGUOUS (relative) of an integer as [position, index] pairs of the
+pool's trace (`ambiguous_draws`; usually none, and none where the field is absent); the worker
+sets those positions to the listed indices (`regenerate`) and still checks the digest exactly.
 
 The rows file is the full worker's (`measure.worker`): same format, same space key (the job's
 pool digest, the backend settings that ran, the measuring code's digest and this machine), so
@@ -50,7 +57,11 @@ JOBS_FORMAT = "autoshard-measure-jobs/1"
 ROWS_FORMAT = "autoshard-measure-rows/2"
 MAX_SHARDS = 1_000_000
 PORTABLE_BACKENDS = ("fbgemm", "torch")  # `analytic` needs torchrec: not portable
-SPEC_FIELDS = ("table", "rows", "dim", "pooling_factor", "alpha", "trace")
+SPEC_FIELDS = ("table", "rows", "dim", "pooling_factor", "alpha", "trace", "ambiguous")
+# A draw this close to an integer (relative) is one whose floor another CPU may take one lower or
+# higher: vectorised powers differ from one CPU to another by a few ulp (2.2e-16 relative each),
+# a few thousand times less; the writer lists such draws (usually none in a million).
+AMBIGUOUS = 1e-12
 
 
 def trace_digest(lengths: np.ndarray, indices: np.ndarray) -> str:
@@ -68,6 +79,7 @@ class TableSpec:
     pooling_factor: float
     alpha: float
     trace: str
+    ambiguous: tuple[tuple[int, int], ...] = ()  # (position, index) of the draws another CPU may floor apart
 
 
 @dataclass(frozen=True)
@@ -139,6 +151,7 @@ def parse_traces(f: Fields) -> TraceSource:
         spec = TableSpec(table=t.integer("table", lo=0), rows=t.integer("rows", hi=2**31 - 1), dim=t.integer("dim"),
                          pooling_factor=t.number("pooling_factor", lo=0, lo_open=True),
                          alpha=t.number("alpha", lo=0), trace=_digest(t, "trace"))
+        spec = replace(spec, ambiguous=parse_ambiguous(t, spec.rows))
         t.done()
         if spec.table in seen:
             raise ConfigError(f"{t.name('table')}: {spec.table} (listed twice)")
@@ -149,6 +162,25 @@ def parse_traces(f: Fields) -> TraceSource:
                       tables=tuple(specs))
     f.done()
     return out
+
+
+def parse_ambiguous(t: Fields, rows: int) -> tuple[tuple[int, int], ...]:
+    """A table's `ambiguous` draws: [position, index] pairs, distinct positions, indices below
+    `rows`; absent (a job written before the field) or empty: none."""
+    pairs = t.values.get("ambiguous", [])
+    t.used.add("ambiguous")
+    if not isinstance(pairs, list):
+        raise ConfigError(f"{t.name('ambiguous')}: {shown(pairs)} (expected a list of [position, index] pairs)")
+    out = []
+    for k, pair in enumerate(pairs):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(type(v) is int and v >= 0 for v in pair)
+                and pair[1] < rows):
+            raise ConfigError(f"{t.name('ambiguous')}[{k}]: {shown(pair)} (expected [position, index], "
+                              f"an index below the table's {rows} rows)")
+        out.append((pair[0], pair[1]))
+    if len({p for p, _ in out}) != len(out):
+        raise ConfigError(f"{t.name('ambiguous')}: {shown(pairs)} (a position listed twice)")
+    return tuple(out)
 
 
 def parse_job(doc: object) -> PortableJob:
@@ -185,13 +217,20 @@ def read_job(path: Path) -> PortableJob:
 
 
 def regenerate(source: TraceSource) -> TracePool:
-    """The traces of the listed tables, as the pool has them (`data.synth.table_trace`), each
-    checked against its digest; their rows and dims."""
+    """The traces of the listed tables, as the pool has them (`data.synth.table_trace`, each
+    table's `ambiguous` draws set to the pool's indices), each checked against its digest; their
+    rows and dims."""
     lengths = np.empty((len(source.tables), source.batch_size), dtype=np.int64)
     parts = []
     for i, s in enumerate(source.tables):
         lengths[i], idx = bag_trace(rng(source.seed, "pool", "trace", s.table), s.rows, s.pooling_factor, s.alpha,
                                     source.batch_size, source.dispersion)
+        if s.ambiguous:
+            positions, values = np.array(s.ambiguous, dtype=np.int64).T
+            if positions.max() >= idx.size:
+                raise ConfigError(f"job.traces.tables[{i}].ambiguous: position {positions.max()} (table {s.table}'s "
+                                  f"trace has {idx.size} lookups)")
+            idx[positions] = values
         if trace_digest(lengths[i], idx) != s.trace:
             raise ConfigError(f"job.traces.tables[{i}].trace: table {s.table}'s trace regenerated here differs "
                               f"from the pool's (numpy {np.__version__} draws other numbers: use the planning "
@@ -201,6 +240,36 @@ def regenerate(source: TraceSource) -> TracePool:
                 "dim": np.array([s.dim for s in source.tables], dtype=np.int64)}
     return TracePool(features=features, traces=from_lengths(np.concatenate(parts), lengths),
                      tables=tuple(s.table for s in source.tables))
+
+
+def zipf_points(u: np.ndarray, rows: int, alpha: float) -> np.ndarray:
+    """The continuous power-law draws whose floors are a trace's Zipf ranks: the formula of
+    `data.synth.zipf_ranks` (kept equal to it by a test), for `ambiguous_draws` to see how close
+    to an integer each one came."""
+    n1 = rows + 1.0
+    if abs(alpha - 1.0) < 1e-9:
+        return n1 ** u
+    e = 1.0 - alpha
+    return (1.0 + u * (n1 ** e - 1.0)) ** (1.0 / e)
+
+
+def replay(seed: int, table: int, rows: int, pooling_factor: float, alpha: float, batch_size: int,
+           dispersion: float) -> tuple[np.ndarray, np.ndarray, np.random.Generator]:
+    """The draws of `data.synth.bag_trace` for one table of the pool, in its order: the bag
+    lengths, the power-law points whose floors are the ranks, and the generator as it stands
+    after them (it draws the scatter next)."""
+    g = rng(seed, "pool", "trace", table)
+    lengths = g.poisson(g.gamma(dispersion, pooling_factor / dispersion, batch_size)).astype(np.int64)
+    return lengths, zipf_points(g.random(int(lengths.sum())), rows, alpha), g
+
+
+def ambiguous_draws(seed: int, table: int, rows: int, pooling_factor: float, alpha: float, batch_size: int,
+                    dispersion: float, indices: np.ndarray) -> list[list[int]]:
+    """A table's `ambiguous` entry for the job: [position, index] of every draw within AMBIGUOUS
+    (relative) of an integer, the index being the pool's, `indices` (its trace's flat indices)."""
+    _, points, _ = replay(seed, table, rows, pooling_factor, alpha, batch_size, dispersion)
+    near = np.flatnonzero(np.abs(points - np.rint(points)) <= AMBIGUOUS * points)
+    return [[int(p), int(indices[p])] for p in near]
 
 
 def worker_backend(pool, cfg: BackendConfig) -> CostBackend:
