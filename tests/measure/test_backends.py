@@ -2,6 +2,7 @@
 
 import math
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -96,7 +97,7 @@ def test_cuda_without_gpu(smoke_params):
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [
-    ("backend", "tpu", r"profile.backend: 'tpu' \(expected one of fbgemm, torch, analytic\)"),
+    ("backend", "tpu", r"profile.backend: 'tpu' \(expected one of fbgemm, torch_fused, torch, analytic\)"),
     ("optimizer", "ADAM", r"profile.optimizer: 'ADAM'"),
     ("runs", 0, r"profile.runs: 0"),
     ("device", "gpu", r"profile.device: 'gpu'"),
@@ -163,3 +164,40 @@ def test_a_backend_measures_on_its_own_thread_count_whatever_the_caller_set(pool
         assert seen == [1] and torch.get_num_threads() == 2, "pinned inside, restored after"
     finally:
         torch.set_num_threads(1)
+
+
+def test_more_ranks_than_gpus_are_refused_before_any_launch(monkeypatch):
+    """Rank r takes GPU r: on one GPU rank 1 would die ("invalid device ordinal")."""
+    from autoshard.measure import comm
+
+    def never(*args, **kwargs):
+        raise AssertionError("launched torchrun")
+
+    monkeypatch.setattr(comm.torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(comm.subprocess, "run", never)
+    with pytest.raises(ConfigError, match=r"comm.processes: 2 \(an all-to-all on cuda runs one rank per GPU, "
+                                          r"and this machine has 1"):
+        measure_comm([[16], [16]], 64, "cuda", FAST)
+    assert comm.can_measure(4, "cpu") and comm.can_measure(1, "cuda") and not comm.can_measure(2, "cuda")
+
+
+def test_the_comm_check_estimates_what_the_gpus_cannot_run(monkeypatch, pool):
+    from autoshard.data.tasks import Task
+    from autoshard.measure import comm, crosscheck
+
+    seen = []
+
+    def stages(backend, features, plan, batch_size, measure, timing):
+        seen.append(measure)
+        return device_stages([ShardCost(1.0, 1.0)] * len(plan), [(0.1, 0.1)] * len(plan)).assign(
+            comm="measured" if measure else "analytic")
+
+    monkeypatch.setattr(crosscheck, "plan_stages", stages)
+    task = Task("t0", "dreamshard", "train", (0, 1, 2, 3), 4, 2**30, 0.0)
+    gpu = AnalyticBackend(pool, "cuda")
+    for gpus, expected in ((1, [False]), (4, [False, True])):
+        monkeypatch.setattr(comm.torch.cuda, "device_count", lambda n=gpus: n)
+        seen.clear()
+        table = crosscheck.comm_check(pool, [task], gpu, SimpleNamespace(batch_size=64, timing=FAST), 4, 1,
+                                      placement_of=lambda t: np.arange(4))
+        assert seen == expected and list(table["comm"].unique()) == ["measured" if e else "analytic" for e in expected]

@@ -237,3 +237,59 @@ def test_profile_config_reads_the_comm_rounds(smoke_params):
     assert ProfileConfig.from_params(profile).comm_rounds == profile["comm"]["rounds"]
     with pytest.raises(ConfigError, match="profile.comm.rounds"):
         ProfileConfig.from_params(profile | {"comm": profile["comm"] | {"rounds": 0}})
+
+
+def test_a_cuda_count_above_the_gpus_is_estimated_analytically_and_labelled(monkeypatch):
+    """On one GPU no count of [2, 4] can be launched (rank 1 has no GPU): nothing is measured,
+    the rows and the model say analytic, and the metrics say which counts were measured (none)."""
+    from autoshard.core.schema import CommMetrics, check
+    from autoshard.measure import comm, commmodel
+
+    def never(*args, **kwargs):
+        raise AssertionError("launched an all-to-all this machine cannot run")
+
+    monkeypatch.setattr(commmodel, "measure_rounds", never)
+    monkeypatch.setattr(comm.torch.cuda, "device_count", lambda: 1)
+    args = (list(range(8, 200, 8)), [2, 4], 12, 1024, one_round(warmup=1, runs=2), 7)
+    rows, model, metrics = commmodel.profile_comm(*args, **COMM | {"device": "cuda"})
+    assert set(rows["source"]) == {"analytic"} and sorted(rows["world"].unique()) == [2, 4]
+    assert set(commmodel.error_table(model, rows)["source"]) == {"analytic"}
+    expected = commmodel.analytic_ranks([16, 48], 1024, "cuda")
+    assert expected == comm.analytic_comm([[16], [16, 32]], [[3.0], [1.0, 7.0]], 1024, "cuda"), "pooling-blind"
+    assert model.analytic and model.source(2, 1) == "analytic-model" and model.source(8, 1) == "analytic-model"
+    assert CommModel.from_json(model.to_json()).analytic
+    assert metrics["device_counts"] == [] and metrics["analytic_device_counts"] == [2, 4]
+    assert metrics["mape_heldout"] is None and metrics["mape_target_met"] is False
+    assert "[2, 4] were not measured" in metrics["mape_target_note"]
+    check(metrics, CommMetrics, "profile.json")
+
+
+def test_on_two_gpus_four_ranks_are_extrapolated_from_the_two_measured(monkeypatch):
+    from autoshard.measure import comm, commmodel
+    from autoshard.measure.comm_store import placement_key
+
+    worlds = []
+
+    def fake(placements, batch_size, device, timing, order):
+        worlds.append(len(placements[0]))
+        return {placement_key(p): {"forward_ms": [1 + w / 100 for w in p], "backward_ms": [2 + w / 50 for w in p],
+                                   "rounds": _rounds_of(p, 1.0, [1.0] * (timing.rounds - 1))} for p in placements}
+
+    monkeypatch.setattr(commmodel, "measure_rounds", fake)
+    monkeypatch.setattr(comm.torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(commmodel, "honest_limit", lambda device: 2)
+    args = (list(range(8, 200, 8)), [2, 4], 12, 1024, one_round(warmup=1, runs=2), 7)
+    rows, model, metrics = commmodel.profile_comm(*args, **COMM | {"device": "cuda"})
+    assert worlds == [2], "only the count with a GPU per rank is launched"
+    assert rows.groupby("world")["source"].unique().map(list).to_dict() == {2: ["measured"], 4: ["analytic"]}
+    assert sorted(model.per_world) == [2], "fitted on the measured rows only"
+    assert model.source(2, 2) == "measured-model" and model.source(4, 2) == "extrapolated-model"
+    assert metrics["device_counts"] == [2] and metrics["analytic_device_counts"] == [4]
+    assert list(metrics["mape_heldout_by_world"]) == ["2"] and metrics["mape_target_met"] is True
+    assert "extrapolates" in metrics["mape_target_note"]
+
+
+def test_an_old_model_file_is_a_measured_one():
+    doc = fit_comm_model(_synthetic(0)).to_json()
+    del doc["analytic"]
+    assert not CommModel.from_json(doc).analytic and CommModel.from_json(doc).source(2, 2) == "measured-model"

@@ -11,7 +11,10 @@ when only one process is asked for.
 
 Honest device counts: a launch of D processes measures the exchange only when each rank has a
 core (gloo on CPU) or a GPU (nccl) of its own, D <= `honest_limit`; above it the ranks wait for
-one another's core and the times mostly measure scheduling (oversubscribed).
+one another's core and the times mostly measure scheduling (oversubscribed). On CUDA more ranks
+than GPUs cannot run at all (rank r takes GPU r, and NCCL refuses two ranks on one GPU): such a
+launch is refused up front (`can_measure`), and the profile's callers estimate those counts
+analytically instead, labelled so.
 """
 
 import json
@@ -72,6 +75,12 @@ def honest_limit(device: str = "cpu") -> int:
     return cpus if quota is None else min(cpus, quota)
 
 
+def can_measure(world: int, device: str = "cpu") -> bool:
+    """Whether one all-to-all launch of `world` ranks can run here: on CPU always (more ranks than
+    cores are oversubscribed, not refused), on CUDA only with a GPU per rank (`honest_limit`)."""
+    return not device.startswith("cuda") or world <= honest_limit(device)
+
+
 def measure_comm(dims_per_device: Sequence[Sequence[int]], batch_size: int, device: str, timing: TimingConfig,
                  timeout_s: float = 600) -> list[tuple[float, float]]:
     """(forward, backward) all-to-all ms per device, measured across D torchrun processes."""
@@ -95,6 +104,9 @@ def measure_comm_many(placements: Sequence[Sequence[int]], batch_size: int, devi
         raise ConfigError(f"comm.processes: {world} (measuring all-to-all needs at least 2)")
     if batch_size < world:
         raise ConfigError(f"batch_size: {batch_size} (smaller than the {world} devices)")
+    if not can_measure(world, device):
+        raise ConfigError(f"comm.processes: {world} (an all-to-all on {device} runs one rank per GPU, and this "
+                          f"machine has {honest_limit(device)}: NCCL refuses two ranks on one GPU)")
     with tempfile.TemporaryDirectory(prefix="autoshard-comm-") as tmp:
         spec = Path(tmp) / "spec.json"
         out = Path(tmp) / "out.json"

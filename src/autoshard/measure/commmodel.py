@@ -19,6 +19,12 @@ held-out row's first round against the median of its other rounds. A model canno
 beat the measurement's own repeatability, so the floor is reported beside the held-out MAPE; the
 target is still judged on the honest held-out MAPE alone (at most `mape_target`). One round is
 noisier than a median over rounds, so the floor overstates a full re-measurement's error somewhat.
+
+A device count this machine cannot launch (on CUDA, more ranks than GPUs: `comm.can_measure`) is
+not measured: its rows hold TorchRec's analytic estimate (column `source`: "analytic", else
+"measured"), are left out of the fit and the MAPEs, and the model predicts that count by the fit
+across the measured ones. With no count measurable at all (a one-GPU machine) the model is fitted
+on the analytic rows instead, and says so: its predictions are labelled "analytic-model".
 """
 
 import json
@@ -32,7 +38,7 @@ import pandas as pd
 
 from autoshard.core.errors import ConfigError
 from autoshard.core.seeding import rng
-from autoshard.measure.comm import honest_limit
+from autoshard.measure.comm import analytic_comm, can_measure, honest_limit
 from autoshard.measure.comm_store import CommTiming, measure_rounds, placement_key, ranks
 from autoshard.measure.timing import TimingConfig
 
@@ -100,15 +106,20 @@ def _design(rows: pd.DataFrame, with_world: bool) -> np.ndarray:
 @dataclass
 class CommModel:
     """Least-squares coefficients: `per_world[D][direction]` = [a, b, c] (intercept, per sent
-    MB, per received MB); `across[direction]` = [a, b, c, e] with e per device of world size."""
+    MB, per received MB); `across[direction]` = [a, b, c, e] with e per device of world size.
+    `analytic`: fitted on TorchRec's analytic estimate, no count having been measurable here."""
 
     per_world: dict[int, dict[str, list[float]]] = field(default_factory=dict)
     across: dict[str, list[float]] = field(default_factory=dict)
+    analytic: bool = False
 
     def source(self, world: int, limit: int) -> str:
         """'measured-model' when fitted at this device count, 'oversubscribed-model' when fitted at
         it but it is above the honest limit `limit` (`comm.honest_limit`: the fit's times there
-        mostly measure scheduling), 'extrapolated-model' when only the across-world fit covers it."""
+        mostly measure scheduling), 'extrapolated-model' when only the across-world fit covers it;
+        'analytic-model' at every count for a model fitted on the analytic estimate."""
+        if self.analytic:
+            return "analytic-model"
         if world not in self.per_world:
             return "extrapolated-model"
         return "measured-model" if world <= limit else "oversubscribed-model"
@@ -156,11 +167,13 @@ class CommModel:
     def to_json(self) -> dict:
         """A JSON-ready document (device counts as string keys)."""
         return {"per_world": {str(w): v for w, v in self.per_world.items()}, "across": self.across,
+                "analytic": self.analytic,
                 "units": "ms = a + b*sent_mb + c*received_mb (+ e*world across device counts)"}
 
     @classmethod
     def from_json(cls, doc: dict) -> "CommModel":
-        return cls({int(w): v for w, v in doc["per_world"].items()}, doc["across"])
+        """A model from `to_json`'s document (one written before `analytic` was: measured)."""
+        return cls({int(w): v for w, v in doc["per_world"].items()}, doc["across"], bool(doc.get("analytic", False)))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json(), indent=1))
@@ -218,31 +231,57 @@ def random_placements(table_dims: Sequence[int], world: int, count: int, seed: i
     return out
 
 
+def analytic_ranks(widths: Sequence[int], batch_size: int, device: str) -> list[tuple[float, float]]:
+    """TorchRec's (forward, backward) all-to-all estimate per device of a placement given as each
+    device's summed width (`comm.analytic_comm`: linear in a table's dim, blind to its pooling,
+    so a device's tables may be taken as one table of their summed width)."""
+    return analytic_comm([[int(w)] for w in widths], [[1.0]] * len(widths), batch_size, device)
+
+
 def profile_comm(table_dims: Sequence[int], device_counts: Sequence[int], placements: int, batch_size: int,
                  timing: TimingConfig, seed: int, *, heldout_share: float, device: str, mape_target: float,
                  rounds: int) -> tuple[pd.DataFrame, CommModel, dict]:
     """Measure `placements` random placements per device count (those drawn twice, once) (one torchrun launch each, in
     `rounds` interleaved rounds of `timing.warmup` untimed and `timing.runs` timed all-to-alls,
     orders seeded from `seed`), fit the model on the placements not held out, and score it on the
-    held-out ones, beside the measurement floor. Returns the measured rows (column `heldout`, and
-    the per-round columns of `comm_rows`), the model and the metrics."""
+    held-out ones, beside the measurement floor. A count this machine cannot launch
+    (`comm.can_measure`) gets TorchRec's analytic estimate instead (see the module's text).
+    Returns the rows (columns `heldout` and `source`, and the per-round columns of `comm_rows`),
+    the model and the metrics (`device_counts`: those measured; `analytic_device_counts`: the
+    others)."""
     frames = []
     comm_timing = CommTiming(rounds=int(rounds), warmup=timing.warmup, runs=timing.runs)
     for world in device_counts:
         # a placement drawn twice is one measurement: kept once, so it cannot be fitted and held out
         drawn = random_placements(table_dims, int(world), placements, seed)
         widths = list({placement_key(w): w for w in drawn}.values())
-        records = measure_rounds(widths, batch_size, device, comm_timing,
-                                 rng(seed, "profile", "comm", "rounds", int(world)))
-        measured = [records[placement_key(w)] for w in widths]
         held = heldout_split(len(widths), heldout_share, seed, int(world))
-        rows = comm_rows(widths, [ranks(r) for r in measured], batch_size, rounds=[r["rounds"] for r in measured])
+        if can_measure(int(world), device):
+            records = measure_rounds(widths, batch_size, device, comm_timing,
+                                     rng(seed, "profile", "comm", "rounds", int(world)))
+            measured = [records[placement_key(w)] for w in widths]
+            rows = comm_rows(widths, [ranks(r) for r in measured], batch_size,
+                             rounds=[r["rounds"] for r in measured]).assign(source="measured")
+        else:
+            rows = comm_rows(widths, [analytic_ranks(w, batch_size, device) for w in widths],
+                             batch_size).assign(source="analytic")
         frames.append(rows.assign(heldout=held[rows["placement"].to_numpy()]))
     rows = pd.concat(frames, ignore_index=True)
-    model = fit_comm_model(rows[~rows["heldout"]])
-    metrics = {"placements": int(placements), "device_counts": [int(w) for w in device_counts],
-               "batch_size": int(batch_size), "heldout_share": float(heldout_share), "rounds": int(rounds),
-               **heldout_metrics(model, rows, honest_limit(device), mape_target)}
+    timed = rows[rows["source"] == "measured"]
+    fitted = timed if len(timed) else rows
+    model = fit_comm_model(fitted[~fitted["heldout"]])
+    model.analytic = timed.empty
+    analytic = [int(w) for w in device_counts if not can_measure(int(w), device)]
+    metrics = {"placements": int(placements), "device_counts": [int(w) for w in device_counts if w not in analytic],
+               "analytic_device_counts": analytic, "batch_size": int(batch_size),
+               "heldout_share": float(heldout_share), "rounds": int(rounds),
+               **heldout_metrics(model, timed, honest_limit(device), mape_target)}
+    if analytic:
+        unmeasured = (f"device counts {analytic} were not measured (more ranks than the {honest_limit(device)} GPUs "
+                      "here): " + ("the model is fitted on TorchRec's analytic estimate" if timed.empty
+                                   else "the model extrapolates to them from the measured counts"))
+        metrics["mape_target_note"] = unmeasured if timed.empty else "; ".join(
+            filter(None, [metrics["mape_target_note"], unmeasured]))
     floor = metrics["mape_floor_honest"]
     metrics["mape_noise_free_honest"] = None if floor is None or rounds < 2 else noise_free_comm_mape(floor, rounds)
     return rows, model, metrics
@@ -265,26 +304,30 @@ def noise_free_comm_mape(floor: float, rounds: int) -> float:
 
 
 def heldout_metrics(model: CommModel, rows: pd.DataFrame, limit: int, mape_target: float) -> dict:
-    """The fit's MAPE on the held-out rows (column `heldout`): pooled, per device count, across
-    counts and over the honest counts (at most `limit`, see `comm.honest_limit`), the one the
-    target is judged on; without an honest count the target is not met and `mape_target_note`
-    says why. Beside them the measurement floor (`remeasure_ape`) over the same held-out rows,
-    pooled (`mape_floor`) and honest (`mape_floor_honest`): None without two rounds or such rows."""
+    """The fit's MAPE on the held-out rows (column `heldout`) of the measured `rows`: pooled, per
+    device count, across counts and over the honest counts (at most `limit`, see
+    `comm.honest_limit`), the one the target is judged on; without an honest count the target is
+    not met and `mape_target_note` says why. Beside them the measurement floor (`remeasure_ape`)
+    over the same held-out rows, pooled (`mape_floor`) and honest (`mape_floor_honest`): None
+    without two rounds or such rows. With no measured rows every MAPE is None."""
     test = rows[rows["heldout"]]
     worlds = sorted(int(w) for w in rows["world"].unique())
     honest = [w for w in worlds if w <= limit]
     honest_test = test[test["world"].isin(honest)]
-    metrics = {"mape_heldout": mape(model, test),
+    measured = not rows.empty
+    metrics = {"mape_heldout": mape(model, test) if measured else None,
                "mape_heldout_by_world": {str(w): mape(model, g) for w, g in test.groupby("world")},
-               "mape_train": mape(model, rows[~rows["heldout"]]),
+               "mape_train": mape(model, rows[~rows["heldout"]]) if measured else None,
                # the fit across device counts alone, as used where no count was measured (8 devices)
-               "mape_heldout_across": mape(CommModel({}, model.across), test),
+               "mape_heldout_across": mape(CommModel({}, model.across), test) if measured else None,
                "median_ms_by_world": {str(w): float(g["ms"].median()) for w, g in rows.groupby("world")},
                "honest_limit": int(limit), "honest_device_counts": honest,
                "mape_heldout_honest": mape(model, honest_test) if len(honest_test) else None,
                "mape_floor": _floor(test), "mape_floor_honest": _floor(honest_test),
                "mape_target": float(mape_target), "mape_target_note": None}
-    if metrics["mape_heldout_honest"] is None:
+    if not measured:
+        metrics |= {"mape_target_met": False, "mape_target_note": "no device count was measured"}
+    elif metrics["mape_heldout_honest"] is None:
         metrics["mape_target_met"] = False
         metrics["mape_target_note"] = (f"no measured device count {worlds} runs one process per core or GPU "
                                        f"(at most {limit} here): every one is oversubscribed")
@@ -299,8 +342,10 @@ def _floor(rows: pd.DataFrame) -> float | None:
 
 
 def error_table(model: CommModel, rows: pd.DataFrame) -> pd.DataFrame:
-    """MAPE and median measured ms per device count, direction and fitted / held-out set."""
+    """MAPE and median ms per device count, direction and fitted / held-out set (and, where the
+    rows say it, per source: measured or analytic)."""
     rows = rows.assign(predicted_ms=model.predict_rows(rows))
     rows["ape"] = (rows["predicted_ms"] - rows["ms"]).abs() / rows["ms"]
-    return rows.groupby(["world", "direction", "heldout"]).agg(
+    keys = ["world", "source", "direction", "heldout"] if "source" in rows else ["world", "direction", "heldout"]
+    return rows.groupby(keys).agg(
         rows=("ms", "size"), median_ms=("ms", "median"), mape=("ape", "mean")).reset_index()

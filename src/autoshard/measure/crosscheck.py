@@ -20,9 +20,11 @@ from autoshard.data.pool import Pool
 from autoshard.data.tasks import Task, shards
 from autoshard.measure.backends import BackendConfig
 from autoshard.measure.base import CostBackend
-from autoshard.measure.comm import plan_stages
-from autoshard.measure.fbgemm import output_grad
+from autoshard.measure.comm import can_measure, plan_stages
+from autoshard.measure.fbgemm import fbgemm_module, output_grad, tbe_placement
 from autoshard.measure.timing import TimingConfig, time_steps
+
+HARNESS = "profile.crosscheck.bench (timed by FBGEMM's own harness)"
 
 
 @dataclass(frozen=True)
@@ -52,32 +54,33 @@ def compare_backends(a: CostBackend, b: CostBackend, shards: Sequence[Sequence[i
     return table
 
 
-def fbgemm_harness_check(cfg: BenchConfig, timing: TimingConfig, optimizer: str) -> pd.DataFrame:
-    """Forward and backward ms of one CPU TBE, timed by FBGEMM's harness and by ours."""
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
-    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
-    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-        ComputeDevice,
-        SplitTableBatchedEmbeddingBagsCodegen,
-    )
-    from fbgemm_gpu.tbe.bench import benchmark_requests
-    from fbgemm_gpu.tbe.utils.requests import generate_requests
+def fbgemm_harness_check(cfg: BenchConfig, timing: TimingConfig, optimizer: str,
+                         device: str | torch.device = "cpu") -> pd.DataFrame:
+    """Forward and backward ms of one TBE on `device`, timed by FBGEMM's harness and by ours: on
+    the CPU in host memory with fp32 weights, on CUDA in device memory with fp16 weights (as the
+    `fbgemm` backend runs it there, `fbgemm.tbe_placement`)."""
+    device = torch.device(device)
+    configs, common, training, bench, requests_module = (fbgemm_module(m, HARNESS) for m in (
+        "split_embedding_configs", "split_table_batched_embeddings_ops_common",
+        "split_table_batched_embeddings_ops_training", "tbe.bench", "tbe.utils.requests"))
 
-    op = SplitTableBatchedEmbeddingBagsCodegen(
-        [(cfg.rows, cfg.dim, EmbeddingLocation.HOST, ComputeDevice.CPU)] * cfg.tables,
-        optimizer=getattr(EmbOptimType, optimizer), weights_precision=SparseType.FP32,
-        pooling_mode=PoolingMode.SUM, learning_rate=0.01, device=torch.device("cpu"))
-    requests = generate_requests(timing.runs, cfg.batch_size, cfg.tables, cfg.pooling, cfg.rows,
-                                 alpha=cfg.alpha, use_cpu=True, deterministic_output=True)
-    grad = output_grad(cfg.batch_size, cfg.tables * cfg.dim, torch.device("cpu"))
-    harness_fwd = benchmark_requests(requests, lambda i, o, w: op(i, o), num_warmups=timing.warmup,
-                                     check_median=True)
-    harness_bwd = benchmark_requests(requests, lambda i, o, w: op(i, o), num_warmups=timing.warmup,
-                                     check_median=True, bwd_only=True, grad=grad)
+    location, compute, precision = tbe_placement(device)
+    op = training.SplitTableBatchedEmbeddingBagsCodegen(
+        [(cfg.rows, cfg.dim, common.EmbeddingLocation[location], training.ComputeDevice[compute])] * cfg.tables,
+        optimizer=getattr(configs.EmbOptimType, optimizer), weights_precision=configs.SparseType[precision],
+        pooling_mode=common.PoolingMode.SUM, learning_rate=0.01, device=device)
+    requests = requests_module.generate_requests(timing.runs, cfg.batch_size, cfg.tables, cfg.pooling, cfg.rows,
+                                                 alpha=cfg.alpha, use_cpu=device.type != "cuda",
+                                                 deterministic_output=True)
+    grad = output_grad(cfg.batch_size, cfg.tables * cfg.dim, device)
+    harness_fwd = bench.benchmark_requests(requests, lambda i, o, w: op(i, o), num_warmups=timing.warmup,
+                                           check_median=True)
+    harness_bwd = bench.benchmark_requests(requests, lambda i, o, w: op(i, o), num_warmups=timing.warmup,
+                                           check_median=True, bwd_only=True, grad=grad)
     # The harness feeds request i to run i and leaves the cache warm: ours does the same here.
     inputs = [r.unpack_2() for r in requests]
     ours = time_steps(lambda run: op(*inputs[run % len(inputs)]), lambda out: out.backward(grad),
-                      replace(timing, evict=False), torch.device("cpu"))
+                      replace(timing, evict=False), device)
     return pd.DataFrame([
         {"component": "forward", "fbgemm_harness_ms": harness_fwd * 1e3, "ours_ms": ours.forward_ms},
         {"component": "backward", "fbgemm_harness_ms": harness_bwd * 1e3, "ours_ms": ours.backward_ms},
@@ -89,13 +92,15 @@ def comm_check(pool: Pool, tasks: list[Task], backend: CostBackend, cfg: Backend
     """Four-stage breakdown of `placement_of(task)` on the first DreamShard train tasks.
 
     Communication analytic for every task, and measured too (one process per device) when
-    `processes` covers the task's devices. Rows: one per task, comm kind and device.
+    `processes` covers the task's devices and the machine can run them (`comm.can_measure`: on
+    CUDA a GPU per device). Rows: one per task, comm kind (column `comm`) and device.
     """
     rows = []
     chosen = [t for t in tasks if t.protocol == "dreamshard" and t.split == "train"][:tasks_to_check]
     for task in chosen:
         plan = shards(placement_of(task), task.tables, task.devices)
-        for measure in [False] + ([True] if processes >= task.devices else []):
+        measurable = processes >= task.devices and can_measure(task.devices, backend.device)
+        for measure in [False] + ([True] if measurable else []):
             stages = plan_stages(backend, pool.features, plan, cfg.batch_size, measure, cfg.timing)
             rows.append(stages.assign(task=task.name))
     return pd.concat(rows, ignore_index=True)
