@@ -18,7 +18,7 @@ from autoshard.measure import crosscheck, fbgemm, portable
 from autoshard.measure.backends import make_backend
 from autoshard.measure.base import ShardCost
 from autoshard.measure.collect import ProfileConfig
-from autoshard.measure.crosscheck import BenchConfig, fbgemm_harness_check
+from autoshard.measure.crosscheck import BenchConfig, fbgemm_harness_check, harness_check
 from autoshard.measure.fbgemm import FbgemmMissing, output_grad
 from autoshard.measure.timing import one_round
 
@@ -65,14 +65,17 @@ def test_asking_for_fbgemm_where_it_is_absent_is_one_named_error(no_fbgemm, pool
         fbgemm_harness_check(BenchConfig(2, 1000, 16, 4, 1.1, 128), FAST, "EXACT_ROWWISE_ADAGRAD")
     torch_backend = make_backend(pool, backend_config(smoke_params, backend="torch"))
     assert torch_backend.measure([0, 1], 32).total_ms > 0, "the torch backend needs no FBGEMM"
+    skipped = harness_check(BenchConfig(2, 1000, 16, 4, 1.1, 128), FAST, "EXACT_ROWWISE_ADAGRAD")
+    assert skipped.empty and "ratio" in skipped, "the profile's harness check says it was skipped, and goes on"
 
 
-def test_the_portable_worker_on_cuda_without_fbgemm_measures_with_torch_and_names_it(no_fbgemm, pool, smoke_params):
+def test_the_portable_worker_on_cuda_without_fbgemm_measures_with_torch_fused_and_names_it(no_fbgemm, pool,
+                                                                                           smoke_params):
     cuda = backend_config(smoke_params, backend="fbgemm", device="cuda")
     backend = portable.worker_backend(pool, cuda)
-    assert backend.name == "torch" and backend.device == "cuda"
+    assert backend.name == "torch_fused" and backend.device == "cuda"
     assert portable.shard_rows(SimpleNamespace(name=backend.name, measure=lambda ids, b: ShardCost(1.0, 2.0)),
-                               replace(cuda, device="cpu"), [[0]], [[0]])[0]["backend"] == "torch"
+                               replace(cuda, device="cpu"), [[0]], [[0]])[0]["backend"] == "torch_fused"
     with pytest.raises(FbgemmMissing):  # on the CPU no other backend is taken silently
         portable.worker_backend(pool, backend_config(smoke_params, backend="fbgemm"))
 

@@ -99,7 +99,7 @@ def broken_trace(doc: dict) -> dict:
 @pytest.mark.parametrize("change, message", [
     (lambda d: {k: v for k, v in d.items() if k != "traces"}, r"job\.traces: missing"),
     (lambda d: d | {"backend": d["backend"] | {"backend": "analytic"}},
-     r"job\.backend\.backend: 'analytic' \(the portable worker measures with fbgemm or torch\)"),
+     r"job\.backend\.backend: 'analytic' \(the portable worker measures with fbgemm or torch_fused or torch\)"),
     (lambda d: d | {"shards": [[0, 10**6]]}, r"job\.shards\[0\]: table 1000000 \(not in job\.traces\.tables\)"),
     (lambda d: d | {"traces": d["traces"] | {"seed": -1}}, r"job\.traces\.seed: -1"),
     (broken_trace, r"job\.traces\.tables\[0\]\.trace: table \d+'s trace regenerated here differs"),
@@ -190,3 +190,23 @@ def test_a_job_without_ambiguous_draws_is_read_as_having_none(job):
     assert all(s.ambiguous == () for s in older.traces.tables)
     assert portable.parse_job(first_table(job, ambiguous=[])).traces.tables[0].ambiguous == ()
     assert portable.parse_job(first_table(job, ambiguous=[[4, 1]])).traces.tables[0].ambiguous == ((4, 1),)
+
+
+def test_write_jobs_lists_each_tables_ambiguous_draws_with_the_pools_index(smoke_params, pool, tmp_path,
+                                                                            monkeypatch):
+    """With a wide tolerance many draws are 'ambiguous': the job lists each as [position, the pool's
+    index there], which the worker sets before its digest check."""
+    monkeypatch.setattr(portable, "AMBIGUOUS", 1e-3)
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(smoke_params))
+    assert main(["measure", "--write-jobs", str(tmp_path / "jobs.json"), "--params", str(params), "--passes", "main",
+                 "--backend", "torch_fused", "--device", "cpu"]) == 0
+    doc = json.loads((tmp_path / "jobs.json").read_text())
+    assert doc["backend"]["backend"] == "torch_fused"
+    listed = 0
+    for entry in doc["traces"]["tables"]:
+        trace = pool.traces.table(entry["table"])
+        assert all(trace[p] == index for p, index in entry["ambiguous"])
+        listed += len(entry["ambiguous"])
+    assert listed > 0
+    assert portable.regenerate(portable.parse_job(doc).traces).tables  # and the worker still regenerates exactly

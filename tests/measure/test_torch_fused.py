@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -122,3 +123,11 @@ def test_fused_and_fbgemm_rank_shards_alike(pool):
     small, large = [0], list(range(24))
     for b in (fused, fbgemm):
         assert b.measure(large, 64).total_ms > b.measure(small, 64).total_ms
+
+
+def test_it_refuses_an_optimizer_it_does_not_run(pool):
+    from autoshard.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"profile.optimizer: 'EXACT_SGD' \(the torch_fused backend runs "
+                                          r"EXACT_ROWWISE_ADAGRAD only\)"):
+        make_backend(pool, replace(config("torch_fused"), optimizer="EXACT_SGD"))

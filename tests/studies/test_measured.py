@@ -175,3 +175,18 @@ def test_launches_are_chunked_in_the_order_given_and_each_devices_round_cv_is_re
     assert launched == [sorted(map(tuple, placements[i:i + 2])) for i in (0, 2, 4)], "not chunked in the order given"
     assert set(records) == set(map(placement_key, placements))
     assert all(comm_store.rank_cvs(r) == [0.0, 0.0] for r in records.values()), "the fake launch repeats itself"
+
+
+def test_tasks_whose_ranks_the_machine_cannot_launch_take_their_comm_from_the_model(tmp_path, pool, launches,
+                                                                                     monkeypatch):
+    """On CUDA one rank needs one GPU (`comm.can_measure`): a task with more devices than GPUs is
+    never launched (NCCL would refuse it); its comm comes from the model, labelled."""
+    monkeypatch.setattr(measured, "can_measure", lambda world, device: False)
+    tasks, plans = _plans()
+    cfg = BackendConfig(backend="analytic", device="cpu", optimizer="EXACT_SGD", batch_size=64, threads=1,
+                        timing=ONE_ROUND, memory_limit_bytes=2**30)
+    asked = MeasuredComm(timing=TIMING, device_counts=(2,), protocols=("dreamshard",))
+    devices = score(AnalyticBackend(pool), pool.features, tasks, plans, cfg, MeasurementStore(tmp_path, "space"), 0,
+                    progress=False, measured_comm=asked)
+    assert not launches.calls
+    assert set(devices["comm_source"]) == {"analytic"}

@@ -15,14 +15,16 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from autoshard.core.errors import ConfigError, invalid
 from autoshard.data.pool import Pool, build_pool
 from autoshard.data.synth import PoolConfig, draw_specs
 from autoshard.data.tasks import make_tasks
 from autoshard.measure.backends import DEVICES
 from autoshard.measure.collect import ProfileConfig, passes
+from autoshard.measure.portable import ambiguous_draws, trace_digest
 from autoshard.measure.portable import parse_job as parse_portable_job
-from autoshard.measure.portable import trace_digest
 from autoshard.measure.worker import JOBS_FORMAT, parse_job
 from autoshard.placement.profile_shards import profile_jobs
 
@@ -88,10 +90,18 @@ def trace_section(pool: Pool, pool_params: dict, seed: int, tables: set[int]) ->
     b = t.batch_size
     return {"seed": seed, "batch_size": b, "dispersion": cfg.bag_dispersion,
             "pool": pool.digest(list(range(pool.num_tables))),
-            "tables": [{"table": i, "rows": int(specs.rows[i]), "dim": int(specs.dims[i]),
-                        "pooling_factor": float(specs.pooling_factors[i]), "alpha": float(specs.alphas[i]),
-                        "trace": trace_digest(t.lengths[i], t.indices[t.offsets[i * b]:t.offsets[(i + 1) * b]])}
-                       for i in sorted(tables)]}
+            "tables": [table_entry(specs, t, seed, i, cfg.bag_dispersion) for i in sorted(tables)]}
+
+
+def table_entry(specs, traces, seed: int, table: int, dispersion: float) -> dict:
+    """What regenerates one table's trace on the worker, the draws whose floor another CPU may
+    take one apart (`portable.ambiguous_draws`), and the digest the trace must have."""
+    b = traces.batch_size
+    indices = traces.indices[traces.offsets[table * b]:traces.offsets[(table + 1) * b]]
+    rows, pf, alpha = int(specs.rows[table]), float(specs.pooling_factors[table]), float(specs.alphas[table])
+    return {"table": table, "rows": rows, "dim": int(specs.dims[table]), "pooling_factor": pf, "alpha": alpha,
+            "ambiguous": ambiguous_draws(seed, table, rows, pf, alpha, b, dispersion, np.asarray(indices)),
+            "trace": trace_digest(traces.lengths[table], indices)}
 
 
 def write_plan(params: dict, path: Path, device: str | None = None, backend: str | None = None,

@@ -71,9 +71,9 @@ def make_backend(pool: Pool, cfg: BackendConfig) -> CostBackend:
     if cfg.backend == "fbgemm":
         return FbgemmBackend(pool, device, cfg.optimizer, cfg.timing, cfg.memory_limit_bytes, cfg.threads)
     if cfg.backend == "torch_fused":
-        return TorchFusedBackend(pool, device, cfg.timing, cfg.memory_limit_bytes, cfg.threads)
+        return TorchFusedBackend(pool, device, cfg.timing, cfg.memory_limit_bytes, cfg.threads, cfg.optimizer)
     if cfg.backend == "torch":
-        return TorchBackend(pool, device, cfg.timing, cfg.memory_limit_bytes, cfg.threads)
+        return TorchBackend(pool, device, cfg.timing, cfg.memory_limit_bytes, cfg.threads, cfg.optimizer)
     if cfg.backend == "analytic":
         return AnalyticBackend(pool, cfg.device)
     raise invalid("profile.backend", cfg.backend, f"expected one of {', '.join(BACKENDS)}")

@@ -21,7 +21,7 @@ from autoshard.data.tasks import Task, shards
 from autoshard.measure.backends import BackendConfig
 from autoshard.measure.base import CostBackend
 from autoshard.measure.comm import can_measure, plan_stages
-from autoshard.measure.fbgemm import fbgemm_module, output_grad, tbe_placement
+from autoshard.measure.fbgemm import FbgemmMissing, fbgemm_module, output_grad, tbe_placement
 from autoshard.measure.timing import TimingConfig, time_steps
 
 HARNESS = "profile.crosscheck.bench (timed by FBGEMM's own harness)"
@@ -85,6 +85,17 @@ def fbgemm_harness_check(cfg: BenchConfig, timing: TimingConfig, optimizer: str,
         {"component": "forward", "fbgemm_harness_ms": harness_fwd * 1e3, "ours_ms": ours.forward_ms},
         {"component": "backward", "fbgemm_harness_ms": harness_bwd * 1e3, "ours_ms": ours.backward_ms},
     ]).assign(ratio=lambda t: t["ours_ms"] / t["fbgemm_harness_ms"])
+
+
+def harness_check(cfg: BenchConfig, timing: TimingConfig, optimizer: str,
+                  device: str | torch.device = "cpu") -> pd.DataFrame:
+    """`fbgemm_harness_check`, or no rows and a line saying why where `fbgemm_gpu` is absent (a
+    GPU machine with torch alone still runs the profile, on `torch_fused`)."""
+    try:
+        return fbgemm_harness_check(cfg, timing, optimizer, device)
+    except FbgemmMissing as exc:
+        print(f"harness check skipped: {exc}")
+        return pd.DataFrame(columns=["component", "fbgemm_harness_ms", "ours_ms", "ratio"])
 
 
 def comm_check(pool: Pool, tasks: list[Task], backend: CostBackend, cfg: BackendConfig,

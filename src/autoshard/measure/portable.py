@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 JOBS_FORMAT = "autoshard-measure-jobs/1"
 ROWS_FORMAT = "autoshard-measure-rows/2"
 MAX_SHARDS = 1_000_000
-PORTABLE_BACKENDS = ("fbgemm", "torch")  # `analytic` needs torchrec: not portable
+PORTABLE_BACKENDS = ("fbgemm", "torch_fused", "torch")  # `analytic` needs torchrec: not portable
 SPEC_FIELDS = ("table", "rows", "dim", "pooling_factor", "alpha", "trace", "ambiguous")
 # A draw this close to an integer (relative) is one whose floor another CPU may take one lower or
 # higher: vectorised powers differ from one CPU to another by a few ulp (2.2e-16 relative each),
@@ -273,7 +273,8 @@ def ambiguous_draws(seed: int, table: int, rows: int, pooling_factor: float, alp
 
 
 def worker_backend(pool, cfg: BackendConfig) -> CostBackend:
-    """The configured backend; on CUDA without FBGEMM's CUDA kernels, the `torch` backend."""
+    """The configured backend; on CUDA without FBGEMM's CUDA kernels, `torch_fused`, the fused
+    operator built like FBGEMM's (its rows are named for it, never `fbgemm`)."""
     from autoshard.measure.backends import make_backend
 
     try:
@@ -281,7 +282,7 @@ def worker_backend(pool, cfg: BackendConfig) -> CostBackend:
     except ImportError:
         if cfg.device != "cuda" or cfg.backend != "fbgemm":
             raise
-        return make_backend(pool, replace(cfg, backend="torch"))
+        return make_backend(pool, replace(cfg, backend="torch_fused"))
 
 
 def shard_rows(backend: CostBackend, cfg: BackendConfig, shards: Sequence[list[int]],

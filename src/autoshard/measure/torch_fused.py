@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from autoshard.core.errors import ConfigError
 from autoshard.core.seeding import threads as pinned
 from autoshard.measure.base import Feeds, ShardCost, ShardTooLarge, shard_dims, table_shapes
 from autoshard.measure.fbgemm import output_grad
@@ -32,6 +33,7 @@ from autoshard.measure.timing import TimingConfig, time_steps
 if TYPE_CHECKING:  # only a type here: the portable worker (no pandas) imports this module
     from autoshard.data.pool import Pool
 
+OPTIMIZER = "EXACT_ROWWISE_ADAGRAD"  # the one it runs, as its rows' settings say
 LEARNING_RATE = 0.01  # as the fbgemm backend's operator
 EPS = 1e-8            # FBGEMM's default for row-wise Adagrad
 STATE_BYTES = 4       # one fp32 Adagrad sum per row
@@ -61,7 +63,7 @@ class FusedTables:
 
     def __init__(self, rows: Sequence[int], dims: Sequence[int], device: torch.device,
                  dtype: torch.dtype, seed: int = 0):
-        g = torch.Generator().manual_seed(seed)
+        g = torch.Generator(device=device).manual_seed(seed)  # drawn where they live: GiBs at 65,536 bags
         self.device = device
         self.width = int(sum(dims))
         self.groups: list[Group] = []
@@ -70,8 +72,8 @@ class FusedTables:
             counts = [int(rows[i]) for i in positions]
             starts = torch.tensor([0] + counts[:-1], dtype=torch.int64).cumsum(0)
             # TBE's initial weights are uniform in +-sqrt(1/rows); the values do not change the work
-            weight = (torch.rand(sum(counts), dim, generator=g) - 0.5) * 0.02
-            self.groups.append(Group(dim, positions, starts.to(device), weight.to(device, dtype),
+            weight = (torch.rand(sum(counts), dim, generator=g, device=device) - 0.5) * 0.02
+            self.groups.append(Group(dim, positions, starts.to(device), weight.to(dtype),
                                      torch.zeros(sum(counts), dtype=torch.float32, device=device)))
         # the output's column of each (group, table) slot, in the shard's table order
         starts = [0]
@@ -174,23 +176,28 @@ def _anchor(device: torch.device) -> torch.Tensor:
 
 
 def fused_bytes(rows: Sequence[int], dims: Sequence[int], weight_bytes: int, batch_size: int,
-                lookups: int) -> int:
-    """What the operator holds while it runs: weights and row-wise state, the fp32 output and its
-    gradient, and the backward's temporaries (each lookup's gradient row, its bag and its row's
-    place, and at most one summed gradient row per lookup)."""
-    width = int(sum(dims))
-    widest = max(int(d) for d in dims)
+                lookups: int, inputs: int = 1) -> int:
+    """What the operator holds while it runs: weights and row-wise state, `inputs` runs' int64
+    indices of `lookups` each (an upper bound: the busiest run's), the fp32 output and its
+    gradient, and the backward's temporaries of its largest dim group (one at a time): per lookup
+    its bag, its sorted row and order, and its bag in row order; per unique row (at most one per
+    lookup and one per row) its summed gradient, state and weight update."""
     tables = sum(int(r) * int(d) * weight_bytes + int(r) * STATE_BYTES for r, d in zip(rows, dims, strict=True))
-    outputs = 2 * batch_size * width * 4
-    temporaries = lookups * (2 * widest * 4 + 3 * 8)
-    return int(tables + outputs + temporaries)
+    outputs = 2 * batch_size * int(sum(dims)) * 4
+    group_rows: dict[int, int] = {}
+    for r, d in zip(rows, dims, strict=True):
+        group_rows[int(d)] = group_rows.get(int(d), 0) + int(r)
+    backward = max(lookups * 4 * 8 + min(lookups, n) * (4 * d * 4 + 3 * 8) for d, n in group_rows.items())
+    return int(tables + inputs * lookups * 8 + outputs + backward)
 
 
 class TorchFusedBackend:
     name = "torch_fused"
 
     def __init__(self, pool: Pool, device: torch.device, timing: TimingConfig, memory_limit_bytes: int,
-                 threads: int):
+                 threads: int, optimizer: str = OPTIMIZER):
+        if optimizer != OPTIMIZER:
+            raise ConfigError(f"profile.optimizer: {optimizer!r} (the torch_fused backend runs {OPTIMIZER} only)")
         self.pool = pool
         self.torch_device = device
         self.device = device.type
@@ -207,13 +214,15 @@ class TorchFusedBackend:
         dims = shard_dims(full, dims)
         weight_bytes = torch.finfo(self.weight_dtype).bits // 8
         lookups = max(int(i.numel()) for i, _ in runs)
-        if fused_bytes(rows, dims, weight_bytes, batch_size, lookups) > self.memory_limit_bytes:
+        windows = {id(i): (i, o) for i, o in runs}  # a window fed twice is one tensor (`Feeds.take`)
+        if fused_bytes(rows, dims, weight_bytes, batch_size, lookups, len(windows)) > self.memory_limit_bytes:
             raise ShardTooLarge(f"shard of {len(rows)} tables needs more than "
                                 f"{self.memory_limit_bytes / 2**30:.1f} GiB")
         try:
             with pinned(self.threads):
                 fused = FusedTables(rows, dims, self.torch_device, self.weight_dtype)
-                inputs = [fused.split(i, o, batch_size) for i, o in runs]
+                split = {key: fused.split(i, o, batch_size) for key, (i, o) in windows.items()}
+                inputs = [split[id(i)] for i, _ in runs]
                 grad = output_grad(batch_size, sum(dims), self.torch_device)
                 return time_steps(lambda run: fused.forward(inputs[run], batch_size),
                                   lambda out: out.backward(grad), self.timing, self.torch_device)

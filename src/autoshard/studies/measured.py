@@ -40,7 +40,7 @@ from autoshard.data.tasks import Task
 from autoshard.measure.backends import BackendConfig
 from autoshard.measure.base import CostBackend
 from autoshard.measure.batches import BatchJob, measure_batch_job
-from autoshard.measure.comm import STAGES, analytic_comm, honest_limit
+from autoshard.measure.comm import STAGES, analytic_comm, can_measure, honest_limit
 from autoshard.measure.comm_store import CommTiming, placement_key, placement_records, rank_cvs, ranks
 from autoshard.measure.commmodel import CommModel
 from autoshard.measure.interleaved import FIELDS
@@ -131,8 +131,12 @@ def measured_plans_comm(pool_features: pd.DataFrame, tasks: list[Task], plans: d
     if store.foreign:
         print(f"all-to-all ({label}): {store.folder.name} is an imported space, read only: comm from the model")
         return {}, {}
+    launchable = [task for task in tasks if comm.wants(task) and can_measure(task.devices, device)]
+    if len(launchable) < sum(comm.wants(task) for task in tasks):
+        print(f"all-to-all ({label}): {device} cannot run one rank per device for every task "
+              f"(`comm.can_measure`): those tasks' comm from the model")
     widths = [device_widths(pool_features, device_shards(task, p[i]))
-              for i, task in enumerate(tasks) if comm.wants(task) for p in plans.values() if p[i] is not None]
+              for i, task in enumerate(tasks) if task in launchable for p in plans.values() if p[i] is not None]
     if not widths:
         return {}, {}
     records = placement_records(widths, store, batch_size, device, comm.timing, seed, label)
