@@ -164,3 +164,27 @@ def test_a_folder_holding_another_runs_rows_is_refused(tmp_path, capsys):
     (tmp_path / "rows.jsonl").write_text("")
     assert landscape.main(["--smoke", "--out", str(tmp_path)]) == 2
     assert "holds rows.jsonl of another run" in capsys.readouterr().err
+
+
+def test_it_measures_the_study_s_own_tables_from_a_write_jobs_file(smoke_params, tmp_path):
+    """`--jobs`: the sample is tables of an `autoshard measure --write-jobs` file, their traces
+    regenerated and checked as the portable worker does; a batch above the file's traces is refused."""
+    from autoshard.cli.main import main as autoshard
+
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(smoke_params))
+    jobs = tmp_path / "jobs.json"
+    assert autoshard(["measure", "--write-jobs", str(jobs), "--params", str(params), "--passes", "main",
+                      "--backend", "torch_fused", "--device", "cpu"]) == 0
+    listed = {t["table"]: t for t in json.loads(jobs.read_text())["traces"]["tables"]}
+    bags = smoke_params["pool"]["batch_size"]
+    options = ["--smoke", "--jobs", str(jobs), "--bags", str(bags), "--batches", f"{bags // 2},{bags}", "--tables", "6"]
+    assert landscape.main(["--out", str(tmp_path / "out"), *options]) == 0
+    tables = json.loads((tmp_path / "out" / "tables.json").read_text())
+    assert tables["generator"] == {"jobs": str(jobs)} and len(tables["tables"]) == 6
+    for entry in tables["tables"]:
+        assert entry["trace"] == listed[entry["table"]]["trace"], "the pool's own trace, regenerated"
+    rows = [json.loads(line) for line in (tmp_path / "out" / "rows.jsonl").read_text().splitlines()]
+    assert {r["backend"] for r in rows} == {"torch_fused", "torch"} and all(r["status"] == "ok" for r in rows)
+    assert landscape.main(["--out", str(tmp_path / "more"), "--smoke", "--jobs", str(jobs),
+                           "--bags", str(bags * 2), "--batches", str(bags)]) == 2

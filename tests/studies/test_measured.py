@@ -5,6 +5,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from autoshard.core.errors import ConfigError
@@ -127,22 +128,29 @@ def test_score_uses_measured_comm_for_the_protocols_asked_and_sums_stage_maxima(
     assert set(read_only["comm_source"]) == {"analytic"} and len(launches.calls) == launched
 
 
+ANALYTIC = BackendConfig(backend="analytic", device="cpu", optimizer="EXACT_SGD", batch_size=64, threads=1,
+                         timing=ONE_ROUND, memory_limit_bytes=2**30)
+
+
+def _score_asking_comm(pool, folder) -> pd.DataFrame:
+    """`_plans()` scored on the analytic backend, the dreamshard task's comm asked for at 2 devices."""
+    tasks, plans = _plans()
+    asked = MeasuredComm(timing=TIMING, device_counts=(2,), protocols=("dreamshard",))
+    return score(AnalyticBackend(pool), pool.features, tasks, plans, ANALYTIC, MeasurementStore(folder, "space"), 0,
+                 progress=False, measured_comm=asked)
+
+
 def test_a_measurement_with_more_ranks_than_cores_is_labelled_oversubscribed(tmp_path, pool, launches, monkeypatch):
     asks = []
     monkeypatch.setattr(measured, "honest_limit", lambda device: asks.append(device) or 1)  # 2 ranks on 1 core
-    tasks, plans = _plans()
-    cfg = BackendConfig(backend="analytic", device="cpu", optimizer="EXACT_SGD", batch_size=64, threads=1,
-                        timing=ONE_ROUND, memory_limit_bytes=2**30)
-    asked = MeasuredComm(timing=TIMING, device_counts=(2,), protocols=("dreamshard",))
-    devices = score(AnalyticBackend(pool), pool.features, tasks, plans, cfg, MeasurementStore(tmp_path, "space"), 0,
-                    progress=False, measured_comm=asked)
+    devices = _score_asking_comm(pool, tmp_path)
     dreamshard = devices[devices["protocol"] == "dreamshard"]
     assert set(dreamshard["comm_source"]) == {"measured-oversubscribed"}
     assert dreamshard["comm_cv"].notna().all(), "an oversubscribed measurement keeps its CV across rounds"
     assert set(devices.loc[devices["protocol"] == "autoshard", "comm_source"]) == {"analytic"}
     assert asks == ["cpu"], "the honest limit is asked once per score, not per plan"
     model = CommModel({2: {"forward": [1.0, 0.0, 0.0], "backward": [2.0, 0.0, 0.0]}}, {})
-    modelled = score(AnalyticBackend(pool), pool.features, tasks, plans, cfg, MeasurementStore(tmp_path, "space"), 0,
+    modelled = score(AnalyticBackend(pool), pool.features, *_plans(), ANALYTIC, MeasurementStore(tmp_path, "space"), 0,
                      progress=False, comm_model=model)
     assert set(modelled["comm_source"]) == {"oversubscribed-model"}, "fitted at 2 ranks, but on 1 core"
 
@@ -182,11 +190,6 @@ def test_tasks_whose_ranks_the_machine_cannot_launch_take_their_comm_from_the_mo
     """On CUDA one rank needs one GPU (`comm.can_measure`): a task with more devices than GPUs is
     never launched (NCCL would refuse it); its comm comes from the model, labelled."""
     monkeypatch.setattr(measured, "can_measure", lambda world, device: False)
-    tasks, plans = _plans()
-    cfg = BackendConfig(backend="analytic", device="cpu", optimizer="EXACT_SGD", batch_size=64, threads=1,
-                        timing=ONE_ROUND, memory_limit_bytes=2**30)
-    asked = MeasuredComm(timing=TIMING, device_counts=(2,), protocols=("dreamshard",))
-    devices = score(AnalyticBackend(pool), pool.features, tasks, plans, cfg, MeasurementStore(tmp_path, "space"), 0,
-                    progress=False, measured_comm=asked)
+    devices = _score_asking_comm(pool, tmp_path)
     assert not launches.calls
     assert set(devices["comm_source"]) == {"analytic"}

@@ -45,7 +45,7 @@ from autoshard.measure.backends import BackendConfig, make_backend
 from autoshard.measure.base import CostBackend, ShardTooLarge
 from autoshard.measure.landscape_device import copy_bandwidth, describe, memory_limit, spin
 from autoshard.measure.landscape_summary import summarize, summary_lines
-from autoshard.measure.portable import TableSpec, TracePool, trace_digest
+from autoshard.measure.portable import TableSpec, TracePool, read_job, regenerate, trace_digest
 from autoshard.measure.timing import one_round
 
 FORMAT = "autoshard-gpu-landscape/1"
@@ -83,6 +83,7 @@ class LandscapeConfig:
     seed: int = 0
     threads: int = 8                                # torch's CPU threads (the inputs' preparation)
     memory_gib: float = 0.0                         # 0: 90% of the GPU's memory, 4 GiB on a CPU
+    jobs: str = ""                                  # a `--write-jobs` file: its tables, not a drawn sample
 
     def __post_init__(self):
         for name in ("bags", "tables", "orders", "reference_tables", "random_tables", "runs", "threads", "copy_mib"):
@@ -141,6 +142,27 @@ def sample_pool(cfg: LandscapeConfig) -> tuple[TracePool, list[dict]]:
     features = {"rows": specs.rows.astype(np.int64), "dim": specs.dims.astype(np.int64)}
     pool = TracePool(features=features, traces=from_lengths(np.concatenate(parts), lengths),
                      tables=tuple(range(cfg.tables)))
+    return pool, entries
+
+
+def job_pool(cfg: LandscapeConfig) -> tuple[TracePool, list[dict]]:
+    """The sample from the study's own tables: `cfg.tables` of the tables a `autoshard measure
+    --write-jobs` file lists (a seeded choice, in the file's order), their traces regenerated and
+    checked as the portable worker does (`portable.regenerate`), and per table its spec, trace
+    digest and mean lookups per bag (its `table`: the pool's id)."""
+    source = read_job(Path(cfg.jobs)).traces
+    if source.batch_size < cfg.bags:
+        raise ConfigError(f"--bags: {cfg.bags} (the traces of {cfg.jobs} hold {source.batch_size} bags per table: "
+                          f"write the jobs from params with pool.batch_size >= {cfg.bags}, or lower --bags)")
+    chosen = rng(cfg.seed, STREAM, "jobs").choice(len(source.tables), min(cfg.tables, len(source.tables)),
+                                                  replace=False)
+    try:
+        pool = regenerate(dataclasses.replace(source, tables=tuple(source.tables[i] for i in sorted(chosen))))
+    except ConfigError as exc:
+        raise ConfigError(f"--jobs: {cfg.jobs}: {exc}") from None
+    specs = [s for s in source.tables if s.table in set(pool.tables)]
+    entries = [{f: getattr(s, f) for f in ("table", "rows", "dim", "pooling_factor", "alpha", "trace")}
+               | {"lookups_per_bag": float(pool.traces.lengths[i, :cfg.bags].mean())} for i, s in enumerate(specs)]
     return pool, entries
 
 
@@ -227,9 +249,11 @@ def run(cfg: LandscapeConfig, out: Path, clock: Callable[[], float] = time.monot
     head = {"format": FORMAT, "settings": asdict(cfg), "device": describe(device)}
     _write_json(out / "run.json", head)
     head |= {"spin": spin(device, cfg.spin_s), "copy": copy_bandwidth(device, cfg.copy_mib)}
-    pool, tables = sample_pool(cfg)
+    pool, tables = job_pool(cfg) if cfg.jobs else sample_pool(cfg)
+    cfg = dataclasses.replace(cfg, tables=len(tables))  # a jobs file may list fewer
+    source = {"jobs": cfg.jobs} if cfg.jobs else SAMPLE_POOL | {"table_mib_max": TABLE_MIB_MAX}
     _write_json(out / "tables.json", {"format": FORMAT, "seed": cfg.seed, "stream": STREAM, "bags": cfg.bags,
-                                      "generator": SAMPLE_POOL | {"table_mib_max": TABLE_MIB_MAX}, "tables": tables})
+                                      "generator": source, "tables": tables})
     _write_json(out / "run.json", head | {"setup_s": round(budget.elapsed(), 3)})
     print(f"setup {budget.elapsed():.1f} s: {cfg.tables} tables, copy {head['copy']['gbps']:.0f} GB/s", flush=True)
     backends = [make_backend(pool, _backend_config(cfg, name, device)) for name in BACKENDS]
