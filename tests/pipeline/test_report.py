@@ -16,6 +16,7 @@ from autoshard.core.schema import EvaluateMetrics, check
 from autoshard.pipeline.report import (
     build,
     device_error_line,
+    families_table,
     headline,
     headroom_table,
     main,
@@ -61,6 +62,7 @@ EVALUATE = {
         "sesoi": 0.05, "alpha": 0.05, "tasks": 40, "failed": 0, "interval": "BCa", "pass": "evaluate-0123456789",
         "identical_share": 0.25,
         "per_task": {"t0": 0.99}}},
+    "families": {"noise_floor": 0.05, "noise_key": "headroom.dreamshard.noise_floor", "seconds": 3.0, "families": []},
     "seconds": 12.0,
 }
 
@@ -516,6 +518,25 @@ def test_the_headroom_stands_beside_each_endpoint_against_greedy():
     assert "1.20% (5.00%)" in text and "cost_greedy_local_search 40" in text and "**no**" in text
     assert re.search(r"\| rl_greedy +\| -0\.50 +\|", text), "captured: worse than cost_greedy"
     assert headroom_table(EVALUATE).startswith("(no headroom computed")
+
+
+def family(name: str, gap: float, speeds: str = "equal", blind: float | None = None) -> dict:
+    return {"family": name, "per_device": 2, "devices": 8, "memory": "ample", "speeds": speeds, "tasks": 12,
+            "greedy_gap": gap, "greedy_gap_p90": 2 * gap, "greedy_gap_max": 3 * gap,
+            "blind_gap": gap if blind is None else blind, "exceeds_noise": gap > 2 * 0.05}
+
+
+def test_the_candidate_regimes_say_which_exceed_twice_the_noise_floor():
+    searched = EVALUATE["families"] | {"families": [family("2 per device", 0.02),
+                                                    family("mixed", 0.03, "generations", blind=0.4)]}
+    check(EVALUATE | {"families": searched}, EvaluateMetrics, "evaluate.json")
+    text = families_table(EVALUATE | {"families": searched})
+    assert "10.0% (twice `headroom.dreamshard.noise_floor`)" in text and "**none exceeds it**" in text
+    assert re.search(r"\| mixed +\| +12 \| 3\.00% \(6\.00%, 9\.00%\) +\| 40\.00% +\| no ", text)
+    assert re.search(r"\| 2 per device +\| +12 \| 2\.00% \(4\.00%, 6\.00%\) +\| – ", text), "no blind gap: equal speeds"
+    kept = families_table(EVALUATE | {"families": searched | {"families": [family("few", 0.2)]}})
+    assert "kept as candidates for a measured protocol: few." in kept and "| yes" in kept
+    assert families_table(EVALUATE).startswith("(no candidate regimes searched")
 
 
 def test_the_wide_pool_table_reads_the_error_by_widest_dim():

@@ -166,6 +166,36 @@ class Headroom(TypedDict):
     exceeds_noise: bool
 
 
+class Family(TypedDict):
+    """One candidate regime of `families.families` (`studies.regimes.families`): `per_device` tables
+    on each of `devices` devices, `memory` ample or tight, `speeds` equal or a profile; over its
+    `tasks`, predicted, greedy's gap to the best placement known (median, p90, max) and the
+    speed-blind greedy's median gap; whether the median exceeds twice the noise floor."""
+
+    family: str
+    per_device: int
+    devices: int
+    memory: str
+    speeds: str
+    tasks: int
+    greedy_gap: Number
+    greedy_gap_p90: Number
+    greedy_gap_max: Number
+    blind_gap: Number
+    exceeds_noise: bool
+
+
+class Families(TypedDict):
+    """`families` of reports/metrics/evaluate.json: the candidate regimes searched for headroom
+    before any is measured, the noise floor they are held to (the lowest evaluated protocol's,
+    `noise_key`) and the search's seconds."""
+
+    noise_floor: Number
+    noise_key: str | None
+    seconds: float
+    families: list[Family]
+
+
 class ReferenceChoice(TypedDict):
     """How the best heuristic of a task was chosen (`studies.paired.selection_bias`): on `chosen_by`
     (a prediction), scored on the pass; what choosing on the pass's own measurement would have
@@ -185,6 +215,7 @@ class EvaluateMetrics(StageTime, HeadlineObjective, ComputeOnlyPairs):
 
     primary: dict[str, PrimaryEndpoint]
     headroom: NotRequired[dict[str, Headroom]]  # per protocol; metrics written before issue 30 lack it
+    families: Families
     noise: MeasurementQuality
     reference: dict[str, ReferenceChoice]  # per protocol
     paired: dict[str, dict[str, PairedComparison]]

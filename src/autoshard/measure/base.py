@@ -1,15 +1,22 @@
 """The backend protocol, the cost record, and the shard inputs every backend shares."""
 
+from __future__ import annotations
+
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 
 from autoshard.core.errors import ConfigError
+from autoshard.core.seeding import threads as pinned
 from autoshard.data.sizes import table_bytes
 from autoshard.data.traces import Traces
+
+if TYPE_CHECKING:  # types only: the portable worker (no pandas) imports this module
+    from autoshard.data.pool import Pool
+    from autoshard.measure.timing import TimingConfig
 
 
 @dataclass(frozen=True)
@@ -131,3 +138,49 @@ class Feeds:
 def shard_bytes(rows: Sequence[int], dims: Sequence[int], weight_bytes: int) -> int:
     """Weights plus row-wise optimizer state of a shard: the sum of its tables' `table_bytes`."""
     return int(sum(table_bytes(int(r), int(d), weight_bytes) for r, d in zip(rows, dims, strict=True)))
+
+
+Run = tuple[torch.Tensor, torch.Tensor]  # one run's flat indices and offsets (TBE's layout)
+
+
+class TorchShards:
+    """What the two torch backends share: one `measure` that feeds the next windows of the trace,
+    refuses a shard whose `footprint` exceeds the memory limit, times it (`timed`) on the pinned
+    thread count (whatever the caller set: the store's key says them) and reports running out of
+    memory as ShardTooLarge. Weights are fp16 on CUDA and fp32 on the CPU."""
+
+    name: str
+
+    def __init__(self, pool: Pool, device: torch.device, timing: TimingConfig, memory_limit_bytes: int,
+                 threads: int):
+        self.pool = pool
+        self.torch_device = device
+        self.device = device.type
+        self.timing = timing
+        self.memory_limit_bytes = memory_limit_bytes
+        self.threads = threads
+        self.weight_dtype = torch.float16 if device.type == "cuda" else torch.float32
+        self.feeds = Feeds(timing.rotate)
+
+    def footprint(self, rows: list[int], dims: list[int], runs: list[Run], batch_size: int) -> int:
+        """Bytes the backend holds at most while it measures this shard."""
+        raise NotImplementedError
+
+    def timed(self, rows: list[int], dims: list[int], runs: list[Run], batch_size: int) -> ShardCost:
+        """The shard's forward and backward, timed over `runs` (`timing.time_steps`)."""
+        raise NotImplementedError
+
+    def measure(self, tables: Sequence[int], batch_size: int, dims: Sequence[int] | None = None) -> ShardCost:
+        """A shard's forward and backward; `dims` measures column shards (see `CostBackend`)."""
+        runs = self.feeds.take(self.pool.traces, tables, batch_size, self.timing.warmup + self.timing.runs)
+        rows, full = table_shapes(self.pool.features, tables)
+        dims = shard_dims(full, dims)
+        need = self.footprint(rows, dims, runs, batch_size)
+        if need > self.memory_limit_bytes:
+            raise ShardTooLarge(f"shard of {len(rows)} tables needs {need / 2**30:.2f} GiB, more than "
+                                f"{self.memory_limit_bytes / 2**30:.1f} GiB")
+        try:
+            with pinned(self.threads):
+                return self.timed(rows, dims, runs, batch_size)
+        except (torch.OutOfMemoryError, MemoryError) as exc:
+            raise ShardTooLarge(str(exc).splitlines()[0]) from None

@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from autoshard.core.errors import ConfigError
-from autoshard.core.seeding import threads as pinned
-from autoshard.measure.base import Feeds, ShardCost, ShardTooLarge, shard_dims, table_shapes
+from autoshard.measure.base import Run, ShardCost, TorchShards
 from autoshard.measure.fbgemm import OPTIMIZERS, output_grad
 from autoshard.measure.timing import TimingConfig, time_steps
 
@@ -37,41 +36,22 @@ STATE_BYTES = 4       # fp32 optimizer state
 INDEX_BYTES = 8       # int64 indices and offsets
 
 
-class TorchBackend:
+class TorchBackend(TorchShards):
     name = "torch"
 
     def __init__(self, pool: Pool, device: torch.device, timing: TimingConfig, memory_limit_bytes: int,
                  threads: int, optimizer: str = "EXACT_ROWWISE_ADAGRAD"):
         if optimizer not in OPTIMIZERS:
             raise ConfigError(f"profile.optimizer: {optimizer!r} (expected one of {', '.join(OPTIMIZERS)})")
-        self.pool = pool
-        self.torch_device = device
-        self.device = device.type
+        super().__init__(pool, device, timing, memory_limit_bytes, threads)
         self.optimizer = optimizer  # the one its backward runs, as its rows' settings say
-        self.timing = timing
-        self.memory_limit_bytes = memory_limit_bytes
-        self.threads = threads  # every measurement runs on these, whatever the caller set (the store's key says them)
-        self.weight_dtype = torch.float16 if device.type == "cuda" else torch.float32
-        self.feeds = Feeds(timing.rotate)
 
-    def measure(self, tables: Sequence[int], batch_size: int, dims: Sequence[int] | None = None) -> ShardCost:
-        """A shard's forward and backward; `dims` measures column shards (see `base.CostBackend`)."""
-        runs = self.feeds.take(self.pool.traces, tables, batch_size, self.timing.warmup + self.timing.runs)
-        rows, full = table_shapes(self.pool.features, tables)
-        dims = shard_dims(full, dims)
+    def footprint(self, rows: list[int], dims: list[int], runs: list[Run], batch_size: int) -> int:
         lookups = [max(int(o[(t + 1) * batch_size] - o[t * batch_size]) for _, o in runs) for t in range(len(rows))]
         inputs = sum((i.numel() + o.numel()) * INDEX_BYTES for i, o in runs)
-        need = footprint(rows, dims, lookups, batch_size, self.weight_dtype.itemsize, self.optimizer, inputs)
-        if need > self.memory_limit_bytes:
-            raise ShardTooLarge(f"shard of {len(rows)} tables needs {need / 2**30:.2f} GiB, more than "
-                                f"{self.memory_limit_bytes / 2**30:.1f} GiB")
-        try:
-            with pinned(self.threads):
-                return self._time(rows, dims, runs, batch_size)
-        except (torch.OutOfMemoryError, MemoryError) as exc:
-            raise ShardTooLarge(str(exc).splitlines()[0]) from None
+        return footprint(rows, dims, lookups, batch_size, self.weight_dtype.itemsize, self.optimizer, inputs)
 
-    def _time(self, rows, dims, runs, batch_size) -> ShardCost:
+    def timed(self, rows: list[int], dims: list[int], runs: list[Run], batch_size: int) -> ShardCost:
         dev = self.torch_device
         bags, states = self.build(rows, dims)
         inputs = [per_table(indices, offsets, len(rows), batch_size, dev) for indices, offsets in runs]

@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from autoshard.core.errors import ConfigError
-from autoshard.core.seeding import threads as pinned
-from autoshard.measure.base import Feeds, ShardCost, ShardTooLarge, shard_dims, table_shapes
+from autoshard.measure.base import Run, ShardCost, TorchShards
 from autoshard.measure.fbgemm import output_grad
 from autoshard.measure.timing import TimingConfig, time_steps
 
@@ -45,7 +44,7 @@ class Group:
 
     dim: int
     positions: list[int]      # the tables' places in the shard
-    shifts: torch.Tensor      # per table of the group, its first row in `weight`
+    shifts: list[int]         # per table of the group, its first row in `weight` (host ints: no device sync)
     weight: torch.Tensor      # (sum of rows, dim)
     state: torch.Tensor       # (sum of rows,) fp32
 
@@ -65,15 +64,14 @@ class FusedTables:
                  dtype: torch.dtype, seed: int = 0):
         g = torch.Generator(device=device).manual_seed(seed)  # drawn where they live: GiBs at 65,536 bags
         self.device = device
-        self.width = int(sum(dims))
         self.groups: list[Group] = []
         for dim in sorted(set(dims)):
             positions = [i for i, d in enumerate(dims) if d == dim]
             counts = [int(rows[i]) for i in positions]
-            starts = torch.tensor([0] + counts[:-1], dtype=torch.int64).cumsum(0)
+            starts = torch.tensor([0] + counts[:-1], dtype=torch.int64).cumsum(0).tolist()
             # TBE's initial weights are uniform in +-sqrt(1/rows); the values do not change the work
             weight = (torch.rand(sum(counts), dim, generator=g, device=device) - 0.5) * 0.02
-            self.groups.append(Group(dim, positions, starts.to(device), weight.to(dtype),
+            self.groups.append(Group(dim, positions, starts, weight.to(dtype),
                                      torch.zeros(sum(counts), dtype=torch.float32, device=device)))
         # the output's column of each (group, table) slot, in the shard's table order
         starts = [0]
@@ -92,7 +90,7 @@ class FusedTables:
             parts, lengths = [], []
             for k, p in enumerate(grp.positions):
                 bags = offsets[p * batch_size:(p + 1) * batch_size + 1]
-                parts.append(indices[bags[0]:bags[-1]] + grp.shifts[k].cpu())
+                parts.append(indices[bags[0]:bags[-1]] + grp.shifts[k])
                 lengths.append(bags.diff())
             flat = torch.zeros(len(grp.positions) * batch_size + 1, dtype=torch.int64)
             torch.cumsum(torch.cat(lengths), 0, out=flat[1:])
@@ -191,40 +189,25 @@ def fused_bytes(rows: Sequence[int], dims: Sequence[int], weight_bytes: int, bat
     return int(tables + inputs * lookups * 8 + outputs + backward)
 
 
-class TorchFusedBackend:
+class TorchFusedBackend(TorchShards):
     name = "torch_fused"
 
     def __init__(self, pool: Pool, device: torch.device, timing: TimingConfig, memory_limit_bytes: int,
                  threads: int, optimizer: str = OPTIMIZER):
         if optimizer != OPTIMIZER:
             raise ConfigError(f"profile.optimizer: {optimizer!r} (the torch_fused backend runs {OPTIMIZER} only)")
-        self.pool = pool
-        self.torch_device = device
-        self.device = device.type
-        self.timing = timing
-        self.memory_limit_bytes = memory_limit_bytes
-        self.threads = threads  # every measurement runs on these, whatever the caller set (the store's key says them)
-        self.weight_dtype = torch.float16 if device.type == "cuda" else torch.float32
-        self.feeds = Feeds(timing.rotate)
+        super().__init__(pool, device, timing, memory_limit_bytes, threads)
 
-    def measure(self, tables: Sequence[int], batch_size: int, dims: Sequence[int] | None = None) -> ShardCost:
-        """A shard's forward and fused backward; `dims` measures column shards (see `base.CostBackend`)."""
-        runs = self.feeds.take(self.pool.traces, tables, batch_size, self.timing.warmup + self.timing.runs)
-        rows, full = table_shapes(self.pool.features, tables)
-        dims = shard_dims(full, dims)
-        weight_bytes = torch.finfo(self.weight_dtype).bits // 8
-        lookups = max(int(i.numel()) for i, _ in runs)
-        windows = {id(i): (i, o) for i, o in runs}  # a window fed twice is one tensor (`Feeds.take`)
-        if fused_bytes(rows, dims, weight_bytes, batch_size, lookups, len(windows)) > self.memory_limit_bytes:
-            raise ShardTooLarge(f"shard of {len(rows)} tables needs more than "
-                                f"{self.memory_limit_bytes / 2**30:.1f} GiB")
-        try:
-            with pinned(self.threads):
-                fused = FusedTables(rows, dims, self.torch_device, self.weight_dtype)
-                split = {key: fused.split(i, o, batch_size) for key, (i, o) in windows.items()}
-                inputs = [split[id(i)] for i, _ in runs]
-                grad = output_grad(batch_size, sum(dims), self.torch_device)
-                return time_steps(lambda run: fused.forward(inputs[run], batch_size),
-                                  lambda out: out.backward(grad), self.timing, self.torch_device)
-        except (torch.OutOfMemoryError, MemoryError) as exc:
-            raise ShardTooLarge(str(exc).splitlines()[0]) from None
+    def footprint(self, rows: list[int], dims: list[int], runs: list[Run], batch_size: int) -> int:
+        windows = {id(i) for i, _ in runs}  # a window fed twice is one tensor (`Feeds.take`)
+        return fused_bytes(rows, dims, self.weight_dtype.itemsize, batch_size, max(int(i.numel()) for i, _ in runs),
+                           len(windows))
+
+    def timed(self, rows: list[int], dims: list[int], runs: list[Run], batch_size: int) -> ShardCost:
+        fused = FusedTables(rows, dims, self.torch_device, self.weight_dtype)
+        windows = {id(i): (i, o) for i, o in runs}
+        split = {key: fused.split(i, o, batch_size) for key, (i, o) in windows.items()}
+        inputs = [split[id(i)] for i, _ in runs]
+        grad = output_grad(batch_size, sum(dims), self.torch_device)
+        return time_steps(lambda run: fused.forward(inputs[run], batch_size),
+                          lambda out: out.backward(grad), self.timing, self.torch_device)

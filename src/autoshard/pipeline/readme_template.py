@@ -19,6 +19,8 @@ task, measured in the same pass; lower is better. Predicted numbers are the cost
 
 {{ evaluate.headroom_table }}
 
+{{ evaluate.families_table }}
+
 ![every task's ratio per primary endpoint](figures/evaluate/primary.png)
 
 {{ evaluate.quality_line }}

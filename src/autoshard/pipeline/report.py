@@ -690,6 +690,27 @@ def headroom_table(evaluate: dict) -> str:
             .to_markdown(disable_numparse=True))
 
 
+def families_table(evaluate: dict) -> str:
+    """Markdown: the candidate regimes searched for headroom under the cost model (`families`),
+    each family's predicted greedy gap against twice the noise floor it is held to."""
+    entry = evaluate["families"]
+    if not entry.get("families"):
+        return "(no candidate regimes searched: `evaluate.families.tasks` is 0)"
+    floor = entry["noise_floor"]
+    rows = [{"family": f["family"], "tasks": f["tasks"],
+             "greedy over the best known: median (p90, max)": f"{percent(f['greedy_gap'], 2)} "
+                 f"({percent(f['greedy_gap_p90'], 2)}, {percent(f['greedy_gap_max'], 2)})",
+             "speed-blind greedy: median": percent(f["blind_gap"], 2) if f["speeds"] != "equal" else "–",
+             "exceeds 2 x noise": "yes" if f["exceeds_noise"] else "no"} for f in entry["families"]]
+    kept = [f["family"] for f in entry["families"] if f["exceeds_noise"]]
+    held = "n/a" if floor is None else f"{percent(2 * floor)} (twice `{entry['noise_key']}`)"
+    return (f"Candidate regimes, searched under the cost model before any is measured (predicted only, "
+            f"{entry['seconds']:.0f} s of search; `evaluate.families`). Each is held to {held}: "
+            + (f"kept as candidates for a measured protocol: {', '.join(kept)}." if kept else
+               "**none exceeds it**, so none is made a measured protocol.")
+            + "\n\n" + pd.DataFrame(rows).to_markdown(index=False))
+
+
 def quality_line(evaluate: dict) -> str:
     """One line on the measurements' quality, linking to its section."""
     noise = evaluate.get("noise") or {}
@@ -724,7 +745,7 @@ def readme(reports: Path, stages: list[tuple[str, str]], budget_minutes: float |
     context = {
         "evaluate": evaluate and {
             "primary_intro": primary_intro(evaluate), "primary_table": primary_table(evaluate),
-            "headroom_table": headroom_table(evaluate),
+            "headroom_table": headroom_table(evaluate), "families_table": families_table(evaluate),
             "quality_line": quality_line(evaluate), "answer": answer(evaluate),
             "comm_sources": comm_sources(evaluate, profile), "regime_table": regime_table(evaluate),
             "sync_policy_table": sync_policy_table(evaluate), "paired_table": paired_table(evaluate),

@@ -77,7 +77,7 @@ class _Fitting:
 def greedy(objective: Objective, order: np.ndarray, sizes: np.ndarray, devices: int, capacity: int) -> np.ndarray:
     """A device per table: the tables in `order`, each onto the fitting device that leaves the
     lowest cost of the tables placed so far (ties: see the module note)."""
-    state = np.tile(objective.base, (devices, 1))
+    state = objective.empty(devices)
     values = objective.stages(state)
     placement = np.full(len(sizes), -1, dtype=np.int64)
     fitting = _Fitting(sizes, np.asarray(order), devices, capacity)

@@ -4,11 +4,12 @@ estimator apart from its partitioner): `placement.heuristics.greedy`, `placement
 
 A device's state is the sum of its tables' rows of `share` on top of an empty device's `base`;
 `stages` maps states to per-stage costs; a placement costs the sum over stages of its slowest
-device in each. Two kinds:
+device in each. Three kinds:
 
 - `Model`: one stage, the cost model's head on the sum of the device's table encodings (the
   head's first layer is linear, so a table's share of it is computed once; an empty device
   costs 0): `max_device` under the neural cost model.
+- `Speeds`: another objective on devices of different speeds (each device's costs over its speed).
 - `Linear`: each stage the device's summed per-table values plus an offset, never below 0. With
   one stage of measured single costs it is `max_device` on the linear surrogate (LPT, `milp`);
   with four it is DreamShard's synchronized stages (`synchronized`: forward compute, the forward
@@ -43,9 +44,13 @@ class Objective:
     def stages(self, state: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
+    def empty(self, devices: int) -> np.ndarray:
+        """(D, K): the states of `devices` empty devices."""
+        return np.tile(self.base, (devices, 1))
+
     def states(self, placement: np.ndarray, devices: int) -> np.ndarray:
         """(D, K): each device's state under `placement` (a device per table), summed in table order."""
-        out = np.tile(self.base, (devices, 1))
+        out = self.empty(devices)
         np.add.at(out, np.asarray(placement, np.int64), self.share)
         return out
 
@@ -131,6 +136,29 @@ class Model(Objective):
         hidden = np.maximum(pre, 0.0) if self.relu else pre
         cost = np.logaddexp(0.0, _apply(self.rest, hidden)).sum(-1) * self.scale
         return np.where(state[..., -1] > 0, cost, 0.0)[..., None]
+
+
+class Speeds(Objective):
+    """`inner` on devices of different speeds (GPU generations mixed in one cluster, or devices
+    shared with other jobs): device k's stage costs are `inner`'s over `speeds[k]`. A device's
+    state is `inner`'s with 1 / its speed appended, which no table changes."""
+
+    def __init__(self, inner: Objective, speeds: np.ndarray):
+        self.inner, self.speeds = inner, np.asarray(speeds, dtype=np.float64)
+        if self.speeds.ndim != 1 or not (self.speeds > 0).all():
+            raise ValueError(f"speeds {self.speeds}: need a positive speed per device")
+        self.share = np.column_stack([inner.share, np.zeros(len(inner.share))])
+        self.base = np.append(inner.base, 1.0)
+
+    def empty(self, devices: int) -> np.ndarray:
+        if devices != len(self.speeds):
+            raise ValueError(f"{devices} devices, {len(self.speeds)} speeds")
+        out = np.tile(self.base, (devices, 1))
+        out[:, -1] = 1.0 / self.speeds
+        return out
+
+    def stages(self, state: np.ndarray) -> np.ndarray:
+        return self.inner.stages(state[..., :-1]) * state[..., -1:]
 
 
 def _network(model: CostModel | NumpyNetwork) -> tuple[list[Layer], list[Layer], np.ndarray, np.ndarray, float]:

@@ -29,6 +29,7 @@ from autoshard.placement.surrogate import MilpConfig
 from autoshard.placement.types import Planner
 from autoshard.studies.measured import OBJECTIVES, MeasuredComm
 from autoshard.studies.paired import same_split
+from autoshard.studies.regimes import FamiliesConfig
 
 PROTOCOLS = ("autoshard", "dreamshard", "tight", "small", "few")  # the evaluated protocols (evaluate.objective's keys)
 DRAWN = ("small", "few")  # the protocols whose tasks `drawn_tasks` makes (evaluate.small, evaluate.few)
@@ -72,6 +73,7 @@ class EvaluateConfig:
     tight_tasks: int = bounded(lo=0)  # the first tight-memory tasks (tasks.tight) evaluated
     small: SmallConfig
     few: SmallConfig
+    families: FamiliesConfig  # candidate regimes, searched for headroom under the cost model (predicted only)
     best_of: int
     backend: BackendConfig
     bootstrap: int = bounded(lo=100)
