@@ -705,7 +705,7 @@ def families_table(evaluate: dict) -> str:
     kept = [f["family"] for f in entry["families"] if f["exceeds_noise"]]
     held = "n/a" if floor is None else f"{percent(2 * floor)} (twice `{entry['noise_key']}`)"
     return (f"Candidate regimes, searched under the cost model before any is measured (predicted only, "
-            f"{entry['seconds']:.0f} s of search; `evaluate.families`). Each is held to {held}: "
+            f"{entry['seconds']:.1f} s of search; `evaluate.families`). Each is held to {held}: "
             + (f"kept as candidates for a measured protocol: {', '.join(kept)}." if kept else
                "**none exceeds it**, so none is made a measured protocol.")
             + "\n\n" + pd.DataFrame(rows).to_markdown(index=False))
