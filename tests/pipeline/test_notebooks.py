@@ -244,6 +244,16 @@ def test_evaluate_notebook(repro, smoke_params):
     assert metrics["headroom"]["few"]["tasks"] == few, "every task with few tables a device, greedy placed"
     assert metrics["headroom"]["small"]["how"] == "exhaustive search"
     assert metrics["headroom"]["autoshard"]["starts"] > 0 and metrics["headroom"]["autoshard"]["bound"] <= 1
+    searched = metrics["families"]
+    floors = [e["noise_floor"] for e in metrics["headroom"].values() if e["noise_floor"]]
+    assert searched["noise_floor"] == min(floors), "the candidate regimes are held to the lowest noise floor"
+    assert len(searched["families"]) == 4 * len(smoke_params["evaluate"]["families"]["per_device"])
+    for family in searched["families"]:
+        assert family["tasks"] == smoke_params["evaluate"]["families"]["tasks"]
+        assert family["greedy_gap"] >= 0 and family["blind_gap"] >= 0, "the best known is never above either greedy"
+        assert family["exceeds_noise"] == (family["greedy_gap"] > 2 * searched["noise_floor"])
+        if family["speeds"] == "equal":
+            assert family["blind_gap"] == family["greedy_gap"], "equal speeds: the two greedies agree"
     for entry in metrics["primary"].values():
         assert entry["verdict"] in ("better", "worse", "equivalent", "inconclusive", "no headroom")
         gated = entry["reference"] == "cost_greedy" and entry["method"].startswith("rl_")

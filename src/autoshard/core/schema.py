@@ -214,7 +214,7 @@ class EvaluateMetrics(StageTime, HeadlineObjective, ComputeOnlyPairs):
     the replicates' spread, the per-method results and targets."""
 
     primary: dict[str, PrimaryEndpoint]
-    headroom: NotRequired[dict[str, Headroom]]  # per protocol; metrics written before issue 30 lack it
+    headroom: dict[str, Headroom]  # per protocol
     families: Families
     noise: MeasurementQuality
     reference: dict[str, ReferenceChoice]  # per protocol

@@ -642,7 +642,7 @@ def primary_table(evaluate: dict) -> str:
     """Markdown: one row per primary endpoint (verdict, median ratio, BCa interval, Holm p, sesoi,
     tasks, pass) and, beside an endpoint against cost_greedy, its protocol's headroom: cost_greedy's
     predicted gap to the best placement known against twice the noise floor."""
-    room = evaluate.get("headroom") or {}
+    room = evaluate["headroom"]
     rows = [{"method / reference": f"{e['method']} / {e['reference']}", "protocol": e["protocol"],
              "verdict": f"**{e['verdict']}**",
              "median ratio [95% BCa]": "n/a" if e["median_ratio"] is None else
@@ -668,9 +668,9 @@ def headroom_table(evaluate: dict) -> str:
     """Markdown: per protocol, the most any planner could gain over cost_greedy (`headroom`):
     predicted under the cost model, on the measured single costs (LPT against the MILP's bound) and
     measured; then, per method, the median share of the predicted headroom its plan captured."""
-    room = evaluate.get("headroom") or {}
+    room = evaluate["headroom"]
     if not room:
-        return "(no headroom computed: metrics from before issue 30)"
+        return "(no protocol evaluated)"
     rows = [{"protocol": p, "tasks": e["tasks"],
              "cost_greedy over the best known, predicted: median (max)":
                  f"{percent(e['greedy_gap'], 2)} ({percent(e['greedy_gap_max'], 2)})",
