@@ -102,6 +102,12 @@ HEADROOM = {"tasks": 12, "tasks_without_greedy": 0, "greedy_gap": 0.04, "greedy_
             "exceeds_noise": True}
 
 
+FAMILIES = {"noise_floor": 0.02, "noise_key": "headroom.autoshard.noise_floor", "seconds": 1.0, "families": [
+    {"family": "2 per device, ample memory, equal speeds", "per_device": 2, "devices": 8, "memory": "ample",
+     "speeds": "equal", "tasks": 4, "greedy_gap": 0.01, "greedy_gap_p90": 0.02, "greedy_gap_max": 0.03,
+     "blind_gap": 0.01, "exceeds_noise": False}]}
+
+
 def test_evaluate_metrics_are_strict_json_with_the_contract_keys():
     frame, plans, names = ratios_frame(rl_factor=0.8)
     pairs = paired_comparisons(frame, plans, names, {"autoshard": 0.002}, resamples=200, seed=0)
@@ -121,12 +127,13 @@ def test_evaluate_metrics_are_strict_json_with_the_contract_keys():
                                paired_synchronized={"autoshard": {}}, paired_max_device=pairs,
                                primary=primary(frame.assign(max_device_ms=frame["measured_ms"], **{"pass": "main"}),
                                                PrimaryConfig(0.05, 0.05, 999, (ENDPOINT,)), 0),
-                               headroom={"autoshard": HEADROOM})
+                               headroom={"autoshard": HEADROOM}, families=FAMILIES)
     text = json.dumps(_plain(metrics), allow_nan=False)
     loaded = json.loads(text)
     assert list(loaded)[0] == "primary" and check(loaded, EvaluateMetrics, "evaluate.json")
     assert loaded["primary"]["rl_greedy__vs__cost_greedy__autoshard"]["pass"] == "main"
     assert loaded["headroom"]["autoshard"]["greedy_gap"] == HEADROOM["greedy_gap"]
+    assert loaded["families"] == FAMILIES
     assert {"failed", "objective", "paired_synchronized", "paired_max_device", "comm_source"} <= set(loaded), \
         "readers rely on these keys"
     assert check(loaded, ComputeOnlyPairs, "evaluate.json")["paired_max_device"] == loaded["paired"]

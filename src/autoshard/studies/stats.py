@@ -114,7 +114,7 @@ def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_err
                      paired_synchronized: dict, paired_max_device: dict,
                      hybrid_device_errors: pd.Series | None = None, device_error_target: float | None = None,
                      primary: dict | None = None, reference: dict | None = None,
-                     headroom: dict | None = None, families: dict | None = None) -> dict:
+                     headroom: dict | None = None, families: dict) -> dict:
     """reports/metrics/evaluate.json: the `primary` endpoints first (`endpoints.primary`: the
     verdicts the study decides on), `headroom` per protocol (`studies.headroom.headroom`: the most
     any planner could gain over cost_greedy, which gates the learned-vs-greedy endpoints), `families`
@@ -131,7 +131,7 @@ def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_err
     protocol (where the all-to-all came from: readers rely on these keys) and `reference` (how the
     best heuristic was chosen and the selection bias that removed: `findings.reference_bias`)."""
     return {
-        "primary": primary or {}, "headroom": headroom or {}, "families": families or {}, "noise": quality,
+        "primary": primary or {}, "headroom": headroom or {}, "families": families, "noise": quality,
         "reference": reference or {},
         "paired": pairs, "answer": answer,
         "replicates": replicates or {},
