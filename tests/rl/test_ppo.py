@@ -16,7 +16,7 @@ from autoshard.placement.shards import memory_ok, predicted_bottleneck
 from autoshard.rl.env import StageComm, make_batch
 from autoshard.rl.infer import policy_plans, predicted_synchronized
 from autoshard.rl.policy import Policy, PolicyConfig
-from autoshard.rl.ppo import RLConfig, load_checkpoint, load_policy, rollout, train
+from autoshard.rl.ppo import RLConfig, load_checkpoint, load_policy, rollout, stalled, train
 
 from helpers import tasks_of
 
@@ -240,3 +240,26 @@ def test_the_policy_loss_matches_hand_computed_values(monkeypatch, algorithm, ex
     assert stats["value_loss"] == pytest.approx(0.5 * (1.0 + 1.0) / 2), "returns (1, -1) against values 0"
     kl = ((1.5 - 1) - np.log(1.5) + (0.5 - 1) - np.log(0.5)) / 2
     assert stats["approx_kl"] == pytest.approx(kl, rel=1e-5)
+
+
+def test_stalled_counts_validation_points_without_a_real_improvement():
+    cfg = replace(FAST, patience=2, min_improvement=0.01)
+    rows = [{"phase": "imitation", "val_ratio": 0.5}, {"phase": "ppo", "val_ratio": 1.0},
+            {"phase": "ppo", "val_ratio": 0.995}]  # imitation rows never count; 0.5% is below the 1% asked for
+    assert not stalled(rows, cfg)
+    assert stalled([*rows, {"phase": "ppo", "val_ratio": 0.999}], cfg)
+    assert not stalled([*rows, {"phase": "ppo", "val_ratio": 0.98}], cfg), "a 2% fall restarts the count"
+    assert not stalled([*rows, {"phase": "ppo", "val_ratio": 1.0}], replace(cfg, patience=0)), "0: never stops"
+
+
+def test_training_stops_where_validation_stops_improving_and_a_rerun_agrees(tmp_path, world):
+    pool, features, model = world
+    tasks = tasks_of(pool, 6, 8, 2)
+    cfg = replace(FAST, iterations=40, validate_every=2, checkpoint_every=2, patience=3, min_improvement=0.01)
+
+    def flat(policy) -> dict:
+        return {"val_ratio": 1.0}
+    _, history = train(model, features, tasks, cfg, 0, tmp_path / "p.pt", flat, progress=False)
+    assert len(history) == 8 and bool(history["stopped"].iloc[-1]), "best at 2, three flat points: stops at 8"
+    _, again = train(model, features, tasks, cfg, 0, tmp_path / "p.pt", flat, progress=False)
+    assert again.equals(history), "the finished run is read back, not trained on"

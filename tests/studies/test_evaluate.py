@@ -404,14 +404,14 @@ def test_same_plans_counts_identical_devices_and_identical_splits():
     assert same_plans(reference, planner, tasks) == {"same devices": 0.5, "same split": 0.75}
 
 
-def test_replicate_subset_keeps_the_first_share_of_every_group():
-    from autoshard.studies.evaluate import replicate_subset
+def test_leading_tasks_keeps_the_first_share_of_every_group():
+    from autoshard.studies.evaluate import leading_tasks
 
     tasks = [Task(f"a{r}-{k}", "autoshard", "test", (0,), 1, 1, r) for r in (0.0, 0.5) for k in range(5)]
     tasks += [Task(f"d{k}", "dreamshard", "test", (0,), 1, 1, 1.0) for k in range(10)]
-    chosen = [t.name for t in replicate_subset(tasks, 0.6)]
+    chosen = [t.name for t in leading_tasks(tasks, 0.6)]
     assert chosen == ["a0.0-0", "a0.0-1", "a0.0-2", "a0.5-0", "a0.5-1", "a0.5-2"] + [f"d{k}" for k in range(6)]
-    assert replicate_subset(tasks, 1.0) == tasks
+    assert leading_tasks(tasks, 1.0) == tasks
 
 
 def test_a_batch_records_its_calibration_time_and_the_task_calibrates_on_its_own_tables():
@@ -471,3 +471,40 @@ def test_round_drift_sees_the_machine_not_one_shards_noise():
     assert np.isnan(round_drift(per_round[:, :1]))  # one round: nothing to compare
     per_round[0, 1, 0] = np.nan  # a shard missing a round is left out
     assert round_drift(per_round) == pytest.approx(0.3, abs=0.05)
+
+
+def test_exploratory_methods_are_planned_on_the_leading_share_and_the_arms_everywhere():
+    from autoshard.studies.evaluate import exploratory_rule, plan_all
+
+    tasks = [Task(f"a{k}", "autoshard", "test", (0, 1), 2, 10**9, 0.0) for k in range(8)]
+    tasks += [Task(f"s{k}", "small", "test", (0, 1), 2, 10**9, 1.0) for k in range(3)]
+    skip = exploratory_rule(tasks, {"arm"}, 0.25)
+    planners = {"arm": lambda t: np.array([0, 1]), "extra": lambda t: np.array([1, 0])}
+    plans, status = plan_all(planners, tasks, np.ones(2), progress=False, skip=skip)
+    assert all(p is not None for p in plans["arm"])
+    assert [t.name for t, p in zip(tasks, plans["extra"], strict=True) if p is not None] == ["a0", "a1", "s0", "s1",
+                                                                                             "s2"]
+    skipped = status[(status["method"] == "extra") & status["status"].str.startswith("not run (exploratory")]
+    assert len(skipped) == 6, "not run: not counted as failed placements"
+
+
+def test_replicates_plan_the_primary_protocols_under_their_own_names():
+    from autoshard.studies.endpoints import replica
+    from autoshard.studies.evaluate import replicate_plans
+
+    tasks = [Task("a", "autoshard", "test", (0, 1), 2, 10**9, 0.0), Task("s", "small", "test", (0, 1), 2, 10**9, 0.0)]
+    builds = [{"rl_greedy": lambda t, r=r: np.array([r % 2, 1 - r % 2])} for r in (1, 2)]
+    plans, status = replicate_plans(builds, tasks, {"autoshard"}, np.ones(2))
+    assert set(plans) == {replica("rl_greedy", 1), replica("rl_greedy", 2)} == {"rl_greedy@1", "rl_greedy@2"}
+    assert plans["rl_greedy@2"][0].tolist() == [0, 1] and plans["rl_greedy@1"][1] is None
+    assert set(status["method"]) == set(plans)
+
+
+def test_the_noise_pass_measures_plans_chosen_by_name_never_by_measurement():
+    from autoshard.studies.evaluate import repeat_subset
+
+    tasks = [Task(f"{p}{k}", p, "test", (0, 1), 2, 10**9, 0.0) for p in ("autoshard", "tight") for k in range(4)]
+    plans = {m: [np.array([k % 2, 1]) for k in range(8)] for m in ("rl_greedy", "lpt_measured", "size_greedy")}
+    chosen, again = repeat_subset(tasks, plans, 3)
+    assert [t.name for t in chosen] == ["autoshard0", "autoshard1", "autoshard2", "tight0", "tight1", "tight2"]
+    assert set(again) == {"rl_greedy", "lpt_measured"} and all(len(v) == 6 for v in again.values())

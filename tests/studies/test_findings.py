@@ -99,13 +99,13 @@ HEADROOM = {"tasks": 12, "tasks_without_greedy": 0, "greedy_gap": 0.04, "greedy_
             "lpt_gap": 0.01, "how_lpt": "MILP lower bound", "lpt_gap_optimal_share": 1.0, "measured_gap": 0.02,
             "measured_cost": "max_device_ms", "measured_tasks": 12, "measured_of": {"rl_greedy": 12},
             "measured_at_best_share": 0.5, "noise_floor": 0.01, "noise_key": "noise.plan_repeat_change",
-            "exceeds_noise": True}
+            "lower": 0.04, "upper": 0.04, "upper_why": "exhaustive search", "better_reachable": False}
 
 
-FAMILIES = {"noise_floor": 0.02, "noise_key": "headroom.autoshard.noise_floor", "seconds": 1.0, "families": [
+FAMILIES = {"sesoi": 0.05, "seconds": 1.0, "families": [
     {"family": "2 per device, ample memory, equal speeds", "per_device": 2, "devices": 8, "memory": "ample",
      "speeds": "equal", "tasks": 4, "greedy_gap": 0.01, "greedy_gap_p90": 0.02, "greedy_gap_max": 0.03,
-     "blind_gap": 0.01, "exceeds_noise": False}]}
+     "blind_gap": 0.01, "exceeds_sesoi": False}]}
 
 
 def test_evaluate_metrics_are_strict_json_with_the_contract_keys():
@@ -146,12 +146,20 @@ def test_evaluate_metrics_are_strict_json_with_the_contract_keys():
         "tasks", "median_ratio", "ci_low", "ci_high", "p_value", "identical_share", "mde"}
 
 
+def with_replicates(frame: pd.DataFrame, factors: tuple[float, ...], tasks: int | None = None) -> pd.DataFrame:
+    """`frame` with replicate r (from 1) planning cost_greedy as replicate 0 and rl_greedy `factors[r - 1]`
+    times slower, on the first `tasks` tasks (all without), in the same pass."""
+    names = sorted(frame["task"].unique())[:tasks]
+    base = frame[frame["method"].isin(["cost_greedy", "rl_greedy"]) & frame["task"].isin(names)]
+    extra = [base.assign(measured_ms=lambda f, k=k: f["measured_ms"] * np.where(f["method"] == "rl_greedy", k, 1.0),
+                         method=lambda f, r=r: f["method"] + f"@{r}")
+             for r, k in enumerate(factors, start=1)]
+    return pd.concat([frame, *extra], ignore_index=True)
+
+
 def test_replicate_summary_spreads_the_policy_over_greedy_across_replicates():
     frame, _, _ = ratios_frame(rl_factor=0.8)
-    again = [frame[frame["method"].isin(["cost_greedy", "rl_greedy"])][["task", "method", "measured_ms"]]
-             .assign(measured_ms=lambda f, k=k: f["measured_ms"] * np.where(f["method"] == "rl_greedy", k, 1.0))
-             for k in (1.1, 1.2)]
-    spread = replicate_summary(frame, again)["autoshard"]
+    spread = replicate_summary(with_replicates(frame, (1.1, 1.2)), 3)["autoshard"]
     vs = spread["rl_greedy__vs__cost_greedy"]
     assert vs["n"] == 3 and vs["std"] > 0
     assert np.allclose(vs["values"], [0.8 / 0.9 * k for k in (1.0, 1.1, 1.2)], rtol=0.01)
@@ -162,18 +170,17 @@ def test_replicate_summary_spreads_the_policy_over_greedy_across_replicates():
 
 def test_replicates_on_a_subset_of_tasks_are_compared_on_that_subset_only():
     frame, _, _ = ratios_frame(rl_factor=0.8)
-    first = sorted(frame["task"].unique())[: frame["task"].nunique() // 2]
-    again = frame[frame["task"].isin(first) & frame["method"].isin(["cost_greedy", "rl_greedy"])]
-    spread = replicate_summary(frame, [again[["task", "method", "measured_ms"]]])["autoshard"]
+    half = frame["task"].nunique() // 2
+    spread = replicate_summary(with_replicates(frame, (1.0,), half), 2)["autoshard"]
     assert spread["rl_greedy__vs__cost_greedy"]["std"] < 1e-12, "same plans on the same tasks: the same median"
 
 
 def test_a_replicate_whose_plans_mix_two_passes_is_refused():
-    frame, _, _ = ratios_frame(rl_factor=0.8)
-    again = frame[frame["method"].isin(["cost_greedy", "rl_greedy"])][["task", "method", "measured_ms"]].copy()
-    again["pass"] = np.where(again["method"] == "rl_greedy", "replicate-1", "main")
+    frame = with_replicates(ratios_frame(rl_factor=0.8)[0], (1.0,)).assign(pass_="main")
+    frame = frame.rename(columns={"pass_": "pass"})
+    frame.loc[frame["method"] == "rl_greedy@1", "pass"] = "replicate-1"
     with pytest.raises(ValueError, match="different passes"):
-        replicate_summary(frame, [again])
+        replicate_summary(frame, 2)
 
 
 def test_a_machine_that_slowed_down_between_passes_is_divided_out():

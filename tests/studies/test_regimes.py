@@ -27,14 +27,13 @@ def rows(greedy: float, best: float, blind: float | None = None, tasks: int = 4)
                          for k in range(tasks)])
 
 
-def test_a_family_is_kept_only_where_its_gap_exceeds_twice_the_lowest_noise_floor():
-    headroom = {"autoshard": {"noise_floor": 0.09}, "dreamshard": {"noise_floor": 0.04}}
-    kept = regimes.families(rows(11.0, 10.0), config(), headroom)   # a 10% gap against 2 x 4%
-    assert kept["noise_floor"] == 0.04 and kept["noise_key"] == "headroom.dreamshard.noise_floor"
+def test_a_family_is_a_candidate_only_where_its_gap_exceeds_the_smallest_effect_of_interest():
+    kept = regimes.families(rows(11.0, 10.0), config(), 0.05)   # a 10% gap against a 5% sesoi
+    assert kept["sesoi"] == 0.05
     (family,) = kept["families"]
-    assert family["greedy_gap"] == pytest.approx(0.10) and family["exceeds_noise"]
-    assert not regimes.families(rows(10.7, 10.0), config(), headroom)["families"][0]["exceeds_noise"]
-    assert not regimes.families(rows(11.0, 10.0), config(), {})["families"][0]["exceeds_noise"]  # no floor: no claim
+    assert family["greedy_gap"] == pytest.approx(0.10) and family["exceeds_sesoi"]
+    assert not regimes.families(rows(10.4, 10.0), config(), 0.05)["families"][0]["exceeds_sesoi"]  # 4% < 5%
+    assert regimes.families(rows(10.4, 10.0), config(), 0.03)["families"][0]["exceeds_sesoi"]
     check(kept, Families, "families")
 
 
@@ -52,7 +51,7 @@ def test_every_family_is_searched_and_the_best_known_is_never_above_either_greed
     again = regimes.family_rows(lambda ids: Linear.max_device(weights[ids]), pool.features, test, cfg, 0,
                                 progress=False)
     pd.testing.assert_frame_equal(table.drop(columns="seconds"), again.drop(columns="seconds"))
-    out = regimes.families(table, cfg, {"autoshard": {"noise_floor": 0.05}})
+    out = regimes.families(table, cfg, 0.05)
     assert [f["family"] for f in out["families"]] == [name for name, *_ in cfg.families()]
 
 

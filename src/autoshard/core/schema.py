@@ -90,9 +90,11 @@ class ComputeOnlyPairs(TypedDict):
 
 class PrimaryEndpoint(TypedDict):
     """One `primary.<endpoint>` entry of reports/metrics/evaluate.json (`studies.endpoints.primary`):
-    a pre-registered comparison's verdict (better | worse | equivalent | inconclusive), median ratio
-    with its BCa interval, the Holm-adjusted p of the verdict's claim, the smallest effect of
-    interest, the tasks and the one pass both arms were measured in."""
+    a pre-registered comparison's verdict (better | worse | equivalent | inconclusive) over the
+    trained chains' replicates, the median over tasks of the mean log ratio over replicates with
+    its interval (`interval` names its method, `mc_error` the Monte Carlo error of its ends), the
+    Holm-adjusted p of the verdict's claim, each replicate's median ratio, the share of (replicate,
+    task) pairs with identical plans, and the one pass every arm was measured in."""
 
     method: str
     reference: str
@@ -102,15 +104,40 @@ class PrimaryEndpoint(TypedDict):
     median_ratio: Number
     ci_low: Number
     ci_high: Number
+    interval: str
+    mc_error: Number
+    resamples: int
     p_holm: Number
     p_claims: dict[str, Number]
     sesoi: float
     alpha: float
     tasks: int
+    failed: int
+    replicates: int
+    replicate_medians: list[float]
     identical_share: Number
+    note: str
     per_task: dict[str, float]
-    in_family: NotRequired[bool]  # False: a learned-vs-greedy endpoint without headroom (verdict "no headroom")
     # `pass` (the one pass both arms came from; null when none) is not a Python name: read as a key
+
+
+class Amendment(TypedDict):
+    """One entry of `primary.amendments`: a change to the pre-registration after it was made."""
+
+    date: str
+    commit: str
+    change: str
+    why: str
+    results_seen: bool
+    family: str | None
+
+
+class Registration(TypedDict):
+    """`primary.registered`: the commit and date the family was registered at, and its digest then."""
+
+    commit: str
+    date: str
+    family: str
 
 
 class MeasurementQuality(TypedDict):
@@ -129,7 +156,7 @@ class MeasurementQuality(TypedDict):
 
 class Headroom(TypedDict):
     """One `headroom.<protocol>` entry of reports/metrics/evaluate.json (`studies.headroom.headroom`):
-    the most any planner could gain over cost_greedy there. Predicted, under the cost model: the
+    what a planner could gain over cost_greedy there, as context beside the verdicts. Predicted, under the cost model: the
     median over tasks of cost_greedy's bottleneck over the best placement known, less 1
     (`greedy_gap`; its max and the share of tasks above 0.5%), that ratio the other way (`bound`),
     how the best was found (`how`: "exhaustive search" or local search from `starts` starts and every
@@ -138,9 +165,11 @@ class Headroom(TypedDict):
     MILP's proven lower bound, less 1 (`lpt_gap`, `how_lpt`; `lpt_gap_optimal_share`: tasks the MILP
     solved to optimality). Measured, one pass: cost_greedy's `measured_cost` over that of the measured
     plan predicted lowest, less 1 (`measured_gap`), whose plan that was (`measured_of`, tasks per
-    method) and how often it was the best known (`measured_at_best_share`). The noise floor
-    (`noise_key` names its entry in `noise`) and whether `greedy_gap` exceeds twice it (`exceeds_noise`:
-    the learned-vs-greedy primary endpoints are decided only there)."""
+    method) and how often it was the best known (`measured_at_best_share`). The bounds: `lower`
+    (at least this much is available under the cost model), `upper` (null where no bound exists,
+    `upper_why` says how it was found or why not) and `better_reachable` (False where the upper
+    bound lies below the smallest effect of interest). The noise floor (`noise_key` names its
+    entry in `noise`)."""
 
     tasks: int
     tasks_without_greedy: int
@@ -161,16 +190,19 @@ class Headroom(TypedDict):
     measured_tasks: int
     measured_of: dict[str, int]
     measured_at_best_share: Number
+    lower: Number
+    upper: Number
+    upper_why: str
+    better_reachable: bool
     noise_floor: Number
     noise_key: str
-    exceeds_noise: bool
 
 
 class Family(TypedDict):
     """One candidate regime of `families.families` (`studies.regimes.families`): `per_device` tables
     on each of `devices` devices, `memory` ample or tight, `speeds` equal or a profile; over its
     `tasks`, predicted, greedy's gap to the best placement known (median, p90, max) and the
-    speed-blind greedy's median gap; whether the median exceeds twice the noise floor."""
+    speed-blind greedy's median gap; whether the median exceeds the smallest effect of interest."""
 
     family: str
     per_device: int
@@ -182,16 +214,15 @@ class Family(TypedDict):
     greedy_gap_p90: Number
     greedy_gap_max: Number
     blind_gap: Number
-    exceeds_noise: bool
+    exceeds_sesoi: bool
 
 
 class Families(TypedDict):
     """`families` of reports/metrics/evaluate.json: the candidate regimes searched for headroom
-    before any is measured, the noise floor they are held to (the lowest evaluated protocol's,
-    `noise_key`) and the search's seconds."""
+    before any is measured, the smallest effect of interest they are held to (`primary.sesoi`: a
+    median gap above it leaves room for a "better" verdict) and the search's seconds."""
 
-    noise_floor: Number
-    noise_key: str | None
+    sesoi: float
     seconds: float
     families: list[Family]
 
@@ -213,7 +244,7 @@ class EvaluateMetrics(StageTime, HeadlineObjective, ComputeOnlyPairs):
     blocks (headline objective, synchronized stages, compute only), the exploratory summary lines,
     the replicates' spread, the per-method results and targets."""
 
-    primary: dict[str, PrimaryEndpoint]
+    primary: dict[str, PrimaryEndpoint | Registration | list[Amendment]]  # endpoints, `registered`, `amendments`
     headroom: dict[str, Headroom]  # per protocol
     families: Families
     noise: MeasurementQuality
@@ -543,8 +574,13 @@ def _check(value: Any, kind: Any, source: str, where: str) -> None:
     elif origin in (Union, types.UnionType):
         if value is None and type(None) in args:
             return
-        (option,) = [a for a in args if a is not type(None)]  # the schemas' only union is `X | None`
-        _check(value, option, source, where)
+        options = [a for a in args if a is not type(None)]
+        for option in options[:-1]:  # the first that fits (`primary`'s entries: an endpoint or its record)
+            try:
+                return _check(value, option, source, where)
+            except ConfigError:
+                continue
+        _check(value, options[-1], source, where)
     elif origin is list:
         _expect(isinstance(value, list), value, "a list", source, where)
         for i, item in enumerate(value):

@@ -131,14 +131,16 @@ def _profiled(paths: Paths, features: np.ndarray, needs: set[str]) -> dict[str, 
 
 
 def replicate(artifacts: Artifacts, paths: Paths, r: int) -> Artifacts:
-    """`artifacts` with replicate `r`'s simulator and policy (the same data, other seeds)."""
+    """`artifacts` with replicate `r`'s simulator, policy and fair sharder (the same data, other
+    seeds; no fair sharder where the replicate trained none)."""
     from autoshard.costmodel.model import load_model
     from autoshard.rl.ppo import load_policy
 
     folder = paths.rl_replicate(r)
     model = load_model(folder / paths.simulator.name)
+    fair = folder / paths.fair_policy.name
     return replace(artifacts, cost_model=model, policy=load_policy(folder / paths.policy.name, model), numpy=None,
-                   fair_policy=None)
+                   fair_policy=load_policy(fair, model) if fair.exists() else None)
 
 
 def exported(artifacts: Artifacts, numpy: NumpyModels) -> Artifacts:

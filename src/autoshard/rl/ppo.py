@@ -14,6 +14,7 @@ first and largest tables get their credit directly instead of through 0.95^79 of
 own episodes, the critic fitted to its returns) so that PPO starts from what greedy knows.
 """
 
+import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -57,6 +58,8 @@ class RLConfig:
     shaping: bool              # per-step rewards: the fall of the predicted bottleneck (reward bottleneck only)
     imitation_iterations: int = bounded(lo=0)  # iterations cloning cost_greedy before PPO (0: none)
     keep_best: bool            # end with the weights of the best validation point (false: the last iterate)
+    patience: int = bounded(lo=0)  # stop after this many validation points without improvement (0: never)
+    min_improvement: float = bounded(lo=0, hi=1)  # relative fall of the best validation ratio that counts
 
     def __post_init__(self) -> None:
         if self.shaping and self.reward != "bottleneck":
@@ -298,6 +301,24 @@ def train(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task], 
         return _train(cost_model, features, train_tasks, cfg, seed, checkpoint, validate, progress, init, comm)
 
 
+def stalled(history: list[dict], cfg: RLConfig) -> bool:
+    """Whether the last `cfg.patience` validation points of the policy-gradient phase each failed
+    to lower the best validation ratio so far by `cfg.min_improvement` (relative): training stops
+    there. Computed from the history alone, so a resumed run stops where an uninterrupted one does."""
+    if cfg.patience == 0:
+        return False
+    best, since = math.inf, 0
+    for row in history:
+        ratio = row.get("val_ratio")
+        if row.get("phase") == "imitation" or ratio is None or not math.isfinite(ratio):
+            continue
+        if ratio < best * (1 - cfg.min_improvement):
+            best, since = ratio, 0
+        else:
+            since += 1
+    return since >= cfg.patience
+
+
 def _train(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task], cfg: RLConfig, seed: int,
            checkpoint: str | Path, validate, progress: bool, init: Policy | None,
            comm: StageComm | None) -> tuple[Policy, pd.DataFrame]:
@@ -344,6 +365,12 @@ def _train(cost_model: CostModel, features: np.ndarray, train_tasks: list[Task],
                 best = {"iteration": it, "val_ratio": ratio,
                         "state_dict": {k: v.detach().clone() for k, v in policy.state_dict().items()}}
         history.append({k: v.item() if isinstance(v, np.generic) else v for k, v in row.items()})
+        if not cloning and "val_ratio" in row and stalled(history, cfg):
+            history[-1]["stopped"] = True  # validation stopped improving: the rest of the iterations are not run
+            if best is not None:
+                policy.load_state_dict(best["state_dict"])
+            save_checkpoint(checkpoint, policy, optimizer, cfg, total, generator, history, best)
+            break
         if (it + 1) % cfg.checkpoint_every == 0 or it + 1 == total:
             if it + 1 == total and best is not None:
                 policy.load_state_dict(best["state_dict"])  # the run is over: its checkpoint holds the kept weights

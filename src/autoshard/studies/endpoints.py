@@ -1,57 +1,61 @@
 """The pre-registered primary endpoints: the few comparisons the study decides on.
 
-`params.yaml` declares them (`primary`) before the run, with the smallest effect of interest
-(`sesoi`, a ratio change such as 0.05). Each endpoint compares a method's measured bottleneck with
-a reference's, task by task, on one protocol and one cost (compute only unless declared). Per
-endpoint: the per-task log ratio; the median ratio with a BCa bootstrap interval that resamples
-tasks within strata (`scipy.stats.bootstrap`; percentile where BCa is undefined, and `interval`
-says which); three one-sided Wilcoxon signed-rank tests on the log ratios shifted by the margin
-log(1 + sesoi) (zeros, a log ratio exactly at a margin, kept: `zsplit`). The tests are about the
-pseudo-median of the log ratios, the interval and the reported ratio about their median; with
-the symmetric per-task noise of these measurements the two agree, and the report shows both
-the verdict and the interval:
+`params.yaml` declares them (`primary`) with the smallest effect of interest (`sesoi`, a ratio
+change such as 0.05), the commit that registered them (`registered`) and every later change
+(`amendments`: date, commit, what changed, why, whether results had been seen, and the family's
+digest after it where the change altered the family). A family whose digest differs from the
+last one on record is refused: a change needs an amendment (`Registration.check`).
 
-- better: H0 median >= -margin (rejecting it: faster by more than the smallest effect),
-- worse: H0 median <= +margin,
-- equivalent: both H0 median <= -margin and H0 median >= +margin (two one-sided tests, TOST;
-  its p-value the larger of the two).
+Each endpoint compares a method's measured bottleneck with a reference's, task by task, on one
+protocol and one cost, and holds for the method, not one trained policy: the chain (cost-model
+fit, policy training) is replicated from several seeds, and a method that depends on it (registry
+tag `replicate`) is planned by each replicate r as `replica(method, r)`. Per task, the endpoint's
+value is the mean over replicates of the log ratio, each replicate's ratio formed within the one
+pass both arms were measured in (`paired.one_pass`). On those per-task values:
 
-All the family's p-values (three claims per endpoint) are Holm-adjusted together (statsmodels),
-so the chance of any wrong claim across the family stays below `alpha`; an endpoint is
-**better**, **worse** or **equivalent** when that claim's adjusted p is below `alpha`, else
-**inconclusive**. A declared endpoint without a single task where both arms were measured is an
-error, not an inconclusive row; tasks where either arm found no plan are counted (`failed`).
-Nothing outside the family gets a verdict word.
+- the median ratio, with a two-level percentile bootstrap interval (replicates resampled, then
+  tasks within strata, as `rliable` does for RL benchmarks) and the Monte Carlo error of its ends;
+- three one-sided Wilcoxon signed-rank tests shifted by the margin log(1 + sesoi) (zeros kept:
+  `zsplit`): better (H0 median >= -margin), worse (H0 median <= +margin) and equivalent (both
+  H0 median <= -margin and H0 median >= +margin, TOST; its p the larger of the two).
 
-The headroom gate (issue 30): an endpoint of a learned method (registry kind `rl`) against
-cost_greedy is decided only where its protocol's headroom (`studies.headroom`: cost_greedy's
-predicted gap to the best placement known under the same cost model, the most any planner could
-gain there) exceeds HEADROOM_NOISE_MULTIPLE times the protocol's noise floor (`has_headroom`).
-Elsewhere no planner could move the measured ratio by more than the noise: the endpoint's
-verdict is **no headroom**, it leaves the Holm family (exploratory) and keeps its interval.
+All the family's p-values (three claims per endpoint) are Holm-adjusted together (statsmodels);
+an endpoint is **better**, **worse** or **equivalent** when that claim's adjusted p is below
+`alpha`, else **inconclusive**. Every declared endpoint gets one of these four words. Beside it:
+each replicate's median ratio and the share of (replicate, task) pairs whose two plans are the
+same split (measured once, so their ratio is exactly 1): an endpoint decided mostly by identical
+plans says so (`note`). A declared endpoint without a task where both arms were measured is an
+error; tasks where either arm found no plan are counted (`failed`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
+from autoshard.core.digest import value_digest
 from autoshard.core.errors import ConfigError, invalid
 from autoshard.core.params import Fields
 from autoshard.core.seeding import rng
-from autoshard.methods.registry import GREEDY, KIND
 from autoshard.studies import paired
 
-NO_HEADROOM = "no headroom"  # a gated endpoint's verdict: exploratory, outside the family
-VERDICTS = ("better", "worse", "equivalent", "inconclusive", NO_HEADROOM)
+VERDICTS = ("better", "worse", "equivalent", "inconclusive")
 CLAIMS = ("better", "worse", "equivalent")
 COSTS = ("max_device_ms", "synchronized_ms")  # compute only; the synchronized stages (honest comm only)
-HEADROOM_NOISE_MULTIPLE = 2.0  # a learned-vs-greedy endpoint is decided where the headroom exceeds this x noise
 MIN_TASKS = 5  # a one-sided signed-rank test on fewer tasks cannot reach p < 0.05 (its smallest p is 2**-n)
+REPLICA = "@"  # replica(method, r): the method as replicate r of the chain planned it
+INTERVAL = "two-level percentile bootstrap (replicates, then tasks within strata)"
+MOSTLY_IDENTICAL = 0.5  # an identical-plan share above this: the verdict rests mostly on identity
+RECORD_KEYS = ("registered", "amendments")  # the entries of `primary` that are not endpoints
+
+
+def replica(method: str, r: int) -> str:
+    """The name of `method`'s plans by replicate `r` of the chain (0: the stage's own models)."""
+    return method if r == 0 else f"{method}{REPLICA}{r}"
 
 
 @dataclass(frozen=True)
@@ -68,22 +72,90 @@ class Endpoint:
         return f"{self.method}__vs__{self.reference}__{self.protocol}"
 
 
+def family_digest(endpoints: tuple[Endpoint, ...], sesoi: float, alpha: float) -> str:
+    """The family's fingerprint (its endpoints in order, the smallest effect and the level): what
+    an amendment must record when it changes them."""
+    return value_digest([[e.method, e.reference, e.protocol, e.cost] for e in endpoints], sesoi, alpha)[:12]
+
+
+@dataclass(frozen=True)
+class Amendment:
+    """One change to the pre-registration after it was made."""
+
+    date: str
+    commit: str
+    change: str
+    why: str
+    results_seen: bool
+    family: str | None  # the family's digest after the change; None where the family stayed as it was
+
+
+@dataclass(frozen=True)
+class Registration:
+    """When the family was registered (`commit`, `date`, its digest then) and every amendment since."""
+
+    commit: str
+    date: str
+    family: str
+    amendments: tuple[Amendment, ...]
+
+    @property
+    def expected(self) -> str:
+        """The family digest on record: the last amendment's that changed it, else the registered one."""
+        changed = [a.family for a in self.amendments if a.family is not None]
+        return changed[-1] if changed else self.family
+
+    def check(self, digest: str) -> None:
+        """Refuse a family that differs from the one on record: every change is an amendment."""
+        if digest != self.expected:
+            raise invalid("primary.endpoints", digest,
+                          f"the family (endpoints, sesoi, alpha) differs from the one on record ({self.expected}); "
+                          "add an entry to primary.amendments saying what changed, why, whether results had been "
+                          f"seen, and family: {digest}")
+
+    def record(self) -> dict:
+        """The `registered` and `amendments` entries of `primary` in evaluate.json."""
+        return {"registered": {"commit": self.commit, "date": self.date, "family": self.family},
+                "amendments": [asdict(a) for a in self.amendments]}
+
+    @classmethod
+    def from_params(cls, registered: object, amendments: object) -> Registration:
+        r = Fields("primary.registered", registered)
+        out = cls(commit=r.text("commit"), date=r.text("date"), family=r.text("family"), amendments=())
+        r.done()
+        if not isinstance(amendments, list):
+            raise invalid("primary.amendments", amendments, "expected a list (empty when nothing changed)")
+        parsed = []
+        for i, item in enumerate(amendments):
+            a = Fields(f"primary.amendments[{i}]", item)
+            family = a.values.get("family")
+            a.used.add("family")
+            if family is not None and not isinstance(family, str):
+                raise invalid(f"primary.amendments[{i}].family", family, "expected a digest or null")
+            parsed.append(Amendment(date=a.text("date"), commit=a.text("commit"), change=a.text("change"),
+                                    why=a.text("why"), results_seen=a.boolean("results_seen"), family=family))
+            a.done()
+        return cls(out.commit, out.date, out.family, tuple(parsed))
+
+
 @dataclass(frozen=True)
 class PrimaryConfig:
-    """The `primary` section: the family of endpoints, the smallest effect of interest, the level
-    and the bootstrap's resamples."""
+    """The `primary` section: the family of endpoints, the smallest effect of interest, the level,
+    the bootstrap's resamples and the registration record."""
 
     sesoi: float
     alpha: float
     resamples: int
     endpoints: tuple[Endpoint, ...]
+    registration: Registration | None = None
 
     @classmethod
     def from_params(cls, primary: dict, methods: tuple[str, ...], protocols: tuple[str, ...],
                     drift_limit: float) -> PrimaryConfig:
         """From the `primary` section; each endpoint's ids must be registry methods and protocols,
-        and the measuring pass's `drift_limit` (`evaluate.timing`) must lie below `sesoi`: a pass
-        may not drift by as much as the smallest effect it is to decide."""
+        the measuring pass's `drift_limit` (`evaluate.timing`) must lie below `sesoi` (a pass may not
+        drift by as much as the smallest effect it is to decide), and the family must be the one
+        on record (`Registration.check`)."""
         f = Fields("primary", primary)
         cfg = cls(sesoi=f.number("sesoi", lo=0, lo_open=True, hi=1), alpha=f.number("alpha", lo=0, lo_open=True, hi=1),
                   resamples=f.integer("resamples", lo=100), endpoints=())
@@ -92,7 +164,8 @@ class PrimaryConfig:
                           f"must lie below primary.sesoi ({cfg.sesoi:g}): a pass drifting by the smallest effect "
                           "of interest cannot decide it")
         raw = f.values.get("endpoints")
-        f.used.add("endpoints")
+        registration = Registration.from_params(f.values.get("registered"), f.values.get("amendments", []))
+        f.used.update(("endpoints", "registered", "amendments"))
         f.done()
         if not isinstance(raw, list) or not raw:
             raise invalid("primary.endpoints", raw, "expected a non-empty list of endpoints")
@@ -106,72 +179,52 @@ class PrimaryConfig:
         names = [x.name for x in endpoints]
         if len(set(names)) < len(names):
             raise invalid("primary.endpoints", names, "an endpoint is declared twice")
-        return cls(cfg.sesoi, cfg.alpha, cfg.resamples, tuple(endpoints))
+        registration.check(family_digest(tuple(endpoints), cfg.sesoi, cfg.alpha))
+        return cls(cfg.sesoi, cfg.alpha, cfg.resamples, tuple(endpoints), registration)
 
 
-def has_headroom(greedy_gap: float | None, noise_floor: float | None) -> bool:
-    """Whether a protocol's headroom (cost_greedy's predicted gap to the best placement known, a
-    share) exceeds HEADROOM_NOISE_MULTIPLE times its noise floor; False where either is unknown."""
-    return greedy_gap is not None and noise_floor is not None and greedy_gap > HEADROOM_NOISE_MULTIPLE * noise_floor
+def arms(endpoint: Endpoint, r: int, chained: frozenset[str]) -> tuple[str, str]:
+    """The method and reference names replicate `r` compares: a chained method's replica, any other as is."""
+    return tuple(replica(m, r) if m in chained else m for m in (endpoint.method, endpoint.reference))
 
 
-def gated(endpoint: Endpoint) -> bool:
-    """Whether `endpoint` is decided only where there is headroom: a learned method against cost_greedy."""
-    return KIND.get(endpoint.method) == "rl" and endpoint.reference == GREEDY
-
-
-def decided(endpoint: Endpoint, headroom: dict[str, dict] | None) -> bool:
-    """Whether `endpoint` joins the family: always without `headroom` (`studies.headroom.headroom`)
-    or when it is not `gated`; else where its protocol `has_headroom`."""
-    if headroom is None or not gated(endpoint):
-        return True
-    if endpoint.protocol not in headroom:
-        raise ConfigError(f"primary.endpoints: {endpoint.name} is decided by its protocol's headroom, and "
-                          f"{endpoint.protocol} has none computed")
-    entry = headroom[endpoint.protocol]
-    return has_headroom(entry["greedy_gap"], entry["noise_floor"])
-
-
-def log_ratios(ratios: pd.DataFrame, endpoint: Endpoint) -> pd.DataFrame:
-    """Per task of the endpoint's protocol where both have a measured plan: the log ratio of the
-    method's cost to the reference's, the stratum (unseen ratio) and the one pass both came from.
-    Two plans of one task from different passes are refused: their ratio mixes two clocks."""
-    rows = ratios[(ratios["protocol"] == endpoint.protocol) & ratios["method"].isin([endpoint.method,
-                                                                                      endpoint.reference])]
+def log_ratios(ratios: pd.DataFrame, endpoint: Endpoint, replicates: int = 1,
+               chained: frozenset[str] = frozenset()) -> pd.DataFrame:
+    """Per task of the endpoint's protocol where every replicate has both arms measured: the log
+    ratio of the method's cost to the reference's in each replicate (`log_ratio_<r>`), their mean
+    (`log_ratio`), the stratum (unseen ratio) and the pass. Two plans of one task from different
+    passes are refused: their ratio mixes two clocks."""
+    rows = ratios[ratios["protocol"] == endpoint.protocol]
+    names = {n for r in range(replicates) for n in arms(endpoint, r, chained)}
+    rows = rows[rows["method"].isin(names)]
     paired.one_pass(rows)
+    columns = ["task", "log_ratio", "stratum", "pass", *(f"log_ratio_{r}" for r in range(replicates))]
     table = rows.pivot_table(index="task", columns="method", values=endpoint.cost, aggfunc="first")
-    if endpoint.method not in table or endpoint.reference not in table:
-        return pd.DataFrame(columns=["task", "log_ratio", "stratum", "pass"])
-    both = table[[endpoint.method, endpoint.reference]].dropna()
-    both = both[(both > 0).all(axis=1)]
+    if not names <= set(table):
+        return pd.DataFrame(columns=columns)
+    per = pd.DataFrame({f"log_ratio_{r}": np.log(table[m] / table[ref])
+                        for r, (m, ref) in ((r, arms(endpoint, r, chained)) for r in range(replicates))})
+    per = per[np.isfinite(per).all(axis=1)]
     first = rows.groupby("task").first()
-    return pd.DataFrame({"task": both.index, "log_ratio": np.log(both[endpoint.method] / both[endpoint.reference]),
-                         "stratum": first["unseen_ratio"].reindex(both.index).to_numpy(),
-                         "pass": (first["pass"] if "pass" in first else pd.Series("", index=first.index)
-                                  ).reindex(both.index).to_numpy()}).reset_index(drop=True)
+    return per.assign(log_ratio=per.mean(axis=1),
+                      stratum=first["unseen_ratio"].reindex(per.index).to_numpy(),
+                      **{"pass": (first["pass"] if "pass" in first else pd.Series("", index=first.index)
+                                  ).reindex(per.index).to_numpy()}).rename_axis("task").reset_index()[columns]
 
 
-def failed(ratios: pd.DataFrame, endpoint: Endpoint) -> int:
-    """Tasks of the endpoint's protocol left out of its comparison: where either arm has no measured
-    plan (it failed, or broke the memory cap). On a tight protocol these are the hard tasks, so the
-    comparison holds for the others only; the report shows the count beside it."""
+def failed(ratios: pd.DataFrame, endpoint: Endpoint, replicates: int = 1,
+           chained: frozenset[str] = frozenset()) -> int:
+    """Tasks of the endpoint's protocol left out of its comparison: where an arm of any replicate
+    has no measured plan (it failed, or broke the memory cap). On a tight protocol these are the
+    hard tasks, so the comparison holds for the others only; the report shows the count beside it."""
     tasks = ratios.loc[ratios["protocol"] == endpoint.protocol, "task"].unique()
-    both = ratios[(ratios["protocol"] == endpoint.protocol) & ratios["method"].isin([endpoint.method,
-                                                                                     endpoint.reference])]
-    measured = both.dropna(subset=[endpoint.cost]).groupby("task")["method"].nunique()
-    return int(len(tasks) - (measured == 2).sum())
+    return int(len(tasks) - len(log_ratios(ratios, endpoint, replicates, chained)))
 
 
-def bca_interval(logs: np.ndarray, strata: np.ndarray, resamples: int, seed: int,
-                 *keys: str) -> tuple[float, float, str]:
-    """95% BCa interval of the median log ratio, tasks resampled within strata (a stratum of one
-    task joins the largest), and how it was found: "BCa", or "percentile" where BCa is undefined
-    (its jackknife degenerates, as it can for a median). Every log ratio equal gives that value twice."""
-    if len(logs) == 0:
-        return float("nan"), float("nan"), "none"
-    if np.ptp(logs) == 0:
-        return float(logs[0]), float(logs[0]), "degenerate"
-    groups = [logs[strata == s] for s in pd.unique(strata)]
+def strata_groups(strata: np.ndarray) -> list[np.ndarray]:
+    """Task indices per stratum, a stratum of one task joined to the largest (a resample of one
+    task alone never varies)."""
+    groups = [np.flatnonzero(strata == s) for s in pd.unique(strata)]
     singles = [g for g in groups if len(g) < 2]
     groups = [g for g in groups if len(g) >= 2]
     if singles and groups:
@@ -179,17 +232,36 @@ def bca_interval(logs: np.ndarray, strata: np.ndarray, resamples: int, seed: int
         groups[largest] = np.concatenate([groups[largest], *singles])
     elif singles:
         groups = [np.concatenate(singles)]
+    return groups
 
-    def median_of_all(*samples: np.ndarray, axis: int = -1) -> np.ndarray:
-        return np.median(np.concatenate(samples, axis=axis), axis=axis)
 
-    result = stats.bootstrap(tuple(groups), median_of_all, n_resamples=resamples, method="BCa", vectorized=True,
-                             random_state=rng(seed, "primary", *keys))
-    low, high = result.confidence_interval
-    if math.isfinite(low) and math.isfinite(high):
-        return float(low), float(high), "BCa"
-    low, high = np.percentile(result.bootstrap_distribution, [2.5, 97.5])
-    return float(low), float(high), "percentile"
+def two_level_interval(logs: np.ndarray, strata: np.ndarray, resamples: int, seed: int,
+                       *keys: str) -> tuple[float, float, float | None, str]:
+    """95% interval of the median over tasks of the mean over replicates of the log ratio
+    (`logs`: replicates x tasks): each resample draws the replicates with replacement, then the
+    tasks with replacement within strata. Returns the ends, their Monte Carlo error (the larger
+    end's: half the spread between the bootstrap quantiles one binomial sd either side, so a
+    rerun with another seed moves an end by about this much) and the interval's method."""
+    logs = np.atleast_2d(np.asarray(logs, dtype=float))
+    if logs.shape[1] == 0:
+        return float("nan"), float("nan"), None, "none"
+    if np.ptp(logs) == 0:
+        return float(logs[0, 0]), float(logs[0, 0]), 0.0, "degenerate (every value equal)"
+    g = rng(seed, "primary", *keys)
+    n_rep = logs.shape[0]
+    reps = g.integers(0, n_rep, size=(resamples, n_rep))
+    tasks = np.concatenate([grp[g.integers(0, len(grp), size=(resamples, len(grp)))]
+                            for grp in strata_groups(np.asarray(strata))], axis=1)
+    means = logs[reps[:, :, None], tasks[:, None, :]].mean(axis=1)  # resample x task
+    medians = np.sort(np.median(means, axis=1))
+    ends = np.percentile(medians, [2.5, 97.5])
+    errors = []
+    for q in (0.025, 0.975):
+        s = math.sqrt(q * (1 - q) / resamples)
+        lo, hi = np.quantile(medians, [max(q - s, 0.0), min(q + s, 1.0)])
+        errors.append(float(hi - lo) / 2)
+    how = INTERVAL if n_rep > 1 else "percentile bootstrap (tasks within strata)"
+    return float(ends[0]), float(ends[1]), max(errors), how
 
 
 def one_sided_p(logs: np.ndarray, shift: float, alternative: str) -> float:
@@ -218,47 +290,79 @@ def verdict(adjusted: dict[str, float | None], alpha: float) -> str:
     return met[0] if len(met) == 1 else "inconclusive"
 
 
-def primary(ratios: pd.DataFrame, cfg: PrimaryConfig, seed: int,
-            headroom: dict[str, dict] | None = None) -> dict[str, dict]:
-    """`primary.<endpoint>`: verdict, median_ratio, ci_low, ci_high, p_holm (of the verdict's
-    claim; the smallest of the three when inconclusive), the claims' adjusted p-values, sesoi,
-    tasks, the pass, the per-task ratios (the headline figure's points) and `in_family`. With
-    `headroom` (protocol -> `studies.headroom` entry), an endpoint not `decided` there gets
-    NO_HEADROOM, its claims' raw p-values and no adjusted ones."""
-    frames = {e.name: log_ratios(ratios, e) for e in cfg.endpoints}
+def note(word: str, identical_share: float | None, replicate_medians: list[float], sesoi: float) -> str:
+    """What the verdict line adds to the word: identity where it decides, and replicates that
+    disagree about the side of the margin."""
+    parts = []
+    if identical_share is not None and identical_share > MOSTLY_IDENTICAL:
+        parts.append(f"{identical_share:.0%} of the plans are identical to the reference's: "
+                     f"{word} mostly by identity, not by measurement")
+    if replicate_medians and (min(replicate_medians) < 1 - sesoi < max(replicate_medians)
+                              or min(replicate_medians) < 1 + sesoi < max(replicate_medians)):
+        parts.append("the replicates' medians straddle a margin")
+    return "; ".join(parts)
+
+
+def primary(ratios: pd.DataFrame, cfg: PrimaryConfig, seed: int, replicates: int = 1,
+            chained: frozenset[str] = frozenset()) -> dict:
+    """`primary` of evaluate.json: per endpoint, verdict, median_ratio, ci_low, ci_high, interval,
+    mc_error, p_holm (of the verdict's claim; the smallest of the three when inconclusive), the
+    claims' adjusted and raw p-values, sesoi, alpha, tasks, failed, replicates, replicate_medians,
+    identical_share, note, the pass and the per-task ratios (the headline figure's points); then
+    the registration record (`registered`, `amendments`) where `cfg` has one. `ratios` holds replicate r's plans of a
+    method in `chained` as `replica(method, r)`."""
+    frames = {e.name: log_ratios(ratios, e, replicates, chained) for e in cfg.endpoints}
     empty = [name for name, f in frames.items() if f.empty]
     if empty:
         raise ConfigError(f"primary.endpoints: {empty[0]} has no task where both arms were measured (a method left "
                           "out, not planned on that protocol, or failing everywhere); declare only what runs")
-    raw = {name: claim_p_values(f["log_ratio"].to_numpy(), cfg.sesoi) for name, f in frames.items()}
-    members = {e.name for e in cfg.endpoints if decided(e, headroom)}
-    family = [(name, claim) for name in frames if name in members for claim in CLAIMS]  # every decided claim
+    raw = {name: claim_p_values(f["log_ratio"].to_numpy(dtype=float), cfg.sesoi) for name, f in frames.items()}
+    family = [(name, claim) for name in frames for claim in CLAIMS]
     adjusted: dict[str, dict[str, float | None]] = {name: dict.fromkeys(CLAIMS) for name in frames}
     for (name, claim), p in zip(family, paired.holm([raw[n][c] for n, c in family]), strict=True):
         adjusted[name][claim] = p
-    out = {}
+    out: dict = {}
     for e in cfg.endpoints:
         f = frames[e.name]
-        logs = f["log_ratio"].to_numpy()
-        lo, hi, how = bca_interval(logs, f["stratum"].to_numpy(), cfg.resamples, seed, e.name)
-        word = verdict(adjusted[e.name], cfg.alpha) if e.name in members else NO_HEADROOM
+        logs = f["log_ratio"].to_numpy(dtype=float)
+        per = f[[f"log_ratio_{r}" for r in range(replicates)]].to_numpy(dtype=float).T  # replicate x task
+        lo, hi, mc, how = two_level_interval(per, f["stratum"].to_numpy(), cfg.resamples, seed, e.name)
+        word = verdict(adjusted[e.name], cfg.alpha)
         known = [p for p in adjusted[e.name].values() if p is not None]
-        p_holm = adjusted[e.name][word] if word in CLAIMS else (min(known) if known else None)
         passes = sorted(set(f["pass"]))
+        medians = [float(np.exp(np.median(row))) for row in per]
+        identical = float(np.mean(per == 0))
         out[e.name] = {
             "method": e.method, "reference": e.reference, "protocol": e.protocol, "cost": e.cost,
-            "verdict": word, "median_ratio": float(np.exp(np.median(logs))) if len(logs) else None,
-            "ci_low": float(np.exp(lo)) if len(logs) else None, "ci_high": float(np.exp(hi)) if len(logs) else None,
-            "interval": how, "p_holm": p_holm, "p_claims": adjusted[e.name], "p_raw": raw[e.name], "sesoi": cfg.sesoi,
-            "alpha": cfg.alpha, "tasks": int(len(logs)), "failed": failed(ratios, e),
+            "verdict": word, "median_ratio": float(np.exp(np.median(logs))),
+            "ci_low": float(np.exp(lo)), "ci_high": float(np.exp(hi)), "interval": how,
+            "mc_error": None if mc is None else float(mc), "resamples": cfg.resamples,
+            "p_holm": adjusted[e.name][word] if word in CLAIMS else (min(known) if known else None),
+            "p_claims": adjusted[e.name], "p_raw": raw[e.name], "sesoi": cfg.sesoi, "alpha": cfg.alpha,
+            "tasks": int(len(logs)), "failed": failed(ratios, e, replicates, chained),
+            "replicates": replicates, "replicate_medians": medians,
+            "identical_share": identical, "note": note(word, identical, medians, cfg.sesoi),
             "pass": passes[0] if len(passes) == 1 else None,
-            "identical_share": float(np.mean(logs == 0)) if len(logs) else None, "in_family": e.name in members,
             "per_task": dict(zip(f["task"], np.exp(logs).tolist(), strict=True))}
-    return out
+    return out | (cfg.registration.record() if cfg.registration is not None else {})
 
 
-def frame(decided: dict[str, dict]) -> pd.DataFrame:
+def entries(decided: dict) -> dict[str, dict]:
+    """The endpoints of a `primary` result, without its registration record."""
+    return {k: v for k, v in decided.items() if k not in RECORD_KEYS}
+
+
+def frame(decided: dict) -> pd.DataFrame:
     """The primary endpoints as a table, one row each (the report's first table)."""
     keys = ("method", "reference", "protocol", "verdict", "median_ratio", "ci_low", "ci_high", "p_holm", "sesoi",
-            "tasks", "pass")
-    return pd.DataFrame([{k: e[k] for k in keys} for e in decided.values()])
+            "tasks", "replicates", "identical_share", "pass")
+    rows = [{k: e[k] for k in keys} | {"replicate_range": f"{min(e['replicate_medians']):.3f}-"
+                                                           f"{max(e['replicate_medians']):.3f}"}
+            for e in entries(decided).values()]
+    return pd.DataFrame(rows)
+
+
+def amendments_frame(decided: dict) -> pd.DataFrame:
+    """The amendments on record, one row each (printed under the primary table)."""
+    return pd.DataFrame(decided.get("amendments", []), columns=["date", "commit", "change", "why", "results_seen",
+                                                                "family"])

@@ -9,7 +9,7 @@ reason recorded.
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,11 +22,12 @@ from autoshard.data.tasks import Task, first_fit_decreasing
 from autoshard.measure.backends import BackendConfig
 from autoshard.measure.comm_store import CommTiming
 from autoshard.measure.timing import TimingConfig
-from autoshard.methods.registry import KIND, POLICY, not_run
-from autoshard.placement.heuristics import HEURISTICS, Infeasible
+from autoshard.methods.registry import LPT, POLICY, not_run
+from autoshard.placement.heuristics import Infeasible
 from autoshard.placement.shards import memory_ok
 from autoshard.placement.surrogate import MilpConfig
 from autoshard.placement.types import Planner
+from autoshard.studies.endpoints import replica
 from autoshard.studies.measured import OBJECTIVES, MeasuredComm
 from autoshard.studies.paired import same_split
 from autoshard.studies.regimes import FamiliesConfig
@@ -78,7 +79,7 @@ class EvaluateConfig:
     backend: BackendConfig
     bootstrap: int = bounded(lo=100)
     noise_tasks: int = bounded(lo=0)
-    replicate_share: float = bounded(lo=0, hi=1, lo_open=True)  # the first of each group, re-planned by replicates
+    exploratory_share: float = bounded(lo=0, hi=1, lo_open=True)  # the first of each group: exploratory methods
     speed_tables: tuple[int, ...]
     speed_devices: int
     speed_repeats: int
@@ -168,14 +169,48 @@ def held_out_tasks(tasks: list[Task], cfg: EvaluateConfig) -> list[Task]:
     return out
 
 
-def replicate_subset(tasks: list[Task], share: float) -> list[Task]:
+def leading_tasks(tasks: list[Task], share: float) -> list[Task]:
     """The first `share` (rounded up) of each group of `tasks` (protocol and unseen ratio), in
-    order: the tasks the replicates re-plan and measure, stratified like the headline's."""
+    order: stratified like the headline's, the same on every machine."""
     groups: dict[tuple[str, float], list[Task]] = {}
     for t in tasks:
         groups.setdefault((t.protocol, t.unseen_ratio), []).append(t)
     keep = {t.name for g in groups.values() for t in g[:math.ceil(share * len(g))]}
     return [t for t in tasks if t.name in keep]
+
+
+Skip = Callable[[str, Task], str | None]  # why a method is not planned (and measured) for a task, or None
+
+
+def exploratory_rule(tasks: list[Task], kept: Collection[str], share: float,
+                     everywhere: Collection[str] = ("small",)) -> Skip:
+    """Where exploratory methods are planned and measured: every method of `kept` (the primary
+    endpoints' arms) on every task; the others on the first `share` of each group (`leading_tasks`)
+    and on every task of the protocols in `everywhere` (small tasks, cheap, whose optimum is searched)."""
+    measured = {t.name for t in leading_tasks([t for t in tasks if t.protocol not in everywhere], share)}
+    why = f"exploratory: measured on the first {share:.0%} of each group of tasks"
+
+    def skip(method: str, task: Task) -> str | None:
+        exempt = method in kept or task.protocol in everywhere or task.name in measured
+        return None if exempt else why
+    return skip
+
+
+def replicate_plans(builds: Sequence[Mapping[str, Planner]], tasks: list[Task], protocols: Collection[str],
+                    sizes: np.ndarray, objective: Mapping[str, str] | None = None
+                    ) -> tuple[dict[str, list[np.ndarray | None]], pd.DataFrame]:
+    """Replicate r's (from 1, `builds[r - 1]`: method -> planner) plans of every task of
+    `protocols`, named `endpoints.replica(method, r)`, aligned with `tasks` (not run elsewhere),
+    with their status frame as `plan_all`'s: to be measured in the same pass as replicate 0's."""
+    plans: dict[str, list[np.ndarray | None]] = {}
+    frames = []
+    for r, planners in enumerate(builds, start=1):
+        mine, status = plan_all(planners, tasks, sizes, progress=False, objective=objective,
+                                skip=lambda m, t: None if t.protocol in protocols else "replicates: primary protocols")
+        plans |= {replica(m, r): p for m, p in mine.items()}
+        frames.append(status.assign(method=status["method"].map(lambda m, r=r: replica(m, r))))
+    return plans, pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
+        columns=["task", "method", "seconds", "status"])
 
 
 def drawn_tasks(features: pd.DataFrame, test_tables: np.ndarray, cfg: SmallConfig, seed: int,
@@ -229,13 +264,14 @@ def same_plans(reference: list[np.ndarray | None], planner: Planner, tasks: list
     return {"same devices": float(np.mean(labels)), "same split": float(np.mean(splits))}
 
 
-def plan_all(methods: dict[str, Planner], tasks: list[Task], sizes: np.ndarray, progress: bool = True,
-             objective: Mapping[str, str] | None = None) -> tuple[dict[str, list[np.ndarray | None]], pd.DataFrame]:
+def plan_all(methods: Mapping[str, Planner], tasks: list[Task], sizes: np.ndarray, progress: bool = True,
+             objective: Mapping[str, str] | None = None,
+             skip: Skip | None = None) -> tuple[dict[str, list[np.ndarray | None]], pd.DataFrame]:
     """Each method's plan of each task (None: no plan), and a frame of (task, method, seconds,
     status); timed on one thread (a planner with `seconds`, as every registry build, says how long
     its whole chain took, steps it reused from another method included). A method is not run where
     `not_run` says so (given `objective`, the protocols' objectives; without it, every method runs
-    off the small tasks). A plan that
+    off the small tasks), nor where `skip` gives a reason (`exploratory_rule`). A plan that
     breaks the memory cap is no plan (status says so): under the tight-memory protocol a failure to
     count (`studies.memory.failed_counts`), not a crash of the stage."""
     from tqdm.auto import tqdm
@@ -246,7 +282,7 @@ def plan_all(methods: dict[str, Planner], tasks: list[Task], sizes: np.ndarray, 
         for task in tqdm(tasks, desc="planning", disable=not progress):
             for name, planner in methods.items():
                 plan, status, seconds = None, "ok", float("nan")
-                why = not_run(name, task, objective)
+                why = not_run(name, task, objective) or (skip(name, task) if skip is not None else None)
                 if why:
                     status = f"not run ({why})"
                 else:
@@ -265,15 +301,12 @@ def plan_all(methods: dict[str, Planner], tasks: list[Task], sizes: np.ndarray, 
     return plans, pd.DataFrame(rows)
 
 
-def repeat_subset(ratios: pd.DataFrame, tasks: list[Task], plans: dict[str, list[np.ndarray | None]],
+def repeat_subset(tasks: list[Task], plans: dict[str, list[np.ndarray | None]],
                   per_protocol: int) -> tuple[list[Task], dict[str, list[np.ndarray | None]]]:
-    """The first `per_protocol` tasks of each protocol with only their RL greedy plan and their
-    best heuristic's plan (by measurement), for measuring them a second time."""
+    """The first `per_protocol` tasks of each protocol with their RL greedy plan and lpt_measured's,
+    for measuring them a second time, together in one pass: both chosen by name, never by a
+    measurement (a plan picked as the lowest of several noisy measurements regresses toward the mean)."""
     chosen = [t for p in dict.fromkeys(t.protocol for t in tasks)
               for t in [t for t in tasks if t.protocol == p][:per_protocol]]
-    heuristic = ratios[ratios["method"].map(KIND) == "heuristic"]
-    best = heuristic.loc[heuristic.groupby("task")["measured_ms"].idxmin()].set_index("task")["method"]
     index = {t.name: i for i, t in enumerate(tasks)}
-    keep = {m: [plans[m][index[t.name]] if m == POLICY or best.get(t.name) == m else None for t in chosen]
-            for m in (POLICY, *HEURISTICS)}
-    return chosen, keep
+    return chosen, {m: [plans[m][index[t.name]] for t in chosen] for m in (POLICY, LPT) if m in plans}

@@ -169,8 +169,10 @@ def paired_ratios(per_task: pd.DataFrame) -> plt.Figure:
 
 
 def primary_endpoints(decided: dict[str, dict]) -> plt.Figure:
-    """The headline figure: every task's measured ratio for each primary endpoint (a point per
-    task), its median and BCa interval, and the band of no interest (1 +- sesoi) shaded."""
+    """The headline figure: each primary endpoint's per-task ratio (the mean log ratio over the
+    trained chains' replicates, a point per task), each replicate's median (a bar), the median and
+    its interval (a diamond), the band of no interest (1 +- sesoi) shaded. `decided`: the endpoints
+    of `endpoints.primary` (`endpoints.entries`)."""
     rows = [{"endpoint": f"{e['method']} / {e['reference']}, {e['protocol']}\n{e['verdict']}", "ratio": r}
             for e in decided.values() for r in e["per_task"].values()]
     fig, ax = plt.subplots(figsize=(7.5, 0.75 * len(decided) + 1.5))
@@ -180,13 +182,17 @@ def primary_endpoints(decided: dict[str, dict]) -> plt.Figure:
     order = list(dict.fromkeys(frame["endpoint"]))
     sesoi = next(iter(decided.values()))["sesoi"]
     ax.axvspan(1 - sesoi, 1 + sesoi, color="grey", alpha=0.15, label=f"1 ± sesoi ({sesoi:g})")
-    sns.stripplot(data=frame, x="ratio", y="endpoint", order=order, ax=ax, size=3, alpha=0.6, jitter=0.2)
+    sns.stripplot(data=frame, x="ratio", y="endpoint", order=order, ax=ax, size=3, alpha=0.5, jitter=0.2)
     for k, e in enumerate(decided.values()):
+        medians = e.get("replicate_medians") or []
+        ax.plot(medians, [k] * len(medians), "|", color="tab:red", markersize=14, mew=2,
+                label="a replicate's median" if k == 0 and medians else None, zorder=2)
         if e["median_ratio"] is not None:
             spread = [[e["median_ratio"] - e["ci_low"]], [e["ci_high"] - e["median_ratio"]]]
-            ax.errorbar(e["median_ratio"], k, xerr=spread, fmt="D", color="black", capsize=4, zorder=3)
+            ax.errorbar(e["median_ratio"], k, xerr=spread, fmt="D", color="black", capsize=4, zorder=3,
+                        label="median, 95% interval" if k == 0 else None)
     ax.axvline(1.0, color="black", lw=1)
-    ax.set(xlabel="measured bottleneck, method / reference (per task; median and 95% BCa interval)", ylabel="")
+    ax.set(xlabel="measured bottleneck, method / reference (per task: the mean over replicates)", ylabel="")
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     return fig

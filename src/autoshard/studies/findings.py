@@ -11,6 +11,7 @@ import pandas as pd
 from autoshard.core.metrics import finite
 from autoshard.methods.registry import BEST_HEURISTIC, GREEDY, POLICY, SYNCHRONIZED, ids
 from autoshard.studies import paired
+from autoshard.studies.endpoints import replica
 from autoshard.studies.evaluate import NoiseTargets
 from autoshard.studies.measured import MEASURED_SOURCES
 
@@ -194,29 +195,28 @@ def per_task_ratios(ratios: pd.DataFrame, pairs: list[tuple[str, str]]) -> pd.Da
     return pd.concat(rows, ignore_index=True).dropna(subset=["ratio"])
 
 
-def replicate_summary(ratios: pd.DataFrame, replicates: list[pd.DataFrame]) -> dict:
+def replicate_summary(ratios: pd.DataFrame, replicates: int) -> dict:
     """`replicates.<protocol>.rl_greedy__vs__cost_greedy`: the median over tasks of the policy's
-    measured bottleneck over cost_greedy's, for each replicate of the chain (0: the stage's own
-    models, from `ratios`; then each frame of (task, method, measured_ms) measured for another
-    replicate's models, in that replicate's own pass), its mean across replicates, standard
-    deviation and count. Each replicate's ratio is formed within its own pass (`paired.one_pass`);
-    every replicate is summarised over the same tasks: those every frame holds."""
+    measured bottleneck over cost_greedy's, for each replicate r of the chain (both planned by it:
+    `endpoints.replica(method, r)`, every one measured in the one pass of `ratios`), its mean across
+    replicates, standard deviation and count; every replicate over the same tasks (those every
+    replicate planned), small tasks left out."""
+    paired.one_pass(ratios)
+    table = ratios.pivot_table(index="task", columns="method", values="measured_ms", aggfunc="first")
     protocol = ratios.groupby("task")["protocol"].first()
-    frames = [ratios[ratios["method"].isin((POLICY, GREEDY))], *replicates]
-    tasks = set(protocol.index)
-    for frame in frames:
-        paired.one_pass(frame)
-        both = frame.pivot_table(index="task", columns="method", values="measured_ms", aggfunc="first")
-        tasks &= set(both.dropna().index) if {POLICY, GREEDY} <= set(both) else set()
-    medians: dict[str, list[float]] = {}
-    for frame in frames:
-        table = frame[frame["task"].isin(tasks)].pivot_table(index="task", columns="method", values="measured_ms",
-                                                            aggfunc="first")
-        for proto, rows in table.groupby(protocol.reindex(table.index)):
-            medians.setdefault(str(proto), []).append(float((rows[POLICY] / rows[GREEDY]).median()))
-    return {proto: {REPLICATED: {"mean_ratio": float(np.mean(v)), "std": float(np.std(v, ddof=1)) if len(v) > 1
-                                 else None, "n": len(v), "values": v}}
-            for proto, v in medians.items() if proto != "small"}
+    pairs = [(replica(POLICY, r), replica(GREEDY, r)) for r in range(replicates)]
+    if not all(m in table and g in table for m, g in pairs):
+        return {}
+    per = pd.DataFrame({r: table[m] / table[g] for r, (m, g) in enumerate(pairs)}).dropna()
+    out = {}
+    for proto, rows in per.groupby(protocol.reindex(per.index)):
+        if proto == "small":
+            continue
+        v = [float(rows[r].median()) for r in range(replicates)]
+        out[str(proto)] = {REPLICATED: {"mean_ratio": float(np.mean(v)),
+                                        "std": float(np.std(v, ddof=1)) if len(v) > 1 else None, "n": len(v),
+                                        "values": v}}
+    return out
 
 
 def repeat_summary(repeat: pd.DataFrame) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""The headroom: the most any planner could gain over cost_greedy, per protocol (issue 30).
+"""The headroom: what a planner could gain over cost_greedy, per protocol, bounded (issues 30, 48).
 
 Predicted, under the cost model the policy plans on: per task, `best_ms`, the lowest predicted
 bottleneck of any placement known for it. Those are every method's plan and, on a task without
@@ -18,9 +18,17 @@ this pass's noise from choosing it. Where the best placement known came from a s
 not measured: the plan is then the best measured one by prediction, and `measured_of` counts
 whose plan it was, `measured_at_best_share` how often it was the best known.
 
-The noise floor is the protocol's compute-bottleneck noise, `noise.noise_sd_max_device`: the sd
-of one log measurement of a plan measured in two passes. `exceeds_noise` is
-`endpoints.has_headroom`, the gate of the learned-against-greedy primary endpoints.
+The bounds: the best placement known is not proven optimal, so `greedy_gap` bounds the true gap
+from below (`lower`: at least this much is available under the cost model). An upper bound needs
+the optimum or a bound on it: exhaustive search gives the optimum on the small tasks (`upper` =
+`lower`); the cost model is a neural network with no dual bound, so elsewhere `upper` is null and
+`upper_why` says so (the MILP's proven bound holds for the additive surrogate on measured single
+costs: `lpt_gap`). Where `upper` lies below the smallest effect of interest, "better" than
+cost_greedy was out of reach there (`better_reachable` False). The headroom is context beside the
+verdicts; it decides none of them.
+
+The noise floor beside it is the protocol's compute-bottleneck noise, `noise.noise_sd_max_device`
+(`findings.measurement_quality`).
 """
 
 from __future__ import annotations
@@ -40,7 +48,6 @@ from autoshard.placement.lpt import makespan
 from autoshard.placement.search import model_search
 from autoshard.placement.shards import device_shards
 from autoshard.studies import paired
-from autoshard.studies.endpoints import has_headroom
 
 STARTS = (*ids(kind="heuristic"), LPT, MILP, GREEDY)  # the plans local search starts from
 SEARCH = "local_search:"  # a searched plan's name: SEARCH + its start
@@ -130,18 +137,34 @@ def noise_floor(quality: dict, protocol: str) -> tuple[float | None, str]:
     return quality.get("plan_repeat_change"), "noise.plan_repeat_change"
 
 
-def headroom(known: pd.DataFrame, ratios: pd.DataFrame, surrogate: pd.DataFrame, quality: dict) -> dict[str, dict]:
+def headroom(known: pd.DataFrame, ratios: pd.DataFrame, surrogate: pd.DataFrame, quality: dict,
+             sesoi: float) -> dict[str, dict]:
     """`headroom.<protocol>` (`core.schema.Headroom`) from `known_placements`, the measured plans
-    (`ratios`: task, protocol, method, MEASURED_COST, pass), `lpt_gaps` and the measurement quality."""
+    (`ratios`: task, protocol, method, MEASURED_COST, pass), `lpt_gaps`, the measurement quality
+    and the smallest effect of interest (`primary.sesoi`)."""
     out = {}
     for protocol, rows in known.groupby("protocol", sort=False):
         entry = predicted_gaps(rows)
         entry |= surrogate_gap(surrogate[surrogate["protocol"] == protocol])
         entry |= measured_gap(rows, ratios[ratios["protocol"] == protocol])
+        entry |= bounds(entry, sesoi)
         entry["noise_floor"], entry["noise_key"] = noise_floor(quality, str(protocol))
-        entry["exceeds_noise"] = has_headroom(entry["greedy_gap"], entry["noise_floor"])
         out[str(protocol)] = entry
     return out
+
+
+def bounds(entry: dict, sesoi: float) -> dict:
+    """`lower`, `upper` (or None) and `upper_why` of one protocol's predicted headroom over
+    cost_greedy, and whether a gain of `sesoi` was within reach (`better_reachable`: False only
+    where the upper bound proves it was not)."""
+    lower = entry["greedy_gap"]
+    if entry["how"] == "exhaustive search":
+        upper, why = lower, "exhaustive search: the best known is the optimum under the cost model"
+    else:
+        upper, why = None, ("none: the cost model is a neural network, so no solver bounds its optimum (the MILP's "
+                            "proven bound holds for the additive surrogate on measured single costs: lpt_gap)")
+    return {"lower": lower, "upper": upper, "upper_why": why,
+            "better_reachable": upper is None or upper > sesoi}
 
 
 def _predicted(rows: pd.DataFrame) -> pd.DataFrame:

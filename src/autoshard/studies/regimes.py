@@ -14,9 +14,10 @@ tight (`tight_slack` x the lowest cap bin packing reaches). Per task, predicted 
 
 `best` is the lowest of them all. `greedy_gap` is greedy over best, less 1; `blind_gap` the
 speed-blind greedy's (what not being told the topology costs, which is information, not learning).
-A family whose median `greedy_gap` does not exceed twice the lowest noise floor of the evaluated
-protocols (`endpoints.has_headroom`) could not show a measured gain where this study measures, so
-it is not made a protocol (`exceeds_noise` False).
+`greedy_gap` bounds what any planner could gain there from below (the best is the best known, not
+proven). A family whose median `greedy_gap` exceeds the smallest effect of interest
+(`primary.sesoi`) leaves room for a "better" verdict against greedy (`exceeds_sesoi`): the
+candidate for a measured protocol.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ from autoshard.data.tasks import Task, first_fit_decreasing
 from autoshard.placement.heuristics import HEURISTICS, Infeasible, greedy, heuristic_plan
 from autoshard.placement.objective import Model, NumpyNetwork, Objective, Speeds
 from autoshard.placement.search import local_search
-from autoshard.studies.endpoints import has_headroom
 
 if TYPE_CHECKING:
     from autoshard.costmodel.model import CostModel
@@ -140,14 +140,10 @@ def family_rows(costs: Costs, pool_features: pd.DataFrame, test_tables: np.ndarr
     return pd.DataFrame(rows)
 
 
-def families(rows: pd.DataFrame, cfg: FamiliesConfig, headroom: dict[str, dict]) -> dict:
+def families(rows: pd.DataFrame, cfg: FamiliesConfig, sesoi: float) -> dict:
     """`families` of evaluate.json (`core.schema.Families`): per family, the median, p90 and max of
-    greedy's predicted gap to the best known and the speed-blind greedy's median gap; the noise
-    floor they are held to (the lowest of the evaluated protocols', from `headroom`) and whether
-    each family's median gap exceeds twice it."""
-    floors = {p: e["noise_floor"] for p, e in headroom.items() if e.get("noise_floor")}
-    key = min(floors, key=floors.get) if floors else None
-    floor = floors.get(key)
+    greedy's predicted gap to the best known and the speed-blind greedy's median gap; the smallest
+    effect of interest they are held to and whether each family's median gap exceeds it."""
     out = []
     for name, g in rows.groupby("family", sort=False):
         gap = g["greedy_ms"] / g["best_ms"] - 1
@@ -157,9 +153,8 @@ def families(rows: pd.DataFrame, cfg: FamiliesConfig, headroom: dict[str, dict])
                     "memory": str(g["memory"].iloc[0]), "speeds": str(g["speeds"].iloc[0]), "tasks": len(g),
                     "greedy_gap": median, "greedy_gap_p90": finite(gap.quantile(0.9)),
                     "greedy_gap_max": finite(gap.max()), "blind_gap": finite(blind.median()),
-                    "exceeds_noise": has_headroom(median, floor)})
-    return {"noise_floor": floor, "noise_key": f"headroom.{key}.noise_floor" if key else None,
-            "seconds": float(rows["seconds"].sum()) if len(rows) else 0.0, "families": out}
+                    "exceeds_sesoi": median is not None and median > sesoi})
+    return {"sesoi": sesoi, "seconds": float(rows["seconds"].sum()) if len(rows) else 0.0, "families": out}
 
 
 def frame(entry: dict) -> pd.DataFrame:

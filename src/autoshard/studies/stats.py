@@ -116,8 +116,9 @@ def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_err
                      primary: dict | None = None, reference: dict | None = None,
                      headroom: dict | None = None, families: dict) -> dict:
     """reports/metrics/evaluate.json: the `primary` endpoints first (`endpoints.primary`: the
-    verdicts the study decides on), `headroom` per protocol (`studies.headroom.headroom`: the most
-    any planner could gain over cost_greedy, which gates the learned-vs-greedy endpoints), `families`
+    verdicts the study decides on, with the registration record), `headroom` per protocol
+    (`studies.headroom.headroom`: bounds on what a planner could gain over cost_greedy, context beside
+    the verdicts), `families`
     (`studies.regimes.families`: the candidate regimes' predicted headroom), `noise`
     (the measurement quality), then the `paired`
     comparisons per protocol (`<method>__vs__<reference>`), the plain `answer`,
