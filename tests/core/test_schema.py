@@ -13,6 +13,24 @@ from autoshard.core import schema
 from autoshard.core.errors import ConfigError
 from autoshard.core.metrics import _plain
 from autoshard.core.schema import check
+from autoshard.costmodel.evaluate import CostModelScores
+from autoshard.data.calibration import Synthesis
+from autoshard.measure.analysis import Profile
+from autoshard.rl.validation import RLTraining
+from autoshard.studies.ablation import Ablation
+from autoshard.studies.columns import Columns
+from autoshard.studies.transfer import Transfer
+
+# Each stage's contract, in the module of the builder that returns it (module, builder).
+CONTRACTS = {
+    Synthesis: ("autoshard.data.calibration", "synthesis_metrics"),
+    Profile: ("autoshard.measure.analysis", "profile_metrics"),
+    CostModelScores: ("autoshard.costmodel.evaluate", "cost_model_metrics"),
+    RLTraining: ("autoshard.rl.validation", "train_rl_metrics"),
+    Transfer: ("autoshard.studies.transfer", "transfer_metrics"),
+    Ablation: ("autoshard.studies.ablation", "ablation_metrics"),
+    Columns: ("autoshard.studies.columns", "columns_metrics"),
+}
 
 
 def as_written(metrics: dict, kind: type) -> dict:
@@ -22,21 +40,34 @@ def as_written(metrics: dict, kind: type) -> dict:
     return check(plain, kind, "test.json")
 
 
+def test_each_stage_contract_lives_beside_its_builder_and_core_keeps_none():
+    """A contract moved back into core, or a builder that returns something else, breaks this."""
+    import importlib
+    import typing
+
+    for contract, (module, builder) in CONTRACTS.items():
+        assert contract.__module__ == module, contract
+        hints = typing.get_type_hints(getattr(importlib.import_module(module), builder))
+        assert hints["return"] is contract, (module, builder)
+        assert not hasattr(schema, contract.__name__), f"core.schema still holds {contract.__name__}"
+        assert issubclass(contract, dict) and "seconds" in typing.get_type_hints(contract)
+
+
 def test_check_names_the_file_and_the_missing_key(ablation_metrics):
     broken = {k: v for k, v in ablation_metrics.items() if k != "seeds"}
     with pytest.raises(ConfigError, match=r"^reports/metrics/ablation\.json: key 'seeds' is missing$"):
-        check(broken, schema.AblationMetrics, "reports/metrics/ablation.json")
+        check(broken, Ablation, "reports/metrics/ablation.json")
     variants = [{k: v for k, v in ablation_metrics["variants"][0].items() if k != "label"}]
     with pytest.raises(ConfigError, match=r"key 'variants\[0\]\.label' is missing"):
-        check(ablation_metrics | {"variants": variants}, schema.AblationMetrics, "a.json")
+        check(ablation_metrics | {"variants": variants}, Ablation, "a.json")
 
 
 def test_check_names_a_mistyped_key(transfer_metrics):
     with pytest.raises(ConfigError, match=r"a\.json: key 'points' holds '4' \(str\), expected an integer"):
-        check(transfer_metrics | {"points": "4"}, schema.TransferMetrics, "a.json")
+        check(transfer_metrics | {"points": "4"}, Transfer, "a.json")
     axes = {"tables": {"rl_greedy": {"10": {**transfer_metrics["axes"]["tables"]["rl_greedy"]["10"], "tasks": 2.5}}}}
     with pytest.raises(ConfigError, match=r"key 'axes\.tables\.rl_greedy\.10\.tasks' holds 2\.5"):
-        check(transfer_metrics | {"axes": axes}, schema.TransferMetrics, "a.json")
+        check(transfer_metrics | {"axes": axes}, Transfer, "a.json")
     with pytest.raises(ConfigError, match=r"key 'seconds' holds True"):
         check({"seconds": True}, schema.StageTime, "a.json")
     assert check({"seconds": 3, "extra": "kept"}, schema.StageTime, "a.json") == {"seconds": 3, "extra": "kept"}
@@ -49,7 +80,7 @@ def test_synthesis_metrics(smoke_params):
 
     pool = build_pool(smoke_params["dataset"], smoke_params["pool"], 0, progress=False)
     tasks, _, _ = make_tasks(pool.features, smoke_params["tasks"], 0)
-    metrics = as_written(synthesis_metrics(pool, tasks, 1.5), schema.SynthesisMetrics)
+    metrics = as_written(synthesis_metrics(pool, tasks, 1.5), Synthesis)
     assert metrics["tables"] == smoke_params["pool"]["num_tables"] and sum(metrics["tasks"].values()) == len(tasks)
 
 
@@ -75,12 +106,12 @@ def test_profile_metrics():
     protocols = {name: {"shards": 8, "pass_change_median": change, "within_pass_cv_median": 0.02, "seconds": 9.0}
                  for name, change in [("sequential", 0.06), ("interleaved", 0.02)]}
     metrics = as_written(profile_metrics(table, versus, fused, harness, 0.01, 2, 1, 3.0, 0.5, comm, protocols),
-                         schema.ProfileMetrics)
+                         Profile)
     assert metrics["comm"]["mape_heldout"] == 0.08
     assert metrics["protocol_check"]["interleaved"]["pass_change_median"] == 0.02
     with pytest.raises(ConfigError, match=r"protocol_check\.sequential\.shards"):
         as_written(profile_metrics(table, versus, fused, harness, 0.01, 2, 1, 3.0, 0.5, comm,
-                                   {"sequential": protocols["sequential"] | {"shards": "8"}}), schema.ProfileMetrics)
+                                   {"sequential": protocols["sequential"] | {"shards": "8"}}), Profile)
     assert metrics["cv_target"] == 0.01 and not metrics["cv_target_met"] and metrics["rounds_for_cv_target"] > 1
     assert metrics["torch_fbgemm_kendall_tau"] == 1.0 and metrics["torch_over_fbgemm_median_ratio"] == 2.0
     assert metrics["torch_fused_fbgemm_kendall_tau"] == pytest.approx(1 / 3)
@@ -105,7 +136,7 @@ def test_cost_model_metrics(smoke_params):
     curve = pd.DataFrame({"fraction": [0.5, 1.0], "train_shards": [2, 4], f"{SEEN_MULTI} MAPE": [0.2, 0.1]})
     metrics = as_written(cost_eval.cost_model_metrics({"train": shards, "val": shards.iloc[:1]}, comparison,
                                                       "neural (total)", targets, 0.02, curve, 7, 0.01, 9.0),
-                         schema.CostModelMetrics)
+                         CostModelScores)
     assert metrics["targets_met"] == {SEEN_MULTI: True, UNSEEN_MULTI: False}, "an empty test set meets no target"
     assert metrics["neural_mape"][UNSEEN_MULTI] is None and metrics["shards"] == {"train": 4, "val": 1}
     table = cost_eval.against_targets(comparison, "neural (total)", targets, 0.02)
@@ -120,7 +151,7 @@ def test_train_rl_metrics():
     speed = {"policy greedy, 8x2": 0.01, "TorchRec / policy, 8x2": np.float64(3.0)}
     refresh = pd.DataFrame({"round": [1], "shards_added": [4], "val_ratio": [np.nan]})
     metrics = as_written(train_rl_metrics(ratio_summary(ratios), heuristics, speed, refresh, 6, 2.0),
-                         schema.TrainRLMetrics)
+                         RLTraining)
     assert metrics["validation_win_rate"]["policy, greedy"] == pytest.approx(2 / 3, abs=1e-6)
     assert metrics["refresh"] == [{"round": 1, "shards_added": 4, "val_ratio": None}]
 
@@ -128,18 +159,18 @@ def test_train_rl_metrics():
 def test_transfer_metrics(transfer_metrics):
     from autoshard.studies.transfer import transfer_metrics as build
 
-    metrics = as_written(transfer_metrics, schema.TransferMetrics)
+    metrics = as_written(transfer_metrics, Transfer)
     assert set(metrics["axes"]["tables"]) == {"rl_greedy", "cost_greedy"}
     assert set(metrics["axes"]["tables"]["rl_greedy"]) == {"10", "320"} and metrics["points"] == 2
     worst = max(metrics["axes"]["tables"]["rl_greedy"].items(), key=lambda kv: kv[1]["ratio_median"])
     assert metrics["rl_greedy_worst"] == {"axis": "tables", "value": float(worst[0]),
                                           "ratio_median": worst[1]["ratio_median"]}
-    empty = as_written(build(pd.DataFrame(), 0, 0, 1.0), schema.TransferMetrics)
+    empty = as_written(build(pd.DataFrame(), 0, 0, 1.0), Transfer)
     assert empty["axes"] == {} and empty["rl_greedy_worst"] is None and empty["points"] == 0
 
 
 def test_ablation_metrics(ablation_metrics):
-    metrics = as_written(ablation_metrics, schema.AblationMetrics)
+    metrics = as_written(ablation_metrics, Ablation)
     assert [v["variant"] for v in metrics["variants"]] == ["full", "no_lstm"]
     assert metrics["seeds"] == [0, 1, 2] and metrics["variants"][1]["vs_full"] == pytest.approx(0.05)
 

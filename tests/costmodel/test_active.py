@@ -140,7 +140,7 @@ def test_run_compares_arms_and_fits_on_everything(setting, single_ms):
                                          cost_eval.FEATURE_ONLY, {SEEN_MULTI: 0.05, UNSEEN_MULTI: 0.1}, 0.02,
                                          pd.DataFrame({"fraction": [1.0]}), 3, 0.01, 9.0, active=metrics)
     written = json.loads(json.dumps(_plain(stage), allow_nan=False))
-    assert schema.check(written, schema.CostModelMetrics, "cost_model.json")["active"]["rounds"] == CFG.rounds
+    assert schema.check(written, cost_eval.CostModelScores, "cost_model.json")["active"]["rounds"] == CFG.rounds
 
 
 def test_store_measure_reads_what_it_measured(pool, smoke_params, tmp_path):

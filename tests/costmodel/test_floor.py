@@ -9,6 +9,7 @@ import pytest
 
 from autoshard.core import schema
 from autoshard.core.metrics import _plain
+from autoshard.costmodel import evaluate as cost_eval
 from autoshard.costmodel.floor import FLOOR_ROW, floor_table, measurement_floor, paired, pass_scale
 
 # Three test shards; the second pass measured two of them (one listed unsorted) and one that is
@@ -52,7 +53,7 @@ def test_no_shard_measured_twice_gives_nan_and_strict_json():
     assert np.isnan(measurement_floor(TEST, AGAIN, {})["pass_to_pass_mape_rescaled"]), "no train shards: no factor"
     plain = _plain(floor)
     json.dumps(plain, allow_nan=False)
-    assert schema.check(plain, schema.MeasurementFloor, "t.json")["mape_vs_mean"] == {"twelve": None}
+    assert schema.check(plain, cost_eval.MeasurementFloor, "t.json")["mape_vs_mean"] == {"twelve": None}
 
 
 def test_the_cost_model_metrics_carry_the_floor():
@@ -66,5 +67,5 @@ def test_the_cost_model_metrics_carry_the_floor():
                                            0.02, curve, 1, 0.01, 1.0, floor=floor)
     plain = _plain(metrics)
     json.dumps(plain, allow_nan=False)
-    checked = schema.check(plain, schema.CostModelMetrics, "cost_model.json")
+    checked = schema.check(plain, cost_eval.CostModelScores, "cost_model.json")
     assert checked["measurement_floor"]["shards"] == 2

@@ -187,10 +187,10 @@ def test_comparison_and_metrics(features, hybrid_features, single_ms):
     stage = cost_eval.cost_model_metrics(splits, table, cost_eval.FEATURE_ONLY, {SEEN_MULTI: 0.05}, 0.02, curve,
                                          3, 0.01, 9.0, hybrid=metrics)
     written = json.loads(json.dumps(_plain(stage), allow_nan=False))
-    assert schema.check(written, schema.CostModelMetrics, "cost_model.json")["hybrid"]["mape_target"] == 0.05
+    assert schema.check(written, cost_eval.CostModelScores, "cost_model.json")["hybrid"]["mape_target"] == 0.05
     del written["hybrid"]["mape_seen"]
     with pytest.raises(ConfigError, match="mape_seen"):
-        schema.check(written, schema.CostModelMetrics, "cost_model.json")
+        schema.check(written, cost_eval.CostModelScores, "cost_model.json")
 
 
 def test_stage_config(smoke_params):

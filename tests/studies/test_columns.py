@@ -143,8 +143,7 @@ def measured(user_pool, tmp_path, backend):
 
 
 def test_each_pair_is_compared_on_the_same_tasks_in_one_pass(user_pool, tmp_path):
-    from autoshard.core.schema import ColumnsMetrics, check
-    from autoshard.studies.findings import direction
+    from autoshard.core.schema import check
 
     backend = Counting(user_pool)
     cfg, tasks, plans, store, rows, pairs = measured(user_pool, tmp_path, backend)
@@ -164,7 +163,7 @@ def test_each_pair_is_compared_on_the_same_tasks_in_one_pass(user_pool, tmp_path
     assert lpt.loc["t0", "bound_share"] == 4.0 / ms["t0", "lpt_measured"]
 
     metrics = check(study.columns_metrics(pairs, cfg, 0, shards_measured=study.distinct_shards(rows), seconds=1.0),
-                    ColumnsMetrics, "columns.json")
+                    study.Columns, "columns.json")
     entry = metrics["protocols"]["autoshard"]["column_lpt"]
     assert entry["tasks"] == 3 and entry["twin"] == "lpt_measured"
     assert entry["split_share"] == pytest.approx(2 / 3) and entry["identical_share"] == pytest.approx(1 / 3)

@@ -7,17 +7,117 @@ hybrid model against the two it has to beat (`compare_models`).
 """
 
 from collections.abc import Callable
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 import pandas as pd
 import torch
 from scipy.stats import kendalltau
 
-from autoshard.core.schema import ActiveMetrics, CostModelMetrics, HybridMetrics, MeasurementFloor, WideCostModel
+from autoshard.core.schema import Number, StageTime
 from autoshard.costmodel.dataset import SEEN_MULTI, UNSEEN_MULTI
 from autoshard.costmodel.hybrid import HybridCostModel, with_single_costs
 from autoshard.costmodel.model import CostModel, transform
 from autoshard.measure.analytic import AnalyticBackend
+
+
+class EstimatorScores(TypedDict):
+    mape: Number
+    r2: Number
+    tau_similar_size: Number
+
+
+class HybridMetrics(TypedDict):
+    """The hybrid cost model against the feature-only model and the rescaled sum of single
+    costs, on multi-table shards of seen and of unseen tables (MAPE, a share)."""
+
+    mape_seen: Number
+    mape_unseen: Number
+    rescaled_sum_mape_seen: Number
+    rescaled_sum_mape_unseen: Number
+    feature_only_mape_seen: Number
+    feature_only_mape_unseen: Number
+    mape_target: float
+    targets_met: dict[str, bool]
+    beats_rescaled_sum: dict[str, bool]
+    mape: dict[str, Number]
+    best_epoch: int
+
+
+class PairedDifference(TypedDict):
+    """A paired difference of absolute percentage error, test shard by test shard: its mean,
+    95% bootstrap interval and Wilcoxon signed-rank p-value."""
+
+    difference: Number
+    ci_low: Number
+    ci_high: Number
+    p_value: Number
+    shards: int
+
+
+class ActiveMetrics(TypedDict):
+    """The hybrid's active selection (`costmodel.active`): what was measured, each arm's MAPE
+    (mean and sd over `seeds` fits; arm -> seen | unseen) and the paired differences
+    ("active - uniform | unseen", ...)."""
+
+    rounds: int
+    shards_per_round: int
+    ensemble: int
+    seeds: int
+    candidates: int
+    shards_measured: int
+    mape: dict[str, dict[str, Number]]
+    mape_sd: dict[str, dict[str, Number]]
+    paired: dict[str, PairedDifference]
+
+
+class MeasurementFloor(TypedDict):
+    """Seen-table test shards measured in both profile passes: the pass-to-pass MAPE (the
+    second pass as the prediction of the main one) and each model's MAPE on exactly those
+    shards against the main pass and against the mean of the two passes (shares)."""
+
+    shards: int
+    pass_to_pass_mape: Number
+    pass_to_pass_mape_rescaled: Number  # the second pass times one factor fitted on train shards measured twice
+    mape_vs_main: dict[str, Number]
+    mape_vs_mean: dict[str, Number]
+
+
+class DimError(TypedDict):
+    """The neural cost model's MAPE on the test shards whose tables all have one dim."""
+
+    mape: Number
+    shards: int
+
+
+class WideCostModel(TypedDict):
+    """The cost models on the wide pool (`data.wide`: dims to 1024), measured by the profile."""
+
+    shards: dict[str, int]                     # split -> shards
+    dims: list[int]                            # the dims its tables have
+    mape: dict[str, dict[str, Number]]         # estimator -> test set -> MAPE
+    error_by_dim: dict[str, dict[str, dict[str, DimError]]]  # estimator -> test set -> widest dim -> error
+    best_epoch: int                            # of the model fitted on it
+
+
+class CostModelScores(StageTime):
+    """reports/metrics/cost_model.json. Built by `costmodel.evaluate.cost_model_metrics`."""
+
+    shards: dict[str, int]
+    comparison: dict[str, EstimatorScores]
+    neural_mape: dict[str, Number]
+    mape_targets: dict[str, float]
+    targets_met: dict[str, bool]
+    noise_floor_cv: Number
+    learning_curve: list[dict[str, Any]]
+    best_epoch: int
+    predict_10k_shards_seconds: float
+    hybrid: NotRequired[HybridMetrics]
+    measurement_floor: NotRequired[MeasurementFloor]
+    active: NotRequired[ActiveMetrics]
+    error_by_dim: NotRequired[dict[str, dict[str, DimError]]]  # test set -> dim (or "mixed") -> error
+    wide: NotRequired[WideCostModel]           # the wide pool's fitted and transferred models
+
 
 SIZE_BINS = [0, 1, 2, 4, 8, 16, 32, 10**9]
 SCORES = ("mape", "r2", "tau_similar_size")
@@ -261,7 +361,7 @@ def cost_model_metrics(splits: dict[str, pd.DataFrame], comparison: pd.DataFrame
                        hybrid: HybridMetrics | None = None,
                        floor: MeasurementFloor | None = None,
                        active: ActiveMetrics | None = None,
-                       by_dim: dict[str, dict] | None = None, wide: WideCostModel | None = None) -> CostModelMetrics:
+                       by_dim: dict[str, dict] | None = None, wide: WideCostModel | None = None) -> CostModelScores:
     """The cost-model stage's metrics: shards per split, every estimator's scores per test set,
     the neural `estimator`'s MAPE against `targets` (a target on an empty test set is not met),
     the noise floor, the learning curve, the best epoch, the prediction time of 10k shards and,
@@ -270,7 +370,7 @@ def cost_model_metrics(splits: dict[str, pd.DataFrame], comparison: pd.DataFrame
     hybrid's active selection (`active.active_metrics`), the neural model's error by dim
     (`error_by_dim`) and, where the wide pool was measured, its entry (`wide_metrics`)."""
     mapes = comparison[comparison["estimator"] == estimator].set_index("test set")["mape"]
-    metrics: CostModelMetrics = {
+    metrics: CostModelScores = {
         "shards": {name: len(s) for name, s in splits.items()},
         "comparison": {f"{r['estimator']} | {r['test set']}": {k: float(r[k]) for k in SCORES}
                        for _, r in comparison.iterrows()},

@@ -10,8 +10,7 @@ two passes (a less noisy target).
 import numpy as np
 import pandas as pd
 
-from autoshard.core.schema import MeasurementFloor
-from autoshard.costmodel.evaluate import Estimator, mape
+from autoshard.costmodel.evaluate import Estimator, MeasurementFloor, mape
 
 FLOOR_ROW = "re-measurement (pass-to-pass)"
 

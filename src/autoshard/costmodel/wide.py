@@ -3,7 +3,6 @@ the wide pool's train tables, beside the pool's own model applied there (outside
 trained on) and the sum of measured single costs, on shards of the wide pool's unseen test tables."""
 
 from autoshard.core.paths import Paths
-from autoshard.core.schema import WideCostModel
 from autoshard.costmodel import evaluate as cost_eval
 from autoshard.costmodel.dataset import measured_shards, single_costs, split_shards, test_sets
 from autoshard.costmodel.model import CostModel
@@ -18,7 +17,7 @@ SINGLES = "sum of single costs"
 
 
 def wide_entry(cfg: CostStageConfig, paths: Paths, backend: str, pool_model: CostModel, seed: int
-               ) -> WideCostModel | None:
+               ) -> cost_eval.WideCostModel | None:
     """cost_model.json's `wide` entry (`evaluate.wide_metrics`), or None where the profile measured
     no wide shards (an imported measurements space)."""
     if not paths.wide_profile.exists():

@@ -1,12 +1,43 @@
 """The pool's aggregate statistics next to the published ones of the open DLRM dataset."""
 
+from typing import NotRequired, TypedDict
+
 import numpy as np
 import pandas as pd
 
-from autoshard.core.schema import SynthesisMetrics, WidePool
+from autoshard.core.schema import StageTime
 from autoshard.data.features import REUSE_COLUMNS
 from autoshard.data.pool import Pool
 from autoshard.data.tasks import Task
+
+
+class WidePool(TypedDict):
+    """The synthesize stage's wide pool: tables whose dims, hash sizes and pooling span real models'."""
+
+    tables: int
+    train_tables: int
+    dims: list[int]
+    rows: list[int]              # the smallest and largest hash size
+    lookups_per_bag: list[float]  # the lowest and highest mean lookups per bag of a table
+    largest_table_bytes: int
+
+
+class Synthesis(StageTime):
+    """reports/metrics/synthesize.json. Built by `data.calibration.synthesis_metrics`."""
+
+    source: str
+    tables: int
+    batch_size: int
+    indices: int
+    distinct: int
+    lookups_per_bag: float
+    reuse_share: dict[str, float]
+    reuse_l1_to_published: float
+    pool_bytes: int
+    largest_table_bytes: int
+    tasks: dict[str, int]
+    wide: NotRequired[WidePool]  # the wide pool (data.wide)
+
 
 # Published aggregates of fbgemm_t856_bs65536 (856 tables x 65536 bags); see DESIGN.md.
 PUBLISHED = {
@@ -57,7 +88,7 @@ def reuse_l1_distance(features: pd.DataFrame) -> float:
 
 
 def synthesis_metrics(pool: Pool, tasks: list[Task], seconds: float,
-                      wide: tuple[Pool, np.ndarray] | None = None) -> SynthesisMetrics:
+                      wide: tuple[Pool, np.ndarray] | None = None) -> Synthesis:
     """The synthesize stage's metrics: pool aggregates, calibration error, task counts and, with
     `wide` (the wide pool and its train tables), that pool's ranges."""
     f = pool.features

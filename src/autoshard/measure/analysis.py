@@ -2,11 +2,44 @@
 
 import math
 import resource
+from typing import Any, NotRequired
 
 import numpy as np
 import pandas as pd
 
-from autoshard.core.schema import ProfileMetrics
+from autoshard.core.schema import Number, StageTime
+from autoshard.measure.commmodel import CommMetrics
+from autoshard.measure.protocols import FeedScores, ProtocolScores
+
+
+class Profile(StageTime):
+    """reports/metrics/profile.json. Built by `measure.analysis.profile_metrics`."""
+
+    shards_measured: int
+    shards_unmeasurable: int
+    shards_by_kind: dict[str, int]
+    backend: str
+    device: str
+    threads: int
+    batch_size: int
+    median_cv: Number
+    cv_target: float
+    cv_target_met: bool
+    rounds_for_cv_target: int
+    noise: dict[str, Number]   # median_cv, round_drift(_max), remeasured_share of the interleaved rounds
+    fused_over_sum_median: Number
+    fused_over_sum_p10_p90: list[Number]
+    torch_over_fbgemm_median_ratio: Number
+    torch_fbgemm_kendall_tau: Number
+    torch_fused_over_fbgemm_median_ratio: Number  # the fused pure-torch backend on the same shards
+    torch_fused_fbgemm_kendall_tau: Number
+    harness_check: dict[str, dict[str, Any]]
+    comm_measured_processes: int
+    comm: NotRequired[CommMetrics]
+    protocol_check: NotRequired[dict[str, ProtocolScores]]  # sequential and interleaved, measured side by side
+    feeds_check: NotRequired[dict[str, FeedScores]]  # fixed or rotated bags, warm or evicted cache (protocols.FEEDS)
+    torch_threads: int
+    peak_rss_gib: float
 
 
 def measured(table: pd.DataFrame) -> pd.DataFrame:
@@ -72,7 +105,7 @@ def round_noise(table: pd.DataFrame) -> dict[str, float]:
 def profile_metrics(table: pd.DataFrame, versus: pd.DataFrame, fused_versus: pd.DataFrame, harness: pd.DataFrame,
                     cv_target: float, comm_processes: int, torch_threads: int, seconds: float, peak_gib: float,
                     comm: dict | None = None, protocol_check: dict | None = None,
-                    feeds_check: dict | None = None) -> ProfileMetrics:
+                    feeds_check: dict | None = None) -> Profile:
     """The profile stage's metrics: what was measured and how, repeatability against the CV
     target (across separate passes: `median_cv`; across a chunk's interleaved rounds: `noise`),
     the fusion gap, and the cross-checks (`versus`: the torch backend against the profile's;

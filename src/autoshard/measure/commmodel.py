@@ -32,15 +32,49 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NotRequired, TypedDict
 
 import numpy as np
 import pandas as pd
 
 from autoshard.core.errors import ConfigError
+from autoshard.core.schema import Number
 from autoshard.core.seeding import rng
 from autoshard.measure.comm import analytic_comm, can_measure, honest_limit
 from autoshard.measure.comm_store import CommTiming, measure_rounds, placement_key, ranks
 from autoshard.measure.timing import TimingConfig
+
+
+class CommMetrics(TypedDict):
+    """The comm model fitted on measured all-to-alls (`measure.commmodel.profile_comm`): the
+    placements measured per device count, the held-out MAPE (a share) pooled, per count and over
+    the honest counts (one rank per core or GPU, at most `honest_limit`), on which the target is
+    judged (`mape_target_note` says why not when no count is honest), and beside it the measurement
+    floor: a re-measurement's MAPE on the same held-out rows (one round against the median of the
+    others; None with one round), pooled and honest. Metrics written before the honest counts lack
+    those keys; there `mape_target_met` was judged pooled; before the interleaved rounds, `rounds`
+    and the floor."""
+
+    placements: int
+    device_counts: list[int]
+    batch_size: int
+    heldout_share: float
+    mape_heldout: Number
+    mape_heldout_by_world: dict[str, Number]
+    mape_train: Number
+    mape_heldout_across: Number  # the across-device-count fit alone (what extrapolation uses)
+    median_ms_by_world: dict[str, Number]
+    mape_target: float
+    mape_target_met: bool
+    honest_limit: NotRequired[int]
+    honest_device_counts: NotRequired[list[int]]
+    mape_heldout_honest: NotRequired[Number]
+    mape_target_note: NotRequired[str | None]
+    rounds: NotRequired[int]  # interleaved rounds per placement (`profile.comm.rounds`)
+    mape_floor: NotRequired[Number]
+    mape_floor_honest: NotRequired[Number]
+    mape_noise_free_honest: NotRequired[Number | None]  # what a noise-free model would score (`noise_free_comm_mape`)
+
 
 DIRECTIONS = ("forward", "backward")
 BYTES_PER_VALUE = 4

@@ -20,16 +20,35 @@ one pass (shards and variants shuffled together each round), in independent pass
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
 
 from autoshard.core.params import bounded
-from autoshard.core.schema import FeedScores, ProtocolScores
+from autoshard.core.schema import Number
 from autoshard.core.seeding import rng
 from autoshard.measure.base import CostBackend, ShardTooLarge
 from autoshard.measure.interleaved import measure_batch, round_cv
 from autoshard.measure.timing import TimingConfig
+
+
+class ProtocolScores(TypedDict):
+    """One timing protocol in the profile's protocol check (`measure.protocols.protocol_scores`):
+    the median |pass-to-pass change| of a shard's cost and the median CV within a pass (shares)."""
+
+    shards: int
+    pass_change_median: Number
+    within_pass_cv_median: Number
+    seconds: float
+
+
+class FeedScores(ProtocolScores):
+    """One variant of the profile's feeds check (`measure.protocols.feed_scores`): the scores
+    above and its cost over the former protocol's (first bags, warm cache), median."""
+
+    cost_ratio_to_former: Number
+
 
 SEQUENTIAL, INTERLEAVED = "sequential", "interleaved"
 FEEDS = {"first_bags_warm_cache": (False, False), "rotated_bags": (True, False),

@@ -21,21 +21,21 @@ from autoshard.core.errors import ConfigError
 from autoshard.core.metrics import read_metrics
 from autoshard.core.params import Fields, load_params
 from autoshard.core.schema import (
-    AblationMetrics,
-    ColumnsMetrics,
-    CommMetrics,
     ComputeOnlyPairs,
-    CostModelMetrics,
     EvaluateMetrics,
     HeadlineObjective,
     StageTime,
-    TransferMetrics,
     check,
     read_checked,
 )
 from autoshard.costmodel.dataset import UNSEEN_MULTI
+from autoshard.costmodel.evaluate import CostModelScores as CostModelMetrics
+from autoshard.measure.commmodel import CommMetrics
 from autoshard.methods.registry import BEST_HEURISTIC, GREEDY, METHODS, POLICY, ids
+from autoshard.studies.ablation import Ablation as AblationMetrics
+from autoshard.studies.columns import Columns as ColumnsMetrics
 from autoshard.studies.findings import SYNC_POLICY_METHODS, SYNC_REFERENCES, direction, sync_policy_protocols
+from autoshard.studies.transfer import Transfer as TransferMetrics
 
 
 def notebook_stages(dvc_file: str | Path) -> list[tuple[str, str]]:

@@ -3,15 +3,49 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import numpy as np
 import pandas as pd
 
-from autoshard.core.schema import FairSharder, TrainRLMetrics
+from autoshard.core.schema import Number, StageTime
 from autoshard.data.tasks import Task
 from autoshard.placement.shards import predicted, predicted_table
 from autoshard.rl.infer import policy_plans
+
+
+class FairSharder(TypedDict):
+    """The fair learned sharder on the validation tasks: mean predicted bottleneck over the best
+    heuristic's (all under the simulator), beside cost_greedy's and the reproduction's."""
+
+    val_ratio: Number                  # the fair sharder, greedy, after training
+    cost_greedy_val_ratio: Number      # its teacher
+    reproduction_val_ratio: Number     # rl_greedy: AutoShard's design
+    after_imitation_val_ratio: Number  # after cloning cost_greedy, before PPO
+    unshaped_val_ratio: Number         # the same training with the terminal reward only (None: not run)
+    no_worse_than_greedy: bool         # val_ratio <= cost_greedy_val_ratio (a benchmark, not an assert; with
+                                       #   keep_best chosen on these tasks, so evaluate's test tasks are the check)
+    kept_iteration: int | None         # the validation point whose weights it ends with (None: the last iterate)
+    curves: dict[str, list[list[Number]]]  # run -> [iteration, validation ratio] pairs
+
+
+class _RLTrainingRequired(StageTime):
+    """The keys every train_rl.json holds (`RLTraining` adds the optional one; `NotRequired` is
+    lost under this module's postponed annotations, so the optional key sits in a total=False class)."""
+
+    validation_ratio_to_best_heuristic: dict[str, Number]
+    validation_win_rate: dict[str, Number]
+    heuristics_ratio_to_best: dict[str, Number]
+    speed_seconds: dict[str, Number]
+    refresh: list[dict[str, Any]]
+    iterations: int
+
+
+class RLTraining(_RLTrainingRequired, total=False):
+    """reports/metrics/train_rl.json. Built by `rl.validation.train_rl_metrics`."""
+
+    fair: FairSharder                  # absent where rl.fair_policy is off
+
 
 if TYPE_CHECKING:  # placing by a heuristic needs no torch
     from autoshard.costmodel.model import CostModel
@@ -64,7 +98,7 @@ def fair_summary(curves: dict[str, pd.DataFrame], inference: pd.DataFrame, fair:
 
 def train_rl_metrics(inference: pd.DataFrame, heuristic_ratio: pd.Series, speed_seconds: dict[str, float],
                      refresh: pd.DataFrame, iterations: int, seconds: float,
-                     replicates: dict | None = None, fair: FairSharder | None = None) -> TrainRLMetrics:
+                     replicates: dict | None = None, fair: FairSharder | None = None) -> RLTraining:
     """The train_rl stage's metrics: each inference mode's mean predicted ratio to the best
     heuristic and win rate on the validation tasks (`inference` as `ratio_summary` returns it),
     each heuristic's mean ratio to the best, the sharding speed, the refresh rounds' rows, the

@@ -16,6 +16,7 @@ run resumes from its checkpoint, which sits in a folder keyed by its inputs (`rl
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NotRequired, TypedDict
 
 import numpy as np
 import pandas as pd
@@ -26,7 +27,7 @@ from autoshard.core.compute import Engine
 from autoshard.core.digest import array_digest, file_digest, key, source_digest
 from autoshard.core.errors import invalid
 from autoshard.core.params import Fields, choice, read
-from autoshard.core.schema import AblationMetrics
+from autoshard.core.schema import Number, StageTime
 from autoshard.core.seeding import rng
 from autoshard.costmodel.dataset import measured_shards, split_shards
 from autoshard.costmodel.model import load_model, save_model
@@ -40,6 +41,30 @@ from autoshard.placement.heuristics import HEURISTICS
 from autoshard.rl.ppo import RLConfig, RLStageConfig, load_policy, run_key, train
 from autoshard.studies import paired
 from autoshard.studies.evaluate import measuring_backend
+
+
+class AblationVariant(TypedDict):
+    """One variant's measured ratios across seeds (also one `seed N` key per seed)."""
+
+    variant: str
+    label: str
+    mean: Number
+    std: Number
+    min: Number
+    max: Number
+    vs_full: NotRequired[Number]
+
+
+class Ablation(StageTime):
+    """reports/metrics/ablation.json. Built by `studies.ablation.ablation_metrics`."""
+
+    variants: list[AblationVariant]
+    seeds: list[int]
+    iterations: int
+    protocols: list[str]
+    test_tasks: int
+    shards_measured: int
+
 
 FEATURE_GROUPS = {"reuse_histogram": tuple(REUSE_COLUMNS), "pooling_factor": ("pooling_factor",)}
 VARIANTS = ("full", "no_cost_features", "no_lstm", "other_reward", "separate_encoder",
@@ -357,7 +382,7 @@ def summary(per_task: pd.DataFrame, labels: dict[str, str]) -> pd.DataFrame:
 
 
 def ablation_metrics(table: pd.DataFrame, cfg: AblationConfig, seed: int, test_tasks: int, shards_measured: int,
-                     seconds: float) -> AblationMetrics:
+                     seconds: float) -> Ablation:
     """The ablation stage's metrics: `summary`'s table as one record per variant, and the
     budget every variant had (seeds, iterations, protocols, test tasks)."""
     return {

@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import zip_longest
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
@@ -29,7 +30,7 @@ import pandas as pd
 from autoshard.core.digest import value_digest
 from autoshard.core.errors import ConfigError
 from autoshard.core.params import Fields, Section, bounded, choice, read
-from autoshard.core.schema import ColumnsMetrics
+from autoshard.core.schema import Number, StageTime
 from autoshard.core.seeding import one_thread, rng
 from autoshard.data.features import feature_matrix
 from autoshard.data.tasks import Task
@@ -50,6 +51,35 @@ from autoshard.placement.columns import (
 from autoshard.placement.types import SplitPlanner
 from autoshard.studies.findings import direction
 from autoshard.studies.paired import compare, one_pass
+
+
+class ColumnsPair(TypedDict):
+    """One column-wise method against its table-wise twin (the same planner, every table whole),
+    paired over one protocol's tasks where both have a plan. Exploratory: no verdict."""
+
+    tasks: int
+    twin: str
+    median_ratio: Number
+    ci_low: Number
+    ci_high: Number
+    p_value: Number
+    identical_share: Number  # tasks where the two are one plan (no split chosen, the same devices)
+    direction: str  # where the 95% interval lies: "below 1", "above 1", "spans 1" (or "no tasks")
+    split_share: float  # tasks where the column-wise plan split at least one table
+    split_tables_median: float
+    bound_share_median: float  # the costliest table alone / the twin's bottleneck
+
+
+class Columns(StageTime):
+    """reports/metrics/columns.json. Built by `studies.columns.columns_metrics`."""
+
+    protocols: dict[str, dict[str, ColumnsPair]]  # protocol -> column-wise method -> against its twin
+    pairs: dict[str, str]  # column-wise method -> its table-wise twin
+    ways: list[int]
+    tasks: dict[str, int]  # per protocol
+    measuring_pass: str
+    shards_measured: int
+
 
 SplitPlacement = tuple[list[ColumnShard], np.ndarray]  # column shards and a device per shard
 
@@ -267,7 +297,7 @@ def pair_frame(results: pd.DataFrame, methods: Sequence[str], tasks: list[Task],
 
 
 def columns_metrics(pairs: pd.DataFrame, cfg: ColumnsConfig, seed: int, shards_measured: int,
-                    seconds: float) -> ColumnsMetrics:
+                    seconds: float) -> Columns:
     """Per protocol and column-wise method: the paired statistics against its twin over the tasks
     where both have a plan (`paired.compare`, strata: the unseen ratio), where the 95% interval
     lies (`findings.direction`, exploratory: no verdict), the share of those tasks where a split

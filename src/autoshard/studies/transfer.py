@@ -10,13 +10,14 @@ heuristic on the same task, as in the evaluate stage.
 """
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 import pandas as pd
 
 from autoshard.core.errors import invalid
 from autoshard.core.params import Fields, bounded, read
-from autoshard.core.schema import TransferMetrics
+from autoshard.core.schema import Number, StageTime
 from autoshard.core.seeding import rng
 from autoshard.data.tasks import GIB, ProtocolConfig, Task, draw_feasible
 from autoshard.measure.backends import BackendConfig
@@ -24,6 +25,38 @@ from autoshard.methods.registry import GREEDY, POLICY, ids
 from autoshard.placement.heuristics import HEURISTICS
 from autoshard.studies.evaluate import measuring_backend
 from autoshard.studies.stats import bootstrap_median
+
+
+class TransferPoint(TypedDict):
+    """One method at one point of a transfer axis."""
+
+    tasks: int
+    bounded_share: Number  # share of tasks whose best heuristic is slowest on a one-table device
+    ratio_median: Number
+    ratio_lo: Number
+    ratio_hi: Number
+    win_rate: Number
+    predicted_ratio_median: Number
+    mean_ms: Number
+
+
+class TransferWorst(TypedDict):
+    axis: str
+    value: float
+    ratio_median: Number
+
+
+class Transfer(StageTime):
+    """reports/metrics/transfer.json. Built by `studies.transfer.transfer_metrics`. `axes`:
+    axis -> method -> point value (as text, e.g. "40") -> scores."""
+
+    axes: dict[str, dict[str, dict[str, TransferPoint]]]
+    rl_greedy_worst: TransferWorst | None
+    rl_greedy_points_below_1: int
+    points: int
+    tasks_measured: int
+    shards_measured: int
+
 
 METHODS = ids("transfer")
 COMPARED = (POLICY, GREEDY)  # the methods whose ratios the study reports
@@ -152,7 +185,7 @@ def best_heuristics(ratios: pd.DataFrame) -> pd.DataFrame:
 
 
 def transfer_metrics(table: pd.DataFrame, tasks_measured: int, shards_measured: int,
-                     seconds: float) -> TransferMetrics:
+                     seconds: float) -> Transfer:
     """The transfer stage's metrics from `summary`'s table: every compared method's scores per
     axis point (keyed axis -> method -> value as text), the policy's worst point, and how many
     of its points beat the best heuristic (median ratio below 1)."""
