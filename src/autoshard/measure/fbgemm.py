@@ -20,6 +20,7 @@ import torch
 from autoshard.core.errors import ConfigError
 from autoshard.core.seeding import threads as pinned
 from autoshard.measure.base import Feeds, ShardCost, ShardTooLarge, shard_bytes, shard_dims, table_shapes
+from autoshard.measure.harness import keep_freed_memory
 from autoshard.measure.timing import TimingConfig, time_steps
 
 if TYPE_CHECKING:  # only a type here: the portable worker (no pandas) imports this module
@@ -69,6 +70,11 @@ class FbgemmBackend:
         self.threads = threads  # every measurement runs on these, whatever the caller set (the store's key says them)
         self.weight_bytes = 2 if device.type == "cuda" else 4
         self.feeds = Feeds(timing.rotate)
+        if device.type == "cpu":
+            # FBGEMM's CPU backward allocates and frees its CSC buffers on every call; glibc's default
+            # trim hands their pages back, so how many the next call faults in depended on the heap's
+            # history (0 to 2,000 per harness backward): keep them, so every call times the kernels alone
+            keep_freed_memory()
 
     def _operator(self, rows: list[int], dims: list[int]):
         from fbgemm_gpu.split_embedding_configs import SparseType
