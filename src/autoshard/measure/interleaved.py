@@ -10,9 +10,11 @@ Whether the machine changed speed under the batch is read from all its shards at
 batch's drift is the largest, over rounds after the first, |median over shards of (this round's
 total / the first round's) - 1|. A median over many shards keeps each shard's own noise out of
 it (about 1.8 x a shard's CV / sqrt(shards): under 2% for 80 shards at 8% CV), so a batch
-drifting past `drift_limit` is one the machine really sped up or slowed down under, and it is
-measured again (at most `retries` times); of the attempts, the one that drifted least is kept,
-and its drift is reported either way. The study's first checks compared one calibration shard's
+drifting is one the machine really sped up or slowed down under. It is measured again (at most
+`retries` times) only where that drift could change a comparison: where its effect on a ratio of
+two of the batch's shards (`drift_effect`: the shards' medians over rounds with and without each
+round's drift divided out) exceeds `drift_limit`; of the attempts, the one whose drift moves a
+ratio least is kept, and its drift is reported either way. The study's first checks compared one calibration shard's
 readings instead: two readings of one shard differ by about sqrt(2) x its CV, so on a noisy hour
 most batches (68% of the evaluate stage's tasks at 8% CV) were measured again for noise alone,
 adding half the measuring time and nothing else. With one round there is nothing to compare
@@ -65,6 +67,24 @@ def round_drift(per_round: np.ndarray) -> float:
     return float(np.max(np.abs(np.median(ratios, axis=0) - 1.0)))
 
 
+def drift_effect(per_round: np.ndarray) -> float:
+    """How far the rounds' drift moves a typical ratio of two of the batch's shards: each round's
+    totals divided by its drift factor (median over shards of round r / round 0), every shard's
+    median over rounds with and without that correction, q = raw / corrected per shard, and the
+    effect sqrt(2) x the standard deviation of log q (the change of a ratio of two shards, whose
+    errors add). Every shard is measured in every round, so a drift that moves all shards alike
+    cancels in a ratio; what remains is where the median over rounds picked the drifted round for
+    one shard and not for the other. NaN where `round_drift` is."""
+    totals = per_round[:, :, 0] + per_round[:, :, 1]
+    ok = np.isfinite(totals).all(axis=1) & (totals[:, 0] > 0) if totals.shape[1] > 1 else np.zeros(len(totals), bool)
+    if not ok.any():
+        return float("nan")
+    totals = totals[ok]
+    factors = np.concatenate([[1.0], np.median(totals[:, 1:] / totals[:, :1], axis=0)])
+    q = np.log(np.median(totals, axis=1) / np.median(totals / factors, axis=1))
+    return float(np.sqrt(2) * np.std(q)) if len(q) > 1 else 0.0
+
+
 def _calibrate(backend: CostBackend, calibration: Sequence[int], batch_size: int) -> float:
     """The calibration shard's total (NaN when it does not fit the device: no drift check)."""
     try:
@@ -102,13 +122,14 @@ def measure_batch(backend: CostBackend, shards: Sequence[Sequence[int]], calibra
             if np.isfinite(reference) and reference > 0:
                 calibration_drift = max(calibration_drift, abs(again / reference - 1.0))
         drift = round_drift(per_round)
+        effect = drift_effect(per_round)
         if not np.isfinite(drift):
-            drift = calibration_drift
-        if best is None or drift < best[0]:
-            best = (drift, per_round, too_large, timings)
-        if drift <= timing.drift_limit:
+            drift = effect = calibration_drift
+        if best is None or effect < best[0]:
+            best = (effect, drift, per_round, too_large, timings)
+        if effect <= timing.drift_limit:
             break
-    drift, per_round, too_large, timings = best
+    _, drift, per_round, too_large, timings = best
     costs = []
     for i in range(len(shards)):
         if too_large[i]:
