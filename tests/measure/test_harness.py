@@ -40,6 +40,12 @@ def test_fbgemm_isa_follows_its_rule():
     assert fbgemm_isa({}, {}) == "anyarch"
 
 
+def test_backward_path_names_the_gather_the_isa_picks():
+    assert harness.adagrad_backward_path("avx512_vnni", {}) == "spmdm:avx512-jit+adagrad:avx2-jit"
+    assert harness.adagrad_backward_path("avx2", {}) == "spmdm:avx2-jit+adagrad:avx2-jit"
+    assert harness.adagrad_backward_path("avx512", {"FBGEMM_NO_ASMJIT": "1"}).startswith("spmdm:reference")
+
+
 def test_figures_echo_their_configuration():
     figures = harness.harness_figures(SMALL)
     assert figures.config == SMALL
@@ -57,7 +63,7 @@ def test_measuring_environment_is_what_keep_freed_memory_sets():
 KEPT = f"""
 import json
 from autoshard.measure import harness
-assert harness.keep_freed_memory()
+assert harness.keep_freed_memory() and harness.machine_facts().malloc_kept
 config = harness.HarnessConfig(**{json.dumps(asdict(SMALL))})
 print(json.dumps(harness.harness_figures(config).minor_faults_per_backward))
 """

@@ -9,12 +9,12 @@ touch of fresh memory.
 
 What FBGEMM's CPU backward does (fbgemm_gpu 1.8, read from its source):
 - every call converts each table's lookups to a CSC (`csr2csc`): about eight buffers of
-  `lookups` ints per table from `posix_memalign`, freed again, so glibc's default heap trim
-  hands their pages back and the next call faults them in afresh;
+  `lookups` ints per table from `posix_memalign`, freed again; whether glibc's defaults hand
+  their pages back (and the next call faults them in afresh) depends on the heap's history;
 - row-wise Adagrad runs two JIT kernels per block of 64 touched rows: FBGEMM's SpMDM gather
   (AVX-512 where `fbgemmInstructionSet` says so) and its row-wise Adagrad (always the AVX2
   generator, with scalar legacy-SSE `movss`/`addss`/`divss`/`sqrtss` per row and no
-  `vzeroupper`); EXACT_SGD runs a compiled loop instead. Its cost follows the touched rows.
+  `vzeroupper`); EXACT_SGD runs a compiled loop instead. Their cost follows the touched rows.
 
 `python -m autoshard.measure.harness` prints both as one JSON line. Importing this module
 imports neither torch nor FBGEMM.
@@ -42,11 +42,12 @@ SETTINGS = ("FBGEMM_ENABLE_INSTRUCTIONS", "FBGEMM_ENABLE_AVX512_256", "FBGEMM_NO
             "MALLOC_ARENA_MAX")
 PAGE = resource.getpagesize()
 CSC_ARRAYS = 8  # lookup-sized int32/float buffers `csr2csc` allocates per table and call (FBGEMM 1.8)
-# glibc thresholds that keep freed buffers in the heap: blocks below MMAP_BYTES come from the heap
-# (glibc's default starts at 128 KiB, a CSC buffer at 65,536 lookups is 256 KiB), and up to
-# TRIM_BYTES of free heap top stays mapped; larger blocks are still mapped and returned alone.
+# glibc thresholds that keep freed buffers in the heap: blocks below the mmap threshold come from
+# the heap (glibc's starts at 128 KiB; a CSC buffer at 65,536 lookups is 256 KiB), and up to the
+# trim threshold of free heap top stays mapped; larger blocks are still mapped and returned alone.
 MALLOC_KEEP = {"MALLOC_MMAP_THRESHOLD_": 256 << 20, "MALLOC_TRIM_THRESHOLD_": 512 << 20, "MALLOC_TOP_PAD_": 64 << 20}
 MALLOPT = {"MALLOC_TRIM_THRESHOLD_": -1, "MALLOC_TOP_PAD_": -2, "MALLOC_MMAP_THRESHOLD_": -3}  # glibc malloc.h
+_kept = False  # set once `keep_freed_memory` succeeded in this process
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,8 @@ class MachineFacts:
     cpu_model: str  # /proc/cpuinfo "model name"
     cpu_flags: dict[str, bool]  # each of CPU_FLAGS: present or not
     fbgemm_isa: str  # what FBGEMM's `fbgemmInstructionSet` rule picks from those flags and the settings
+    adagrad_backward_path: str  # the kernels row-wise Adagrad's CPU backward runs with that ISA
+    malloc_kept: bool  # freed memory kept in the heap (`keep_freed_memory` ran, or its environment)
     torch_threads: int
     torch_capability: str  # ATen's own vector ISA (torch.backends.cpu.get_cpu_capability)
     settings: dict[str, str]  # each of SETTINGS that is set in this process's environment
@@ -113,6 +116,18 @@ def fbgemm_isa(flags: dict[str, bool], environ: dict[str, str]) -> str:
     return forced if forced in allowed else detected
 
 
+def adagrad_backward_path(isa: str, environ: dict[str, str]) -> str:
+    """The kernels row-wise Adagrad's CPU backward runs (fbgemm_gpu's backward template): the
+    SpMDM gradient gather, AVX-512 JIT code where `isa` is a zmm one, AVX2 JIT code otherwise and
+    a C++ fallback under FBGEMM_NO_ASMJIT; then the row-wise Adagrad update, always AVX2 JIT code
+    (with legacy-SSE scalar steps) on an AVX2 machine."""
+    if isa == "anyarch":
+        return "spmdm:reference+adagrad:reference"
+    gather = "reference" if "FBGEMM_NO_ASMJIT" in environ else "avx512-jit" if isa in ("avx512", "avx512_vnni") \
+        else "avx2-jit"
+    return f"spmdm:{gather}+adagrad:avx2-jit"
+
+
 def machine_facts() -> MachineFacts:
     """This machine's facts (reads /proc/cpuinfo; imports torch for its threads)."""
     import torch
@@ -120,7 +135,10 @@ def machine_facts() -> MachineFacts:
     text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     flags = cpu_flags(text)
     environ = dict(os.environ)
-    return MachineFacts(cpu_model=cpu_model(), cpu_flags=flags, fbgemm_isa=fbgemm_isa(flags, environ),
+    isa = fbgemm_isa(flags, environ)
+    kept = _kept or all(environ.get(k) == v for k, v in measuring_environment().items())
+    return MachineFacts(cpu_model=cpu_model(), cpu_flags=flags, fbgemm_isa=isa,
+                        adagrad_backward_path=adagrad_backward_path(isa, environ), malloc_kept=kept,
                         torch_threads=torch.get_num_threads(),
                         torch_capability=torch.backends.cpu.get_cpu_capability(),
                         settings={k: environ[k] for k in SETTINGS if k in environ})
@@ -146,7 +164,9 @@ def keep_freed_memory() -> bool:
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return False
-    return all(mallopt(MALLOPT[name], value) == 1 for name, value in MALLOC_KEEP.items())
+    global _kept
+    _kept = all([mallopt(MALLOPT[name], value) == 1 for name, value in MALLOC_KEEP.items()])
+    return _kept
 
 
 def csc_pages(config: HarnessConfig) -> int:
@@ -253,6 +273,24 @@ def harness_figures(config: HarnessConfig | None = None) -> HarnessFigures:
         copy_gb_s=round(copy_gb_s(config.memory_mib), 2),
         first_touch_gb_s=round(first_touch_gb_s(config.memory_mib), 2),
         config=config)
+
+
+def calibration() -> dict[str, HarnessFigures]:
+    """The harness figures at the default configuration twice: in a fresh process with glibc's
+    default heap (`default`, as a plain FBGEMM program runs) and in this one with freed memory
+    kept (`kept`, as the study's fbgemm backend measures): the machine's speed, and what the heap
+    does to it."""
+    import subprocess
+    import sys
+
+    keep_freed_memory()
+    kept = harness_figures()
+    env = {k: v for k, v in os.environ.items() if k not in MALLOC_KEEP}
+    out = subprocess.run([sys.executable, "-m", "autoshard.measure.harness"], capture_output=True, text=True,
+                         check=True, env=env).stdout
+    fresh = json.loads(out.strip().splitlines()[-1])["harness"]
+    fresh["config"] = HarnessConfig(**fresh["config"])
+    return {"default": HarnessFigures(**fresh), "kept": kept}
 
 
 def main() -> None:
