@@ -2,6 +2,7 @@
 this machine and this configuration, and keeping freed memory must stop the backward's faults."""
 
 import json
+import math
 import subprocess
 import sys
 from dataclasses import asdict
@@ -52,6 +53,14 @@ def test_figures_echo_their_configuration():
     assert json.loads(json.dumps(asdict(figures)))["config"] == asdict(SMALL)
     assert figures.fresh_mib_per_backward == pytest.approx(figures.minor_faults_per_backward * harness.PAGE / 2**20,
                                                            abs=0.01)
+
+
+def test_touched_rows_is_the_expected_distinct_count():
+    # all of a small table is touched, a large one about once per lookup
+    assert harness.touched_rows(HarnessConfig(tables=2, rows=10, batch=4096)) == 20
+    assert harness.touched_rows(HarnessConfig(tables=1, rows=10**9, batch=64, lookups=1)) == 64
+    config = HarnessConfig()  # 65,536 uniform lookups into 100,000 rows: 48,070 distinct per table
+    assert harness.touched_rows(config) == pytest.approx(8 * 100_000 * (1 - math.exp(-0.65536)), rel=1e-4)
 
 
 def test_measuring_environment_is_what_keep_freed_memory_sets():

@@ -87,6 +87,8 @@ class HarnessFigures:
     backward_sgd_ms: float
     minor_faults_per_backward: float  # row-wise Adagrad; each is one fresh 4 KiB page
     fresh_mib_per_backward: float  # minor faults x page size
+    touched_rows_per_backward: int  # distinct rows over all tables: what the Adagrad kernels' work follows
+    adagrad_ns_per_touched_row: float  # backward_rowwise_adagrad_ms per touched row
     copy_gb_s: float  # into a buffer already touched
     first_touch_gb_s: float  # writing freshly mapped memory: page faults included
     config: HarnessConfig = field(default_factory=HarnessConfig)
@@ -254,6 +256,13 @@ def _timed(work) -> float:
     return time.perf_counter() - t0
 
 
+def touched_rows(config: HarnessConfig) -> int:
+    """Distinct rows the backward updates, summed over tables, for uniform lookups: the expected
+    number, rows x (1 - (1 - 1/rows)^(batch x lookups)) per table."""
+    draws = config.batch * config.lookups
+    return round(config.tables * config.rows * (1 - (1 - 1 / config.rows) ** draws))
+
+
 def harness_figures(config: HarnessConfig | None = None) -> HarnessFigures:
     """FBGEMM's harness figures at `config` (the defaults: about 2 s on a fast 2-core VM)."""
     import torch
@@ -270,6 +279,8 @@ def harness_figures(config: HarnessConfig | None = None) -> HarnessFigures:
     return HarnessFigures(
         forward_ms=_ms(forward), backward_rowwise_adagrad_ms=_ms(adagrad), backward_sgd_ms=_ms(sgd),
         minor_faults_per_backward=fault_median, fresh_mib_per_backward=round(fault_median * PAGE / 2**20, 2),
+        touched_rows_per_backward=touched_rows(config),
+        adagrad_ns_per_touched_row=round(_ms(adagrad) * 1e6 / touched_rows(config), 1),
         copy_gb_s=round(copy_gb_s(config.memory_mib), 2),
         first_touch_gb_s=round(first_touch_gb_s(config.memory_mib), 2),
         config=config)
