@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh machine:
-#   make repro   build .venv if missing, then run the whole study (dvc repro)
+#   make repro   build .venv if missing, print each stage's estimate on this machine, then run the whole study (dvc repro)
 #   make test    build .venv if missing, then run the whole test suite
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -24,6 +24,7 @@ $(STAMP): requirements.lock requirements-nodeps.txt pyproject.toml
 	touch $(STAMP)
 
 repro: $(STAMP)
+	$(BIN)/python -m autoshard.pipeline.budget
 	$(BIN)/dvc repro
 
 test: $(STAMP)

@@ -30,6 +30,7 @@ def top_configs(params: dict = PARAMS) -> dict[str, Any]:
     from autoshard.data.wide import WideConfig
     from autoshard.measure.collect import ProfileConfig
     from autoshard.methods.registry import METHODS
+    from autoshard.pipeline.budget import Shares
     from autoshard.rl.ppo import RLStageConfig
     from autoshard.studies.ablation import AblationConfig
     from autoshard.studies.columns import ColumnsConfig
@@ -40,6 +41,7 @@ def top_configs(params: dict = PARAMS) -> dict[str, Any]:
     evaluate, transfer, ablation = (stage_params(params, s) for s in ("evaluate", "transfer", "ablation"))
     return {
         "compute": ComputeConfig.from_params(params["compute"]),
+        "budget_shares": Shares.from_params(params["budget_shares"]),
         "dataset": DatasetConfig.from_params(params["dataset"]),
         "pool": PoolConfig.from_params(params["pool"]),
         "wide": WideConfig.from_params(params["wide"]),

@@ -40,6 +40,8 @@ class Profile(StageTime):
     feeds_check: NotRequired[dict[str, FeedScores]]  # fixed or rotated bags, warm or evicted cache (protocols.FEEDS)
     torch_threads: int
     peak_rss_gib: float
+    machine: NotRequired[dict[str, Any]]  # measure.harness.MachineFacts: CPU, flags, FBGEMM's ISA path
+    calibration: NotRequired[dict[str, dict[str, Any]]]  # measure.harness.calibration: default and kept heap
 
 
 def measured(table: pd.DataFrame) -> pd.DataFrame:
@@ -105,7 +107,8 @@ def round_noise(table: pd.DataFrame) -> dict[str, float]:
 def profile_metrics(table: pd.DataFrame, versus: pd.DataFrame, fused_versus: pd.DataFrame, harness: pd.DataFrame,
                     cv_target: float, comm_processes: int, torch_threads: int, seconds: float, peak_gib: float,
                     comm: dict | None = None, protocol_check: dict | None = None,
-                    feeds_check: dict | None = None) -> Profile:
+                    feeds_check: dict | None = None, machine: dict | None = None,
+                    calibration: dict | None = None) -> Profile:
     """The profile stage's metrics: what was measured and how, repeatability against the CV
     target (across separate passes: `median_cv`; across a chunk's interleaved rounds: `noise`),
     the fusion gap, and the cross-checks (`versus`: the torch backend against the profile's;
@@ -113,7 +116,8 @@ def profile_metrics(table: pd.DataFrame, versus: pd.DataFrame, fused_versus: pd.
     `harness`: FBGEMM's benchmark harness against our timing loop; `comm`: the comm model's
     fit, from `measure.commmodel.profile_comm`, with its MAPE target; `protocol_check`: the timing
     protocols compared, from `measure.protocols.protocol_scores`; `feeds_check`: the same for the
-    inputs and cache of each run, `measure.protocols.compare_feeds`)."""
+    inputs and cache of each run, `measure.protocols.compare_feeds`; `machine` and `calibration`:
+    this machine's facts and FBGEMM's harness figures, `measure.harness`)."""
     rep = repeatability(table)
     median_cv = float(rep["cv"].median()) if len(rep) else float("nan")
     gap = fusion_gap(table)
@@ -144,6 +148,8 @@ def profile_metrics(table: pd.DataFrame, versus: pd.DataFrame, fused_versus: pd.
         **({"comm": comm} if comm is not None else {}),
         **({"protocol_check": protocol_check} if protocol_check is not None else {}),
         **({"feeds_check": feeds_check} if feeds_check is not None else {}),
+        **({"machine": machine} if machine is not None else {}),
+        **({"calibration": calibration} if calibration is not None else {}),
         "torch_threads": torch_threads,
         "seconds": seconds,
         "peak_rss_gib": peak_gib,
