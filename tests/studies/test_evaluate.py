@@ -493,11 +493,24 @@ def test_replicates_plan_the_primary_protocols_under_their_own_names():
     from autoshard.studies.evaluate import replicate_plans
 
     tasks = [Task("a", "autoshard", "test", (0, 1), 2, 10**9, 0.0), Task("s", "small", "test", (0, 1), 2, 10**9, 0.0)]
-    builds = [{"rl_greedy": lambda t, r=r: np.array([r % 2, 1 - r % 2])} for r in (1, 2)]
-    plans, status = replicate_plans(builds, tasks, {"autoshard"}, np.ones(2))
+    builds = [{"rl_greedy": lambda t, r=r: np.array([r % 2, 1 - r % 2]), "cost_greedy": lambda t: np.array([0, 1])}
+              for r in (1, 2)]
+    plans, status = replicate_plans(builds, tasks, {"rl_greedy": {"autoshard"}, "cost_greedy": set()}, np.ones(2))
     assert set(plans) == {replica("rl_greedy", 1), replica("rl_greedy", 2)} == {"rl_greedy@1", "rl_greedy@2"}
     assert plans["rl_greedy@2"][0].tolist() == [0, 1] and plans["rl_greedy@1"][1] is None
-    assert set(status["method"]) == set(plans)
+    assert set(status["method"]) == set(plans), "a method no endpoint needs is not planned at all"
+
+
+def test_replicates_plan_each_method_where_an_endpoint_needs_it():
+    from autoshard.studies.endpoints import Endpoint
+    from autoshard.studies.evaluate import arms_by_protocol
+
+    declared = [Endpoint("rl_greedy", "cost_greedy", "autoshard", "max_device_ms"),
+                Endpoint("rl_local_search", "cost_greedy_local_search", "few", "max_device_ms"),
+                Endpoint("rl_greedy", "lpt_measured", "tight", "max_device_ms")]
+    wanted = arms_by_protocol(declared, ("rl_greedy", "cost_greedy", "rl_local_search", "rl_fair_greedy"))
+    assert wanted == {"rl_greedy": {"autoshard", "tight"}, "cost_greedy": {"autoshard"}, "rl_local_search": {"few"},
+                      "rl_fair_greedy": set()}
 
 
 def test_the_noise_pass_measures_plans_chosen_by_name_never_by_measurement():

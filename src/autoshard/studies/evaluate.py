@@ -196,21 +196,31 @@ def exploratory_rule(tasks: list[Task], kept: Collection[str], share: float,
     return skip
 
 
-def replicate_plans(builds: Sequence[Mapping[str, Planner]], tasks: list[Task], protocols: Collection[str],
+def replicate_plans(builds: Sequence[Mapping[str, Planner]], tasks: list[Task], wanted: Mapping[str, Collection[str]],
                     sizes: np.ndarray, objective: Mapping[str, str] | None = None
                     ) -> tuple[dict[str, list[np.ndarray | None]], pd.DataFrame]:
-    """Replicate r's (from 1, `builds[r - 1]`: method -> planner) plans of every task of
-    `protocols`, named `endpoints.replica(method, r)`, aligned with `tasks` (not run elsewhere),
+    """Replicate r's (from 1, `builds[r - 1]`: method -> planner) plans, named
+    `endpoints.replica(method, r)` and aligned with `tasks`, of each method on the tasks of the
+    protocols `wanted` names for it (the primary endpoints it is an arm of; not run elsewhere),
     with their status frame as `plan_all`'s: to be measured in the same pass as replicate 0's."""
     plans: dict[str, list[np.ndarray | None]] = {}
     frames = []
+
+    def skip(method: str, task: Task) -> str | None:
+        return None if task.protocol in wanted.get(method, ()) else "replicates: where a primary endpoint needs it"
     for r, planners in enumerate(builds, start=1):
-        mine, status = plan_all(planners, tasks, sizes, progress=False, objective=objective,
-                                skip=lambda m, t: None if t.protocol in protocols else "replicates: primary protocols")
-        plans |= {replica(m, r): p for m, p in mine.items()}
+        mine, status = plan_all(planners, tasks, sizes, progress=False, objective=objective, skip=skip)
+        plans |= {replica(m, r): p for m, p in mine.items() if any(x is not None for x in p)}
         frames.append(status.assign(method=status["method"].map(lambda m, r=r: replica(m, r))))
-    return plans, pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
-        columns=["task", "method", "seconds", "status"])
+    status = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["task", "method", "seconds",
+                                                                                          "status"])
+    return plans, status[status["method"].isin(plans)]
+
+
+def arms_by_protocol(endpoints: Sequence, methods: Collection[str]) -> dict[str, set[str]]:
+    """Method of `methods` -> the protocols of the primary endpoints it is an arm of (`endpoints`:
+    `studies.endpoints.Endpoint`s): where its replicates must plan."""
+    return {m: {e.protocol for e in endpoints if m in (e.method, e.reference)} for m in methods}
 
 
 def drawn_tasks(features: pd.DataFrame, test_tables: np.ndarray, cfg: SmallConfig, seed: int,
