@@ -59,3 +59,14 @@ def test_a_failed_block_leaves_the_previous_output(tmp_path):
     except RuntimeError:
         pass
     assert (tmp_path / "a.json").read_text() == "before" and temporaries(tmp_path) == []
+
+
+def test_first_wins_keeps_a_file_another_writer_finished_first(tmp_path):
+    with atomic_file(tmp_path / "a.json", first_wins=True) as mine:
+        mine.write_text("mine")
+        with atomic_file(tmp_path / "a.json", first_wins=True) as theirs:
+            theirs.write_text("theirs")
+    assert (tmp_path / "a.json").read_text() == "theirs" and temporaries(tmp_path) == []
+    with atomic_file(tmp_path / "a.json") as tmp:
+        tmp.write_text("replaced")
+    assert (tmp_path / "a.json").read_text() == "replaced", "without first_wins the last write wins"

@@ -43,8 +43,9 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
 
 
 @contextmanager
-def atomic_file(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary file path beside `path`; it is renamed to `path` on success."""
+def atomic_file(path: str | Path, first_wins: bool = False) -> Iterator[Path]:
+    """Yield a temporary file path beside `path`; it is renamed to `path` on success. With
+    `first_wins`, a `path` that exists by then (another writer finished first) is kept as it is."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sweep(path.parent)
@@ -57,7 +58,17 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    os.replace(tmp, path)
+    if not first_wins:
+        os.replace(tmp, path)
+        return
+    try:
+        os.link(tmp, path)  # fails where `path` exists: never replaces it
+    except FileExistsError:
+        pass
+    except OSError:  # a file system without hard links: replaced, as without `first_wins`
+        os.replace(tmp, path)
+        return
+    tmp.unlink()
 
 
 def sweep(folder: str | Path) -> list[Path]:

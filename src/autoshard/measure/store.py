@@ -147,10 +147,11 @@ class MeasurementStore:
 
     def write(self, records: Mapping[str, Mapping], label: str) -> Path:
         """Add one batch (`records` by shard key, each with the fields of FIELDS and `status`) as
-        a new file; `label` says who measured it. Writing the same batch twice keeps the first."""
+        a new file; `label` says who measured it. Writing the same batch twice keeps the first, also
+        when two writers finish it at once (a killed stage's kernel and its rerun, two workers)."""
         path = self.folder / f"batch-{key(label, sorted(records))[:24]}.json"
         if not path.exists():
-            with atomic_file(path) as tmp:
+            with atomic_file(path, first_wins=True) as tmp:
                 tmp.write_text(json.dumps({"label": label, "records": records}, sort_keys=True))
         return path
 
