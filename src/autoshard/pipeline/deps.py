@@ -93,7 +93,8 @@ def stage_code_deps(stage: str, spec: dict, root: Path) -> list[str]:
     if notebooks:
         return code_deps(notebook_source(root / notebooks[0]))
     module = spec["cmd"].split("-m ", 1)[1].split()[0]
-    file = "src/" + module.replace(".", "/") + ".py"
+    stem = "src/" + module.replace(".", "/")
+    file = f"{stem}.py" if (root / f"{stem}.py").is_file() else f"{stem}/__main__.py"  # `-m package` runs __main__
     return [file, *code_deps((root / file).read_text())]
 
 

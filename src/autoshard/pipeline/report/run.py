@@ -1,0 +1,61 @@
+"""reports/run.md: the wall time each stage recorded against the study's budget, where the study
+ran (CPU, GPU, library versions), and the rendered notebooks."""
+
+import os
+import platform
+
+from autoshard.core.schema import StageTime, read_checked
+from autoshard.pipeline.report.format import Figures, heading, join, paragraph, table
+from autoshard.pipeline.report.results import Results
+
+TITLE = "The run: wall time and environment"
+
+
+def stage_times(results: Results) -> str:
+    """The wall time each notebook stage recorded, and their sum against `budget_minutes`."""
+    rows = []
+    for stage, _ in results.stages:
+        path = results.reports / "metrics" / f"{stage}.json"
+        if path.exists():
+            rows.append((stage, read_checked(path, StageTime)["seconds"]))
+    total = sum(seconds for _, seconds in rows)
+    shown = table([{"stage": s, "wall time (s)": f"{t:.0f}"} for s, t in [*rows, ("**all notebook stages**", total)]]
+                  if rows else [])
+    budget = results.budget_minutes
+    if budget is None or not rows:
+        return shown
+    within = total <= budget * 60
+    left = (f" The whole `make repro` also spends DVC's own time and the kernels' start-up, which this sum leaves out: "
+            f"it meets the budget only if they fit in the {budget - total / 60:.1f} min left." if within else "")
+    verdict = "within" if within else "**over**"
+    return join(shown, paragraph(f"All notebook stages together: {total / 60:.1f} min, {verdict} "
+                                 f"the study's budget of {budget:g} min (`budget_minutes`: `make repro` from a fresh "
+                                 f"clone on 2 idle cores).{left}"))
+
+
+def environment() -> dict[str, str]:
+    """Where the study ran: CPU, cores, GPU, library versions, torch threads."""
+    import torch
+
+    versions = {}
+    for module in ("torch", "fbgemm_gpu", "torchrec", "pandas", "dvc", "papermill"):
+        try:
+            versions[module] = __import__(module).__version__
+        except ImportError:
+            versions[module] = "absent"
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "none"
+    return {"cpu": platform.processor() or platform.machine(), "cores": str(os.cpu_count()), "gpu": gpu,
+            "python": platform.python_version(), "torch threads": str(torch.get_num_threads()), **versions}
+
+
+def page(results: Results, figures: Figures) -> str:
+    """The run page's text (always written)."""
+    notebooks = [(stage, stem) for stage, stem in results.stages
+                 if (results.reports / "html" / f"{stem}.html").exists()]
+    return join(heading(TITLE), "## Wall time per stage",
+                paragraph("As each notebook recorded it in the run that produced these outputs; a stage that resumed "
+                          "from its checkpoints shows only the resumed part."), stage_times(results),
+                "## Environment", table([{"": k, "value": v} for k, v in environment().items()]),
+                "## Notebooks", "\n".join(f"- `{stage}`: [{stem}.html](html/{stem}.html) (code hidden; with code: "
+                                          f"[notebooks/{stem}.ipynb](notebooks/{stem}.ipynb))"
+                                          for stage, stem in notebooks) or "(no notebook rendered)")
