@@ -19,20 +19,25 @@ import yaml
 from autoshard.core import schema
 from autoshard.core.metrics import read_metrics
 from autoshard.costmodel.dataset import measured_shards, single_costs
+from autoshard.costmodel.evaluate import CostModelScores
 from autoshard.costmodel.hybrid import load_hybrid, with_single_costs
 from autoshard.costmodel.model import load_model
+from autoshard.data.calibration import Synthesis
 from autoshard.data.features import feature_matrix
 from autoshard.data.pool import load_pool
 from autoshard.data.tasks import load_tasks
 from autoshard.data.wide import load_wide
-from autoshard.measure.analysis import repeatability, rounds_needed
+from autoshard.measure.analysis import Profile, repeatability, rounds_needed
 from autoshard.measure.collect import load_profile
 from autoshard.measure.commmodel import CommModel, mape
 from autoshard.pipeline.stage import main, select, stage_spec
 from autoshard.rl.infer import policy_plans
 from autoshard.rl.ppo import load_policy
-from autoshard.studies.columns import TWIN
+from autoshard.rl.validation import RLTraining
+from autoshard.studies.ablation import Ablation
+from autoshard.studies.columns import TWIN, Columns
 from autoshard.studies.measured import MEASURED_SOURCES
+from autoshard.studies.transfer import Transfer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -109,7 +114,7 @@ def test_synthesize_notebook(repro, smoke_params):
     assert pool.num_tables == params["pool"]["num_tables"]
     tasks, train, test = load_tasks(tmp_path / "data" / "tasks.json")
     assert len(train) + len(test) == pool.num_tables
-    metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "synthesize.json", schema.SynthesisMetrics)
+    metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "synthesize.json", Synthesis)
     assert metrics["tables"] == pool.num_tables
     assert metrics["lookups_per_bag"] == pytest.approx(params["pool"]["pooling_factor_mean"], rel=0.1)
     assert sum(metrics["tasks"].values()) == len(tasks)
@@ -131,7 +136,7 @@ def test_profile_notebook(repro, smoke_params):
     assert set(table["kind"]) == {"single", "random", "heuristic", "test_random", "test_heuristic",
                                   "repeat"}
     assert (table["backend"] == "fbgemm").all() and (table["device"] == "cpu").all()
-    metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "profile.json", schema.ProfileMetrics)
+    metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "profile.json", Profile)
     assert metrics["shards_measured"] == len(table)
     cv_target = smoke_params["profile"]["cv_target"]
     written = 1e-6  # metrics files keep 6 decimals
@@ -166,7 +171,7 @@ def test_cost_model_notebook(repro, smoke_params):
     model = load_model(tmp_path / "data" / "cost_model" / "model.pt")
     pool = load_pool(tmp_path / "data" / "pool")
     assert (model.predict_ms(feature_matrix(pool.features), [[0, 1], [2]]) > 0).all()
-    metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "cost_model.json", schema.CostModelMetrics)
+    metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "cost_model.json", CostModelScores)
     assert {"comparison", "neural_mape", "learning_curve", "noise_floor_cv"} <= set(metrics)
     assert len(metrics["learning_curve"]) == len(smoke_params["cost_model"]["learning_curve"])
     assert metrics["predict_10k_shards_seconds"] > 0
@@ -199,7 +204,7 @@ def test_train_rl_notebook(repro, smoke_params):
     assert placement.shape == (len(task.tables),) and set(placement.tolist()) <= set(range(task.devices))
     used = np.bincount(placement, weights=sizes[list(task.tables)], minlength=task.devices)
     assert (used <= task.memory_bytes).all(), "the loaded policy places a held-out task within its memory cap"
-    metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "train_rl.json", schema.TrainRLMetrics)
+    metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "train_rl.json", RLTraining)
     assert "policy, greedy" in metrics["validation_ratio_to_best_heuristic"]
     assert [r["round"] for r in metrics["refresh"]] == [1], "smoke runs one refresh round"
     assert (tmp_path / "data" / "rl" / "cost_model.pt").exists()
@@ -289,7 +294,7 @@ def test_evaluate_notebook(repro, smoke_params):
 
 def test_transfer_notebook(repro, smoke_params):
     tmp_path = repro
-    metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "transfer.json", schema.TransferMetrics)
+    metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "transfer.json", Transfer)
     assert set(metrics["axes"]) == {"tables", "devices", "unseen_ratio"}
     cfg = smoke_params["transfer"]
     assert set(metrics["axes"]["tables"]["rl_greedy"]) == {str(v) for v in cfg["tables"]}
@@ -306,7 +311,7 @@ def test_transfer_notebook(repro, smoke_params):
 
 def test_ablation_notebook(repro, smoke_params):
     tmp_path = repro
-    metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "ablation.json", schema.AblationMetrics)
+    metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "ablation.json", Ablation)
     cfg = smoke_params["ablation"]
     assert [row["variant"] for row in metrics["variants"]] == [*cfg["variants"], "best_of_n", "local_search",
                                                                 "cost_greedy"]
@@ -342,7 +347,7 @@ def test_missing_params_file(tmp_path, capsys):
 
 def test_columns_notebook(repro, smoke_params):
     tmp_path = repro
-    metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "columns.json", schema.ColumnsMetrics)
+    metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "columns.json", Columns)
     assert {"autoshard", "dreamshard"} <= set(metrics["protocols"]) <= {"autoshard", "dreamshard", "tight"}
     plans = pd.read_csv(tmp_path / "data" / "columns" / "plans.csv")
     assert set(plans["method"]) <= set(TWIN) | set(TWIN.values()) and set(TWIN) <= set(plans["method"])
