@@ -1,8 +1,15 @@
 """Plain helpers that several test files share (fixtures live in conftest.py)."""
 
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import torch
+import yaml
 
 from autoshard.data.features import FEATURE_COLUMNS
 from autoshard.data.tasks import Task
@@ -99,3 +106,38 @@ ads,30000,8,6,sparse,pooled
 clicks,300000,128,1516.5,seq,sequence
 views,250000,128,900,seq,sequence
 """
+
+
+# pipeline/conftest.py, pipeline/test_notebooks.py, pipeline/test_resume.py
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tool_env(project: Path | None = None) -> dict:
+    """The environment with this interpreter's scripts (dvc, autoshard-notebook) first on the PATH;
+    in a `project` copy, its own package first on the import path, so that what runs there (and the
+    measuring code's digest, which keys the measurement store) is the copy's, whatever is edited here."""
+    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    if project is not None and (Path(project) / "src" / "autoshard").is_dir():
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(project) / "src"), os.environ.get("PYTHONPATH")]))
+    return env
+
+
+def sh(cmd: list[str], cwd: Path, timeout: float = 1800) -> subprocess.CompletedProcess:
+    """`cmd` run in `cwd` with `tool_env(cwd)`, its output captured."""
+    return subprocess.run(cmd, cwd=cwd, env=tool_env(cwd), capture_output=True, text=True, timeout=timeout)
+
+
+def copy_project(dest: Path, params: dict) -> Path:
+    """The repository as git sees it (tracked and untracked-but-not-ignored files) copied to
+    `dest` and committed there, with `params` as its params.yaml."""
+    files = sh(["git", "ls-files", "-co", "--exclude-standard", "-z"], REPO).stdout.split("\0")
+    for rel in filter(None, files):
+        if (REPO / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, dest / rel)
+    (dest / "params.yaml").write_text(yaml.safe_dump(params))
+    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"]):
+        assert sh(cmd, dest).returncode == 0
+    return dest

@@ -4,10 +4,6 @@ nothing changed reruns nothing, and a changed ablation parameter would rerun onl
 the report. One run serves every check (a run per check would double the suite's time)."""
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import nbformat
@@ -38,6 +34,8 @@ from autoshard.studies.ablation import Ablation
 from autoshard.studies.columns import TWIN, Columns
 from autoshard.studies.measured import MEASURED_SOURCES
 from autoshard.studies.transfer import Transfer
+
+from helpers import sh
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,28 +69,6 @@ def test_stage_spec_reads_dvc_yaml():
 def test_select_takes_only_the_named_params():
     params = {"seed": 1, "pool": {"a": 1, "b": {"c": 2}}, "other": 3}
     assert select(params, ["seed", "pool.b.c"], "p") == {"seed": 1, "pool": {"b": {"c": 2}}}
-
-
-def sh(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
-
-
-@pytest.fixture(scope="module")
-def clone(tmp_path_factory, smoke_params) -> Path:
-    """The repository as git sees it (tracked and untracked-but-not-ignored files), committed,
-    with the smoke parameters as its params.yaml."""
-    dest = tmp_path_factory.mktemp("clone")
-    files = sh(["git", "ls-files", "-co", "--exclude-standard", "-z"], ROOT).stdout.split("\0")
-    for rel in filter(None, files):
-        if (ROOT / rel).is_file():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / rel, dest / rel)
-    (dest / "params.yaml").write_text(yaml.safe_dump(smoke_params))
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
-                ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"]):
-        assert sh(cmd, dest).returncode == 0
-    return dest
 
 
 @pytest.fixture(scope="module")
