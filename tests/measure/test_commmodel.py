@@ -140,8 +140,8 @@ def test_target_is_judged_on_the_honest_counts_only():
 
 
 def test_no_honest_count_misses_the_target_and_says_why():
-    from autoshard.core.schema import CommMetrics, check
-    from autoshard.measure.commmodel import heldout_metrics
+    from autoshard.core.schema import check
+    from autoshard.measure.commmodel import CommMetrics, heldout_metrics
 
     rows = _held_out(_synthetic(0))
     metrics = heldout_metrics(fit_comm_model(rows[~rows["heldout"]]), rows, 1, 0.10)
@@ -199,9 +199,10 @@ COMM = {"heldout_share": 0.25, "device": "cpu", "mape_target": 0.10, "rounds": 3
 
 def test_profile_comm_measures_in_seeded_interleaved_rounds(monkeypatch):
     """`measure_rounds` faked: each placement once, in CommTiming(rounds, warmup, runs), orders seeded."""
-    from autoshard.core.schema import CommMetrics, check
+    from autoshard.core.schema import check
     from autoshard.measure import commmodel
     from autoshard.measure.comm_store import CommTiming, placement_key
+    from autoshard.measure.commmodel import CommMetrics
 
     calls = []
 
@@ -242,8 +243,9 @@ def test_profile_config_reads_the_comm_rounds(smoke_params):
 def test_a_cuda_count_above_the_gpus_is_estimated_analytically_and_labelled(monkeypatch):
     """On one GPU no count of [2, 4] can be launched (rank 1 has no GPU): nothing is measured,
     the rows and the model say analytic, and the metrics say which counts were measured (none)."""
-    from autoshard.core.schema import CommMetrics, check
+    from autoshard.core.schema import check
     from autoshard.measure import comm, commmodel
+    from autoshard.measure.commmodel import CommMetrics
 
     def never(*args, **kwargs):
         raise AssertionError("launched an all-to-all this machine cannot run")

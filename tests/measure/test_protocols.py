@@ -6,13 +6,15 @@ import pytest
 
 from autoshard.core.errors import ConfigError
 from autoshard.core.params import parse
-from autoshard.core.schema import FeedScores, ProtocolScores, check
+from autoshard.core.schema import check
 from autoshard.measure.base import ShardCost, ShardTooLarge
 from autoshard.measure.protocols import (
     FEEDS,
     INTERLEAVED,
     SEQUENTIAL,
+    FeedScores,
     ProtocolCheck,
+    ProtocolScores,
     compare_feeds,
     compare_protocols,
     feed_scores,

@@ -130,3 +130,22 @@ def test_a_figure_is_placed_once_and_only_where_the_stage_saved_it(tmp_path):
     assert figures.unplaced("profile") == ["fusion_gap"]
     assert figures.inline("profile", "fusion_gap", "gap") == "![gap](figures/profile/fusion_gap.png)"
     assert figures.unplaced("profile") == []
+
+
+def test_every_methods_results_and_the_targets_come_from_the_metrics():
+    results = {"autoshard": {"size_greedy": {"plans": 4, "ratio_median": 1.0, "ratio_lo": 1.0, "ratio_hi": 1.1,
+                                             "win_rate": 0.0, "mean_ms": 10.0, "predicted_ratio_median": 0.9,
+                                             "seconds_median": 0.01},
+                             "rl_greedy": {"plans": 4, "ratio_median": 0.8312, "ratio_lo": 0.75, "ratio_hi": 0.9,
+                                           "win_rate": 0.75, "mean_ms": 8.3, "predicted_ratio_median": 0.8,
+                                           "seconds_median": 0.02}}}
+    text = paired.results_table({"results": results, "objective": {"autoshard": "synchronized_stages"}})
+    assert "**autoshard** (4 tasks; bottleneck: synchronized_stages)" in text
+    assert "| rl_greedy | 4 | 0.831 [0.750, 0.900] | 75% | 8.30 | 0.800 | 0.0200 |" in text
+    targets = [{"protocol": "autoshard", "method": "rl_greedy", "statistic": "measured median ratio", "value": 0.8312,
+                "target": "<= 0.9", "met": True},
+               {"protocol": "small", "method": "rl_greedy", "statistic": "predicted gap", "value": 0.0123,
+                "target": "<= 0.01", "met": False}]
+    measured, predicted = paired.targets_table({"targets": targets}).split("Predicted (cost model):")
+    assert "| autoshard | rl_greedy | measured median ratio | 0.831 | <= 0.9 | met |" in measured
+    assert "0.012" not in measured and "| **not met** |" in predicted
