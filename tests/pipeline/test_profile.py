@@ -25,7 +25,11 @@ def test_killed_stage_resumes(tmp_path, smoke_params):
     tasks, train, test = make_tasks(pool.features, smoke_params["tasks"], seed=0)
     save_pool(pool, tmp_path / "pool")
     save_tasks(tmp_path / "tasks.json", tasks, train, test, seed=0)
-    params = smoke_params | {"profile": smoke_params["profile"] | {"runs": 5}}
+    # The pool's tables alone are six chunks of eight already: the extra kinds cut to one chunk's worth,
+    # the smoke timing kept (the kill lands after two chunks whatever a chunk takes).
+    collect = smoke_params["profile"]["collect"] | {"random_shards": 3, "test_random_shards": 2, "heuristic_tasks": 1,
+                                                    "test_heuristic_tasks": 1, "repeat_shards": 2, "repeat_rounds": 1}
+    params = smoke_params | {"profile": smoke_params["profile"] | {"collect": collect}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     cmd = [sys.executable, "-m", "autoshard.pipeline.profile", "--params", str(tmp_path / "params.yaml"),
            "--pool", str(tmp_path / "pool"), "--tasks", str(tmp_path / "tasks.json"),
