@@ -55,7 +55,7 @@ def test_an_unknown_id_is_refused_naming_the_option():
 
 
 def test_tags_pick_the_studies_lists():
-    assert ids("replicate") == ("cost_greedy", "rl_greedy")
+    assert ids("replicate") == ("cost_greedy", "cost_greedy_local_search", "rl_greedy", "rl_fair_greedy", "rl_local_search")
     assert set(ids("command")) <= set(METHODS) and "exact" not in ids("command")
     assert ids("solver") == ("milp", "sync_milp")
     assert not_run("exact", Task("a", "autoshard", "test", (0,), 1, 1, 0.0)) == "small tasks only"
@@ -76,7 +76,7 @@ def test_method_ids_are_spelt_only_in_the_registry_and_the_modules_that_implemen
         for method in (*METHODS, *COLUMNS):
             if re.search(rf"([\"']){method}\1", text):
                 spelt.setdefault(method, set()).add(rel)
-    allowed = {"torchrec": {"measure/analytic.py", "placement/torchrec.py", "pipeline/report.py",  # the package
+    allowed = {"torchrec": {"measure/analytic.py", "placement/torchrec.py", "pipeline/report/run.py",  # the package
                             "planner/production.py", "cli/torchrec_method.py",  # their loggers
                             "cli/service.py"},  # the one method that counts memory its own way
                "random": {"measure/collect.py"},  # a kind of profiled shard

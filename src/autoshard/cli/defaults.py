@@ -18,7 +18,7 @@ PACKAGED = {
     "profile.threads": 1,
     "evaluate.timing.warmup": 1,
     "evaluate.timing.runs": 1,
-    "evaluate.timing.rounds": 3,
+    "evaluate.timing.rounds": 2,
     "evaluate.milp.node_limit": 50,
     "evaluate.milp.time_limit_s": 30,
     "rl.best_of": 16,
