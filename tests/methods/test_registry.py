@@ -55,7 +55,8 @@ def test_an_unknown_id_is_refused_naming_the_option():
 
 
 def test_tags_pick_the_studies_lists():
-    assert ids("replicate") == ("cost_greedy", "cost_greedy_local_search", "rl_greedy", "rl_fair_greedy", "rl_local_search")
+    assert ids("replicate") == ("cost_greedy", "cost_greedy_local_search", "rl_greedy", "rl_fair_greedy",
+                                "rl_local_search")
     assert set(ids("command")) <= set(METHODS) and "exact" not in ids("command")
     assert ids("solver") == ("milp", "sync_milp")
     assert not_run("exact", Task("a", "autoshard", "test", (0,), 1, 1, 0.0)) == "small tasks only"

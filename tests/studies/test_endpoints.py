@@ -9,8 +9,17 @@ import pandas as pd
 import pytest
 
 from autoshard.core.errors import ConfigError
-from autoshard.studies.endpoints import (Endpoint, PrimaryConfig, Registration, claim_p_values, entries, family_digest,
-                                         primary, replica, two_level_interval)
+from autoshard.studies.endpoints import (
+    Endpoint,
+    PrimaryConfig,
+    Registration,
+    claim_p_values,
+    entries,
+    family_digest,
+    primary,
+    replica,
+    two_level_interval,
+)
 from autoshard.studies.paired import holm
 
 TASKS = 40

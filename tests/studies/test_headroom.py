@@ -9,7 +9,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from autoshard.core.errors import ConfigError
 from autoshard.core.metrics import _plain
 from autoshard.core.schema import Headroom, check
 from autoshard.data.tasks import Task

@@ -129,8 +129,8 @@ class MeasurementQuality(TypedDict):
 
 class Headroom(TypedDict):
     """One `headroom.<protocol>` entry of reports/metrics/evaluate.json (`studies.headroom.headroom`):
-    what a planner could gain over cost_greedy there, as context beside the verdicts. Predicted, under the cost model: the
-    median over tasks of cost_greedy's bottleneck over the best placement known, less 1
+    what a planner could gain over cost_greedy there, as context beside the verdicts. Predicted, under
+    the cost model: the median over tasks of cost_greedy's bottleneck over the best placement known, less 1
     (`greedy_gap`; its max and the share of tasks above 0.5%), that ratio the other way (`bound`),
     how the best was found (`how`: "exhaustive search" or local search from `starts` starts and every
     method's plan, `search_seconds` its time) and each method's median share of the gap closed
