@@ -119,8 +119,6 @@ def _config_classes() -> set[str]:
     fields carry its checks, and each class named in a `parse`, `read` or `.config` call."""
     names = set()
     for module in pkgutil.walk_packages(autoshard.__path__, "autoshard."):
-        if module.name.endswith(".__main__"):  # a package's command runs when imported
-            continue
         for obj in vars(importlib.import_module(module.name)).values():
             if isinstance(obj, type) and dataclasses.is_dataclass(obj) and obj.__module__ == module.name and (
                     issubclass(obj, Section) or any(_CHECKS in f.metadata for f in dataclasses.fields(obj))):

@@ -30,8 +30,7 @@ import importlib, pkgutil, sys
 sys.modules["fbgemm_gpu"] = None  # as on a machine where it is not installed
 import autoshard
 names = [m.name for m in pkgutil.walk_packages(autoshard.__path__, "autoshard.")
-         if not m.name.startswith("autoshard.planner")  # TorchRec's plug-in: torchrec itself needs fbgemm_gpu
-         and not m.name.endswith(".__main__")]  # a package's command runs when imported
+         if not m.name.startswith("autoshard.planner")]  # TorchRec's plug-in: torchrec itself needs fbgemm_gpu
 for name in names:
     importlib.import_module(name)
 print(len(names))

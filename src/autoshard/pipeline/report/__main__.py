@@ -4,4 +4,5 @@ import sys
 
 from autoshard.pipeline.report.build import main
 
-sys.exit(main())
+if __name__ == "__main__":  # a module walk that imports this file does not run the report
+    sys.exit(main())
