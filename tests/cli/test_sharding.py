@@ -9,7 +9,8 @@ import pytest
 
 from autoshard.cli.main import main
 from autoshard.core.inputs import plan_blocks
-from autoshard.data.footprint import shard_footprint
+from autoshard.data.footprint import io_bytes, shard_footprint
+from autoshard.data.sizes import table_bytes
 
 from helpers import PRODUCTION_TABLES
 
@@ -60,6 +61,10 @@ def held_as_counted(doc: dict, out, exported) -> None:
         _, rows, dim, pooling, _, kind = spec[name]
         ways = len(blocks) if plan_doc.kinds[name] in ("row_wise", "table_row_wise") else 1
         for b in blocks:
+            if plan_doc.kinds[name] == "data_parallel":  # the whole table, buffers for a quarter of the batch
+                held[b.device] += table_bytes(int(rows), int(dim), 4) + sum(io_bytes(BATCH // 4, float(pooling),
+                                                                                     int(dim), kind == "sequence"))
+                continue
             held[b.device] += shard_footprint(int(rows) if b.rows is None else b.rows,
                                               int(dim) if b.width is None else b.width, 4, BATCH, float(pooling),
                                               kind == "sequence", ways)
@@ -163,7 +168,7 @@ def test_on_the_analytic_backend_pieces_are_torchrecs_estimates_and_no_trace_is_
 def test_each_piece_pays_for_its_output_exchange_reported_beside_its_cost(model, tmp_path, capsys):
     """Every device's modelled comm is the sum of its pieces' (`placement.traffic`) at the bandwidths
     given; a slower network moves no more across hosts; bad or unused bandwidths are refused."""
-    from autoshard.placement.traffic import Links, piece_bytes
+    from autoshard.placement.traffic import Links, gradient_bytes, piece_bytes
 
     spec = {r.split(",")[4] + "." + r.split(",")[0]: r.split(",") for r in MODEL.strip().splitlines()[1:]}
     crossing = {}
@@ -176,10 +181,12 @@ def test_each_piece_pays_for_its_output_exchange_reported_beside_its_cost(model,
         blocks = plan_blocks({k: v for k, v in doc.items() if k != "costs"}, out)
         comm, cross = np.zeros(4), 0.0
         for name, held in blocks.blocks.items():
-            _, _, dim, pooling, _, kind = spec[name]
+            _, rows, dim, pooling, _, kind = spec[name]
             for b in held:
-                moved = piece_bytes(blocks.kinds[name], int(dim) if b.width is None else b.width,
-                                    float(pooling) if kind == "sequence" else 1.0, kind == "sequence", BATCH, 4, 2)
+                width = int(dim) if b.width is None else b.width
+                moved = (gradient_bytes(int(rows), width, 4, 2) if blocks.kinds[name] == "data_parallel" else
+                         piece_bytes(blocks.kinds[name], width, float(pooling) if kind == "sequence" else 1.0,
+                                     kind == "sequence", BATCH, 4, 2))
                 comm[b.device] += links.ms(*moved)
                 cross += moved[1]
         assert [d["comm_modelled_ms"] for d in doc["per_device"]] == pytest.approx(comm.tolist())
@@ -199,7 +206,7 @@ def test_the_analytic_piece_costs_are_torchrecs_estimate_read_off_three_points_p
     """Thousands of pieces are estimated from three TorchRec calls per dim: the same numbers as
     TorchRec's evaluator called on every piece (to 1e-5), on both sides of one lookup per sample."""
     from autoshard.cli.sharding_plan import lookup_scaled
-    from autoshard.measure.analytic import table_perf
+    from autoshard.measure.formulas import table_perf
 
     g = np.random.default_rng(0)
     dims = g.choice([4, 8, 16, 64, 96, 128, 1024], 60)
@@ -229,3 +236,71 @@ def test_the_analytic_piece_costs_are_torchrecs_estimate_read_off_three_points_p
 
     got = lookup_scaled(dims, lookups, 8192, "cuda", np.ones(len(dims), bool))
     assert got == pytest.approx([unpooled(int(d), float(x)) for d, x in zip(dims, lookups, strict=True)], rel=1e-5)
+
+
+REPLICABLE = """name,rows,dim,pooling_factor,module,pooling
+tiny_a,64,16,200,sparse,pooled
+tiny_b,128,16,150,sparse,pooled
+tiny_c,32,8,120,seq,sequence
+huge,2000000,128,2,sparse,pooled
+mid,50000,32,20,sparse,pooled
+"""  # three tiny tables read 120-200 times a sample: serving a quarter of the batch each beats one device's load
+
+
+def test_small_busy_tables_go_data_parallel_and_pay_for_their_gradient_all_reduce(tmp_path, capsys):
+    """`--sharding auto` replicates a table where its all-reduce costs less than the balance it
+    buys: each device holds the whole table and the buffers of its share of the batch, is charged
+    the table's gradient all-reduce, and the plan and its TorchRec export say `data_parallel`
+    (every rank, no shards, TorchRec's dense kernel). A sequence table and a table of 2M rows are
+    not replicated, `--sharding row` offers no replica, and `score` refuses a replicated plan in
+    one line."""
+    from autoshard.cli.sharding_plan import Shape, footprint
+    from autoshard.placement.traffic import Links, gradient_bytes
+
+    model = tmp_path / "model.csv"
+    model.write_text(REPLICABLE)
+    out, exported = tmp_path / "plan.json", tmp_path / "plan.torchrec.json"
+    assert plan(model, out, "--sharding", "auto", "--memory-per-device", "4GB", "--method", "lpt_measured",
+                "--torchrec", str(exported), "--torchrec-device", "cpu") == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["replicated"]) == {"sparse.tiny_a", "sparse.tiny_b"}  # a sequence table is never replicated
+    links = Links.from_gib_per_s(*doc["costs"]["comm"]["bandwidths_gib_per_s"])
+    spec = {r.split(",")[4] + "." + r.split(",")[0]: r.split(",") for r in REPLICABLE.strip().splitlines()[1:]}
+    for d in doc["per_device"]:
+        assert {f"{n} (replica)" for n in doc["replicated"]} <= set(d["names"])
+        replicas = [spec[n] for n in doc["replicated"]]
+        assert d["comm_modelled_ms"] >= sum(links.ms(*gradient_bytes(int(r[1]), int(r[2]), 4, 4)) for r in replicas)
+        assert d["memory_bytes"] >= sum(footprint(Shape(0, 0, int(r[1]), 0, int(r[2]), 1, 4), 4, BATCH, float(r[3]),
+                                                  r[5] == "sequence") for r in replicas)
+    assert footprint(Shape(0, 0, 64, 0, 16, 1, 4), 4, BATCH, 200.0, False) == (
+        table_bytes(64, 16, 4) + sum(io_bytes(BATCH // 4, 200.0, 16, False)))
+    params = {n: p for m in json.loads(exported.read_text())["modules"].values() for n, p in m.items()}
+    for name in ("tiny_a", "tiny_b"):
+        assert (params[name]["sharding_type"], params[name]["ranks"], params[name]["shards"]) == (
+            "data_parallel", [0, 1, 2, 3], [])
+        assert params[name]["compute_kernel"] == "dense"
+    ours, back = (plan_blocks({k: v for k, v in doc.items() if k != "costs"}, out),
+                  plan_blocks(json.loads(exported.read_text()), exported))
+    assert back.blocks == ours.blocks and back.kinds == ours.kinds
+    assert ours.blocks["sparse.tiny_a"] == [(0, None, 0, None, d) for d in range(4)]
+    assert plan(model, tmp_path / "row.json", "--sharding", "row", "--memory-per-device", "4GB",
+                "--method", "lpt_measured") == 0
+    assert "replicated" not in json.loads((tmp_path / "row.json").read_text())
+    capsys.readouterr()
+    assert main(["score", "--tables", str(model), "--plan", str(out), "--backend", "analytic"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "data-parallel replicas" in err, err
+
+
+def test_a_replicated_plan_runs_in_torchrec_and_computes_what_the_unsharded_model_does(tmp_path):
+    from autoshard.cli.torchrec_check import check
+
+    model = tmp_path / "model.csv"
+    model.write_text(REPLICABLE.replace("2000000", "20000").replace("seq,sequence", "sparse,pooled"))
+    out, exported = tmp_path / "plan.json", tmp_path / "plan.torchrec.json"
+    assert main(["plan", "--tables", str(model), "--devices", "2", "--memory-per-device", "4GB", "--backend",
+                 "analytic", "--batch-size", str(BATCH), "--sharding", "auto", "--method", "lpt_measured",
+                 "--torchrec", str(exported), "--torchrec-device", "cpu", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["replicated"]
+    result = check(model, exported, processes=2)
+    assert result["world_size"] == 2 and all(r["max_abs_error"] < 1e-4 for r in result["ranks"])

@@ -10,13 +10,14 @@ import torch
 
 from autoshard.core.errors import ConfigError
 from autoshard.data.pool import build_pool
-from autoshard.measure.analytic import AnalyticBackend, table_perf
+from autoshard.measure.analytic import AnalyticBackend
 from autoshard.measure.backends import make_backend, resolve_device
 from autoshard.measure.base import ShardCost, shard_inputs
 from autoshard.measure.collect import ProfileConfig
 from autoshard.measure.comm import analytic_comm, device_stages, measure_comm
 from autoshard.measure.crosscheck import BenchConfig, fbgemm_harness_check
 from autoshard.measure.fbgemm import FbgemmBackend
+from autoshard.measure.formulas import table_perf
 from autoshard.measure.timing import one_round
 from autoshard.measure.torch_bag import TorchBackend
 

@@ -290,3 +290,16 @@ def test_every_committed_metrics_file_is_strict_json():
     for path in files:
         json.loads(path.read_text(), parse_constant=lambda token, name=path.name: pytest.fail(f"{name}: {token}"))
     assert np.isfinite(1.0)
+
+
+def test_the_environment_names_the_machine_the_profile_measured_and_its_harness_figures(built):
+    """Issue 49: the CPU model, FBGEMM's ISA and Adagrad path, and the harness forward and backward
+    per heap, read from the profile's metrics, so that a reader can tell a fast VM from a slow one."""
+    text = (built / "run.md").read_text()
+    profile = json.loads((ROOT / "reports" / "metrics" / "profile.json").read_text())
+    assert f"| cpu model | {profile['machine']['cpu_model']} |" in text
+    assert f"| FBGEMM ISA | {profile['machine']['fbgemm_isa']} |" in text
+    assert f"| row-wise Adagrad backward path | {profile['machine']['adagrad_backward_path']} |" in text
+    for heap, facts in profile["calibration"].items():
+        assert (f"| harness, {heap} heap (ms) | forward {facts['forward_ms']:.1f}, backward (row-wise Adagrad) "
+                f"{facts['backward_rowwise_adagrad_ms']:.1f},") in text

@@ -108,8 +108,9 @@ def test_lpt_on_split_tables_balances_scaled_costs():
 
 
 def test_backends_measure_a_column_shard_at_its_width(user_pool):
-    from autoshard.measure.analytic import AnalyticBackend, table_perf
+    from autoshard.measure.analytic import AnalyticBackend
     from autoshard.measure.fbgemm import FbgemmBackend
+    from autoshard.measure.formulas import table_perf
     from autoshard.measure.timing import one_round
 
     analytic = AnalyticBackend(user_pool)

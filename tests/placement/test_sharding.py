@@ -41,3 +41,17 @@ def test_a_table_no_layout_of_which_fits_is_refused_by_name():
         place([[whole(1.0, 300), rows("row_wise", 0.3, 150, 2)]], 2, 2, 100, ["huge"])
     with pytest.raises(ConfigError, match="must divide --devices 4"):
         place([[whole(1.0, 1)]], 4, 3, 100, ["t"])
+
+
+def test_a_busy_small_table_is_replicated_on_every_device_where_its_all_reduce_is_cheap():
+    """A data-parallel layout puts one replica on each device in order; chosen where a quarter of
+    the work on every device (plus its all-reduce) beats the busiest device's load whole, not where
+    the all-reduce costs more than that."""
+    def replicas(cost: float, comm: float) -> Layout:
+        return Layout("data_parallel", tuple(Piece(0, None, 0, None, cost / 4, 5, comm) for _ in range(4)))
+
+    cheap = [[whole(20.0, 5), replicas(20.0, 0.1)]] + [[whole(3.0, 1)] for _ in range(4)]
+    placed = place(cheap, 4, 4, 100, [f"t{i}" for i in range(5)])
+    assert placed[0].layout.kind == "data_parallel" and placed[0].devices == (0, 1, 2, 3)
+    dear = [[whole(20.0, 5), replicas(20.0, 30.0)]] + [[whole(3.0, 1)] for _ in range(4)]
+    assert place(dear, 4, 4, 100, [f"t{i}" for i in range(5)])[0].layout.kind == "table_wise"

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from autoshard.placement.sharding import Layout, Piece, place
-from autoshard.placement.traffic import TORCHREC_GIB_PER_S, Links, piece_bytes
+from autoshard.placement.traffic import TORCHREC_GIB_PER_S, Links, gradient_bytes, piece_bytes
 
 KINDS = ("table_wise", "column_wise", "row_wise", "table_row_wise")
 
@@ -73,3 +73,14 @@ def test_a_table_that_must_be_split_goes_within_a_host_where_the_network_is_slow
     big = [Layout("table_wise", (Piece(0, None, 0, None, 10.0, 150),)), layout("row_wise", world, 2.6),
            layout("table_row_wise", local, 5.1)]  # fits no device of 100 whole
     assert place([big], world, local, 100, ["big"])[0].layout.kind == chosen
+
+
+def test_a_replicas_gradient_all_reduce_moves_what_a_hierarchical_ring_moves():
+    """One host of 8: a ring all-reduce of S bytes sends 2 (D - 1) / D * S from each device, none
+    across. Four hosts of 8: the same within each host, then each device's 1/8 slice all-reduced
+    across the 4 hosts, 2 * 3/4 of it."""
+    size = 1000 * 64 * 4
+    assert gradient_bytes(1000, 64, 8, 8) == pytest.approx((2 * 7 / 8 * size, 0.0))
+    assert gradient_bytes(1000, 64, 32, 8) == pytest.approx((2 * 7 / 8 * size, 2 * 3 / 4 * size / 8))
+    assert gradient_bytes(1000, 64, 1, 1) == (0.0, 0.0)
+    assert gradient_bytes(2000, 64, 32, 8)[1] == pytest.approx(2 * gradient_bytes(1000, 64, 32, 8)[1])

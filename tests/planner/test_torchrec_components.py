@@ -189,7 +189,8 @@ def test_the_planned_module_runs_sharded_with_gloo_and_computes_what_the_unshard
 def test_a_row_wise_plan_of_a_production_shaped_model_loads_into_torchrecs_planner(tmp_path):
     """Our `--sharding auto` plan of a small production-shaped model (modules, a sequence module,
     row-, table-row- and column-wise shards) is what TorchRec's planner accepts through the plan
-    loader: every table on the ranks the plan gives, scored by TorchRec's estimators."""
+    loader: every table on the ranks the plan gives, data-parallel ones on every rank, scored by
+    TorchRec's estimators."""
     from autoshard.cli.main import main
     from autoshard.core.inputs import plan_blocks
     from autoshard.planner.production import production_tables, torchrec_plan
@@ -209,6 +210,7 @@ def test_a_row_wise_plan_of_a_production_shaped_model_loads_into_torchrecs_plann
             assert sharding.sharding_type == ours.kinds[qualified]
             assert list(sharding.ranks) == [b.device for b in ours.blocks[qualified]]
     assert stats["hbm_max_bytes"] > 0 and stats["perf_max_ms"] > 0
+    assert {"data_parallel", "row_wise"} <= set(ours.kinds.values())  # replicas load too, on every rank
 
 
 def test_our_partitioner_puts_row_shards_on_every_rank_and_table_row_shards_on_one_host():

@@ -126,9 +126,10 @@ def read(path: str | Path, tables: UserTables) -> tuple[list[ColumnShard], np.nd
     dims = tables.features["dim"].tolist()
     shards, placement = [], []
     for t, (name, dim) in enumerate(zip(tables.names, dims, strict=True)):
-        if plan.kinds[name] in ("row_wise", "table_row_wise"):
-            raise ConfigError(f"{path}: table {shown(name)}: row-wise shards (this reader takes table- and "
-                              "column-wise plans)")
+        if plan.kinds[name] in ("row_wise", "table_row_wise", "data_parallel"):
+            what = "data-parallel replicas" if plan.kinds[name] == "data_parallel" else "row-wise shards"
+            raise ConfigError(f"{path}: table {shown(name)}: {what} (this reader takes table- and column-wise "
+                              "plans)")
         for b in plan.blocks[name]:
             shards.append(ColumnShard(t, b.column, dim if b.width is None else b.width, dim))
             placement.append(b.device)

@@ -175,9 +175,9 @@ def _print_devices(doc: dict) -> None:
     print(frame.to_string(index=False))
     predicted = doc["predicted_bottleneck_ms"]
     splits = [f"{len(doc[k])} split into {what} shards" for k, what in (("columns", "column"), ("rows", "row"))
-              if doc.get(k)]
+              if doc.get(k)] + ([f"{len(doc['replicated'])} data-parallel"] if doc.get("replicated") else [])
     split = f" ({', '.join(splits)})" if splits else ""
-    tables = len(doc["assignment"]) + len(doc.get("columns", {})) + len(doc.get("rows", {}))
+    tables = sum(len(doc.get(k, ())) for k in ("assignment", "columns", "rows", "replicated"))
     print(f"\nmethod {doc['method']}: {tables} tables{split} on {doc['devices']} devices in "
           f"{doc['sharding_seconds']:.3f} s; predicted bottleneck "
           f"{'n/a (no cost model)' if predicted is None else f'{predicted:.3f} ms'}")

@@ -7,10 +7,15 @@ memory of training (`data.footprint`) for every piece, and the plan file listing
 
 `--sharding row` offers every table whole, row-wise over all devices and, with more than one
 host (`--devices-per-host`), table-row-wise over one host; `auto` offers column-wise splits
-(`--column-ways`) too. A row shard of a table holds its rows' share of the lookups (TorchRec's
+(`--column-ways`) too, and data-parallel: a replica of the table on every device, each serving
+its 1/D of the batch (its cost: the table with 1/D of its lookups, measured on every D-th lookup of
+its trace; its memory: the whole table and the buffers of its share of the batch), whose gradient
+all-reduce is charged as its communication. A row shard of a table holds its rows' share of the lookups (TorchRec's
 input split) and the table's reuse histogram (its rows are a random share of the table's
 popularity ranks, `synth.scatter`); measured, it is timed on its own slice of the table's trace.
-Sequence tables are not offered table-row-wise (TorchRec's EmbeddingCollection has no such sharding).
+Sequence tables are not offered table-row-wise (TorchRec's EmbeddingCollection has no such sharding)
+nor data-parallel (TorchRec 1.8's EmbeddingCollection fails a data-parallel forward on CPU ranks:
+its output lengths do not match the local batch, `tests/cli/test_sharding.py`).
 
 Each piece also pays for its output exchange (`placement.traffic`: the bytes its device moves,
 within its host and across hosts, at `--bandwidths`, TorchRec's by default), so that a split's
@@ -20,6 +25,7 @@ summed into them (it is modelled, they are measured or predicted).
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,13 +39,13 @@ from autoshard.cli.user_tables import UserTables
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import PLAN_FORMAT, Block, PlanBlocks, plan_blocks, read_json, shown
 from autoshard.data.features import REUSE_COLUMNS, feature_matrix
-from autoshard.data.footprint import row_split, shard_footprint
+from autoshard.data.footprint import io_bytes, row_split, shard_footprint
 from autoshard.data.sizes import table_bytes
 from autoshard.data.traces import from_lengths
 from autoshard.methods.registry import GREEDY
 from autoshard.placement.columns import ALIGN
 from autoshard.placement.sharding import Layout, Piece, Placed, host_split, place
-from autoshard.placement.traffic import TORCHREC_GIB_PER_S, Links, piece_bytes
+from autoshard.placement.traffic import TORCHREC_GIB_PER_S, Links, gradient_bytes, piece_bytes
 
 COST_METHODS = (FIRST_RUN, GREEDY)  # piece costs measured here, or predicted by the cost model
 
@@ -47,7 +53,8 @@ COST_METHODS = (FIRST_RUN, GREEDY)  # piece costs measured here, or predicted by
 @dataclass(frozen=True)
 class Shape:
     """A piece: table `table`'s rows [row, row + rows) and columns [column, column + width), one
-    of `ways` row shards (1: all its rows, the whole table or a column shard)."""
+    of `ways` row shards (1: all its rows, the whole table or a column shard), or one of
+    `replicas` data-parallel copies of the whole table (1: not replicated)."""
 
     table: int
     row: int
@@ -55,6 +62,7 @@ class Shape:
     column: int
     width: int
     ways: int
+    replicas: int = 1
 
     def block(self, dim: int) -> tuple[int, int | None, int, int | None]:
         """(row, rows, column, width) as a plan's `Block` has them (None: all)."""
@@ -76,6 +84,8 @@ def shapes(tables: UserTables, sharding: str, devices: int, local: int,
                 if k > 1 and dim % k == 0 and (dim // k) % ALIGN == 0:
                     w = dim // k
                     options.append(("column_wise", [Shape(t, 0, rows, i * w, w, 1) for i in range(k)]))
+        if sharding == "auto" and devices > 1 and not sequence:
+            options.append(("data_parallel", [Shape(t, 0, rows, 0, dim, 1, devices)] * devices))
         for kind, k in (("row_wise", devices), ("table_row_wise", local)) if sharding != "table" else ():
             if k > 1 and rows >= k and (kind != "table_row_wise" or host_split(sequence, devices, local)):
                 split = row_split(rows, k)
@@ -86,9 +96,10 @@ def shapes(tables: UserTables, sharding: str, devices: int, local: int,
     return out
 
 
-def piece_key(s: Shape) -> tuple[int, int, int]:
-    """Pieces of one table with the same rows and width cost the same (their rows are a random share)."""
-    return s.table, s.rows, s.width
+def piece_key(s: Shape) -> tuple[int, int, int, int]:
+    """Pieces of one table with the same rows, width and replicas cost the same (their rows are a
+    random share)."""
+    return s.table, s.rows, s.width, s.replicas
 
 
 def piece_tables(tables: UserTables, distinct: list[Shape], traces: bool) -> tuple[pd.DataFrame, object]:
@@ -99,7 +110,7 @@ def piece_tables(tables: UserTables, distinct: list[Shape], traces: bool) -> tup
     t = np.array([s.table for s in distinct])
     rows = np.array([s.rows for s in distinct], dtype=np.int64)
     width = np.array([s.width for s in distinct], dtype=np.int64)
-    share = rows / f["rows"].to_numpy()[t]
+    share = rows / f["rows"].to_numpy()[t] / np.array([s.replicas for s in distinct])
     pieces = pd.DataFrame({"table": np.arange(len(distinct)), "dim": width, "rows": rows,
                            "pooling_factor": f["pooling_factor"].to_numpy()[t] * share,
                            "size_bytes": [int(table_bytes(int(r), int(w), int(b)))
@@ -111,7 +122,7 @@ def piece_tables(tables: UserTables, distinct: list[Shape], traces: bool) -> tup
     lengths, parts = [], []
     for s in distinct:
         idx, counts = whole.table(s.table), whole.lengths[s.table]
-        keep = (idx >= s.row) & (idx < s.row + s.rows)
+        keep = (idx >= s.row) & (idx < s.row + s.rows) & (np.arange(len(idx)) % s.replicas == 0)
         bags = np.repeat(np.arange(len(counts)), counts)
         lengths.append(np.bincount(bags[keep], minlength=len(counts)))
         parts.append((idx[keep] - s.row).astype(idx.dtype))
@@ -170,12 +181,15 @@ def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_byt
             if not np.isfinite(cost).all():
                 continue  # too large to measure here: not offered
             for s in pieces:
-                if (s.rows, s.width, s.ways) not in held:
-                    held[s.rows, s.width, s.ways] = shard_footprint(s.rows, s.width, int(weight[t]), batch,
-                                                                    float(pooling[t]), bool(sequence[t]), s.ways)
-            each = links.ms(*piece_bytes(kind, pieces[0].width, values, bool(sequence[t]), batch, devices, local))
+                if (s.rows, s.width, s.ways, s.replicas) not in held:
+                    held[s.rows, s.width, s.ways, s.replicas] = footprint(s, int(weight[t]), batch, float(pooling[t]),
+                                                                          bool(sequence[t]))
+            if kind == "data_parallel":
+                each = links.ms(*gradient_bytes(pieces[0].rows, pieces[0].width, devices, local))
+            else:
+                each = links.ms(*piece_bytes(kind, pieces[0].width, values, bool(sequence[t]), batch, devices, local))
             comm = [0.0 if s.rows == 0 else each for s in pieces]  # a layout's pieces are of one width
-            found.append(Layout(kind, tuple(Piece(*s.block(dims[t]), c, held[s.rows, s.width, s.ways], m)
+            found.append(Layout(kind, tuple(Piece(*s.block(dims[t]), c, held[s.rows, s.width, s.ways, s.replicas], m)
                                             for s, c, m in zip(pieces, cost, comm, strict=True))))
         if not found:
             raise ConfigError(f"{tables.source}: table {tables.names[t]}: too large to measure on this machine, "
@@ -185,6 +199,15 @@ def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_byt
     placed = _grouped_place(layouts, devices, local, memory_bytes, tables.names, constraints)
     return Result(placed, time.perf_counter() - start,
                   {"objective": "the busiest device's costs plus its comm (placement.sharding)", **source})
+
+
+def footprint(s: Shape, weight_bytes: int, batch: int, pooling: float, sequence: bool) -> int:
+    """Bytes a piece holds while training (`data.footprint`); a data-parallel replica holds the
+    whole table and the buffers of its 1/replicas of the batch."""
+    if s.replicas == 1:
+        return shard_footprint(s.rows, s.width, weight_bytes, batch, pooling, sequence, s.ways)
+    inputs, outputs = io_bytes(math.ceil(batch / s.replicas), pooling, s.width, sequence)
+    return int(table_bytes(s.rows, s.width, weight_bytes)) + inputs + outputs
 
 
 def _grouped_place(layouts: list[list[Layout]], devices: int, local: int, memory_bytes: int, names: list[str],
@@ -249,7 +272,7 @@ def lookup_scaled(dims: np.ndarray, lookups: np.ndarray, batch: int, device: str
     estimate is linear in them on each side of 1 and is read off TorchRec's at 0.5, 1 and 2
     lookups, once per dim, not once per piece (thousands of pieces: TorchRec's evaluator takes ms
     a call). A `sequence` table's output holds every lookup: its line is the one below 1, extended."""
-    from autoshard.measure.analytic import table_perf
+    from autoshard.measure.formulas import table_perf
 
     out = np.empty(len(dims))
     for dim in np.unique(dims):
@@ -289,25 +312,29 @@ def blocks(tables: UserTables, placed: list[Placed]) -> tuple[dict[str, list[Blo
 def document(method: str, options: dict, tables: UserTables, devices: int, memory_bytes: int, result: Result,
              models_files: dict, engine: str) -> dict:
     """The plan file: whole tables in `assignment`, split ones in `columns` or `rows` (with their
-    TorchRec sharding type), and per device its pieces, their memory while training and the
-    sum of the costs the plan placed on (`costs` says whether measured alone or predicted)."""
+    TorchRec sharding type), data-parallel ones in `replicated` (where there are any), and per
+    device its pieces, their memory while training and the sum of the costs the plan placed on
+    (`costs` says whether measured alone or predicted)."""
     kind = result.costs["kind"]
     column = {"predicted": "predicted_ms", "measured": "measured_alone_ms", "estimated": "estimated_ms"}[kind]
     load, used, count = np.zeros(devices), np.zeros(devices, dtype=np.int64), np.zeros(devices, dtype=np.int64)
     comm = np.zeros(devices)
     names: list[list[str]] = [[] for _ in range(devices)]
-    assignment, columns, rows = {}, {}, {}
+    assignment, columns, rows, replicated = {}, {}, {}, []
     for name, p in zip(tables.names, result.placed, strict=True):
         for q, d in zip(p.layout.pieces, p.devices, strict=True):
             load[d] += q.cost
             comm[d] += q.comm
             used[d] += q.memory
             count[d] += 1
-            names[d].append(name if p.layout.kind == "table_wise" else
+            names[d].append(name if p.layout.kind == "table_wise" else f"{name} (replica)"
+                            if p.layout.kind == "data_parallel" else
                             f"{name}[{q.row}:{q.row + q.rows}, :]" if q.rows is not None else
                             f"{name}[:, {q.column}:{q.column + q.width}]")
         if p.layout.kind == "table_wise":
             assignment[name] = int(p.devices[0])
+        elif p.layout.kind == "data_parallel":
+            replicated.append(name)
         elif p.layout.kind == "column_wise":
             columns[name] = [{"start": q.column, "width": q.width, "device": int(d)}
                              for q, d in zip(p.layout.pieces, p.devices, strict=True)]
@@ -320,16 +347,17 @@ def document(method: str, options: dict, tables: UserTables, devices: int, memor
                   for d in range(devices)]
     return {"format": PLAN_FORMAT, "method": method, "options": options, "tables_file": tables.source,
             "devices": devices, "memory_per_device_bytes": memory_bytes, "sharding": options["sharding"],
-            "assignment": assignment, "columns": columns, "rows": rows, "per_device": per_device,
+            "assignment": assignment, "columns": columns, "rows": rows,
+            **({"replicated": replicated} if replicated else {}), "per_device": per_device,
             "predicted_bottleneck_ms": float(load.max()) if kind == "predicted" else None,
             "predicted": "by the cost model, one piece at a time, summed per device, not measured (measure with "
                          "`autoshard score`)" if kind == "predicted" else f"nothing (the plan placed on costs {kind} "
                                                                           "piece by piece, summed per device)",
             "sharding_seconds": result.seconds, "model_files": models_files, "engine": engine,
             "costs": {**result.costs, "comm": {
-                "what": "each piece's output exchange, forward and backward, charged on its device: bytes within "
-                        "its host and across hosts over the links' bandwidths (placement.traffic), modelled, not "
-                        "measured",
+                "what": "each piece's output exchange, forward and backward (a data-parallel replica's gradient "
+                        "all-reduce), charged on its device: bytes within its host and across hosts over the links' "
+                        "bandwidths (placement.traffic), modelled, not measured",
                 "bandwidths_gib_per_s": options["bandwidths_gib_per_s"], "bottleneck_ms": float(comm.max())}}}
 
 
@@ -353,6 +381,8 @@ def read_blocks(path: str | Path, tables: UserTables) -> PlanBlocks:
             raise ConfigError(f"{path}: table {shown(name)}, field sizes: {plan.shapes[name]} (the table is "
                               f"[{rows}, {dim}] in {tables.source})")
         held = plan.blocks[name]
+        if plan.kinds.get(name) == "data_parallel":
+            continue  # whole replicas, one on every device (`core.inputs`)
         columns = sum(dim if b.width is None else b.width for b in held if b.row == 0)
         covered = sum(rows if b.rows is None else b.rows for b in held if b.column == 0)
         if columns != dim or covered != rows:

@@ -216,13 +216,13 @@ PLAN_FORMAT = "autoshard-plan/1"
 TORCHREC_FORMAT = "autoshard-torchrec-plan/1"
 PLAN_FIELDS = {"format", "method", "options", "tables_file", "devices", "memory_per_device_bytes", "assignment",
                "per_device", "predicted_bottleneck_ms", "predicted", "sharding_seconds", "model_files", "engine"}
-SPLIT_FIELDS = {"sharding", "columns", "rows"}  # a plan of split tables: `sharding` and either or both
+SPLIT_FIELDS = {"sharding", "columns", "rows", "replicated"}  # a plan of split tables: `sharding` and any of the rest
 SHARDINGS = ("table", "column", "row", "auto")
 ROW_KINDS = ("row_wise", "table_row_wise")
 TORCHREC_FIELDS = {"format", "world_size", "device_type", "modules"}
 PARAMETER_FIELDS = {"sharding_type", "compute_kernel", "ranks", "shards"}
 SHARD_FIELDS = {"offsets", "sizes", "placement"}
-TORCHREC_KINDS = ("table_wise", "column_wise", *ROW_KINDS)
+TORCHREC_KINDS = ("table_wise", "column_wise", *ROW_KINDS, "data_parallel")
 
 
 class Block(NamedTuple):
@@ -239,7 +239,8 @@ class Block(NamedTuple):
 class PlanBlocks(NamedTuple):
     """What any plan file places: each table's blocks (by its qualified name, `module.name` where
     it has a module), the devices, [rows, dim] per table where the file says, and each split
-    table's TorchRec sharding type (`column_wise`, `row_wise`, `table_row_wise`)."""
+    table's TorchRec sharding type (`column_wise`, `row_wise`, `table_row_wise`, `data_parallel`: a
+    whole replica on every device)."""
 
     blocks: dict[str, list[Block]]
     devices: int
@@ -260,8 +261,9 @@ def plan_assignment(doc: object, path: Path) -> tuple[dict[str, int], int, dict[
 
 def plan_blocks(doc: object, path: Path) -> PlanBlocks:
     """The blocks of any plan file: ours (table-wise; or split, its `columns` and `rows` listing the
-    split tables and `assignment` the whole ones) or its TorchRec export, every field checked for
-    its exact type, each split table's blocks covering it in order."""
+    split tables, `replicated` the data-parallel ones and `assignment` the whole ones) or its
+    TorchRec export, every field checked for its exact type, each split table's blocks covering it
+    in order."""
     where = str(path)
     if not isinstance(doc, dict) or doc.get("format") not in (PLAN_FORMAT, TORCHREC_FORMAT):
         raise ConfigError(f"{where}: not a plan written by `autoshard plan` (no format {PLAN_FORMAT!r} "
@@ -273,7 +275,7 @@ def plan_blocks(doc: object, path: Path) -> PlanBlocks:
     if split and ("sharding" not in split or split == {"sharding"}):
         missing = "sharding" if "sharding" not in split else "columns"
         raise ConfigError(f"{where}: field {missing!r} is missing (a plan of split tables has `sharding` and "
-                          "`columns` or `rows`)")
+                          "`columns`, `rows` or `replicated`)")
     if split and doc["sharding"] not in SHARDINGS[1:]:
         raise ConfigError(f"{where}, field sharding: {shown(doc['sharding'])} (expected one of "
                           f"{', '.join(SHARDINGS[1:])})")
@@ -301,12 +303,19 @@ def plan_blocks(doc: object, path: Path) -> PlanBlocks:
             raise ConfigError(f"{at}, field kind: {shown(entry['kind'])} (expected {' or '.join(ROW_KINDS)})")
         blocks[_new(name, blocks, at)] = _split_blocks(entry["shards"], "rows", devices, at)
         kinds[name] = entry["kind"]
+    replicated = _typed(doc, "replicated", (list,), where) if "replicated" in doc else []
+    for i, name in enumerate(replicated):
+        at = f"{where}, replicated[{i}]"
+        if not isinstance(name, str):
+            raise ConfigError(f"{at}: {shown(name)} (expected a table name)")
+        blocks[_new(name, blocks, at)] = [Block(0, None, 0, None, d) for d in range(devices)]
+        kinds[name] = "data_parallel"
     return PlanBlocks(blocks, devices, {}, kinds)
 
 
 def _new(name: str, blocks: dict, where: str) -> str:
     if name in blocks:
-        raise ConfigError(f"{where}: the table is placed twice (in field assignment, columns or rows)")
+        raise ConfigError(f"{where}: the table is placed twice (in field assignment, columns, rows or replicated)")
     return name
 
 
@@ -339,8 +348,9 @@ def _split_blocks(shards: object, axis: str, devices: int, at: str) -> list[Bloc
 def torchrec_blocks(doc: dict, path: Path) -> PlanBlocks:
     """The blocks of a TorchRec plan written by `--torchrec`: per module (the module path `""` for
     one EmbeddingBagCollection) each table `table_wise` (one shard), `column_wise` (shards covering
-    its columns left to right, multiples of 4 wide) or `row_wise` / `table_row_wise` (shards
-    covering its rows top to bottom, on distinct ranks), one rank per shard, placed on GPU
+    its columns left to right, multiples of 4 wide), `row_wise` / `table_row_wise` (shards
+    covering its rows top to bottom, on distinct ranks) or `data_parallel` (every rank in order,
+    no shards: a whole replica on each), one rank per shard, placed on GPU
     `rank % G` of its host for hosts of G GPUs (or on the CPU)."""
     where = str(path)
     _fields(doc, TORCHREC_FIELDS, where)
@@ -361,9 +371,10 @@ def torchrec_blocks(doc: dict, path: Path) -> PlanBlocks:
             qualified = f"{module}.{name}" if module else name
             at = f"{where}, table {shown(qualified)}"
             table_name(name, at)
-            blocks[qualified], shapes[qualified], kinds[qualified] = _torchrec_param(p, world, device_type, at,
-                                                                                     devices)
-    local = 1 + max(k for _, k, _ in devices)  # GPUs per host: ranks fill the hosts in order
+            blocks[qualified], shape, kinds[qualified] = _torchrec_param(p, world, device_type, at, devices)
+            if shape is not None:
+                shapes[qualified] = shape
+    local = 1 + max((k for _, k, _ in devices), default=0)  # GPUs per host: ranks fill the hosts in order
     for rank, k, placement in devices:
         if k != rank % local or world % local:
             raise ConfigError(f"{where}, field placement: {shown(placement)} (expected 'rank:{rank}/cuda:"
@@ -386,15 +397,23 @@ def _local_device(placement: object, rank: int, device_type: str, at: str) -> in
 
 
 def _torchrec_param(p: object, world: int, device_type: str, at: str,
-                    devices: list[tuple[int, int, str]]) -> tuple[list[Block], list[int], str]:
-    """One parameter's sharding: its blocks, its [rows, dim] and its sharding type; each shard's
-    (rank, device on its host, placement) is added to `devices`."""
+                    devices: list[tuple[int, int, str]]) -> tuple[list[Block], list[int] | None, str]:
+    """One parameter's sharding: its blocks, its [rows, dim] (None for a data-parallel table, which
+    has no shards) and its sharding type; each shard's (rank, device on its host, placement) is
+    added to `devices`."""
     _fields(p, PARAMETER_FIELDS, at)
     kind = p["sharding_type"]
     if kind not in TORCHREC_KINDS:
         raise ConfigError(f"{at}, field sharding_type: {shown(kind)} (expected one of {', '.join(TORCHREC_KINDS)})")
     _typed(p, "compute_kernel", (str,), at)
     ranks, shards = p["ranks"], p["shards"]
+    if kind == "data_parallel":
+        if ranks != list(range(world)) or any(type(r) is not int for r in ranks):
+            raise ConfigError(f"{at}, field ranks: {shown(ranks)} (a data_parallel table is on every rank, 0 to "
+                              f"{world - 1} in order)")
+        if shards != []:
+            raise ConfigError(f"{at}, field shards: {shown(shards)} (a data_parallel table has no shards)")
+        return [Block(0, None, 0, None, r) for r in ranks], None, kind
     if not isinstance(ranks, list) or not ranks or (kind == "table_wise" and len(ranks) != 1):
         raise ConfigError(f"{at}, field ranks: {shown(ranks)} (expected one rank per shard)")
     if not isinstance(shards, list) or len(shards) != len(ranks):

@@ -31,8 +31,8 @@ import pandas as pd
 import torch
 
 from autoshard.core.errors import ConfigError
-from autoshard.measure.analytic import table_perf
 from autoshard.measure.base import ShardCost
+from autoshard.measure.formulas import table_perf
 from autoshard.measure.timing import TimingConfig
 
 STAGES = ["forward_compute_ms", "forward_comm_ms", "backward_comm_ms", "backward_compute_ms"]

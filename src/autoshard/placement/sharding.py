@@ -1,6 +1,7 @@
 """Each table's sharding chosen with its placement: table-wise (whole, on any device),
-column-wise (k column shards, each on any device), row-wise (a row shard on every device) or
-table-row-wise (a row shard on every device of one host), as TorchRec's proposers offer them.
+column-wise (k column shards, each on any device), row-wise (a row shard on every device),
+table-row-wise (a row shard on every device of one host) or data-parallel (a replica on every
+device, each serving its share of the batch), as TorchRec's proposers offer them.
 
 The caller lists each table's candidate layouts, every piece with its cost (ms on its device,
 measured or predicted: the caller's) and its memory (bytes while training, `data.footprint`).
@@ -13,7 +14,8 @@ the second charges a split for the work it adds (every piece pays its kernel's f
 table is split where the balance gained outweighs that, or where it fits no device whole.
 A device's load is the sum of its pieces' costs (single-piece costs, as LPT's) and their
 communication (`placement.traffic`, charged on each piece's own device), so a split also pays for
-what it sends: a row-wise table moves D times its whole output.
+what it sends: a row-wise table moves D times its whole output, a data-parallel one all-reduces its
+whole gradient.
 Torch-free and deterministic: ties go to fewer pieces, then to the lower device.
 """
 
@@ -26,7 +28,7 @@ import numpy as np
 
 from autoshard.core.errors import ConfigError
 
-KINDS = ("table_wise", "column_wise", "row_wise", "table_row_wise")
+KINDS = ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel")
 
 
 def host_split(sequence: bool, devices: int, local: int) -> bool:
@@ -56,8 +58,9 @@ class Piece:
 
 @dataclass(frozen=True)
 class Layout:
-    """One way to shard a table. Table- and column-wise pieces go to any device; row-wise ones
-    to devices 0..D-1 in order; table-row-wise ones to the devices of one host, in order."""
+    """One way to shard a table. Table- and column-wise pieces go to any device; row-wise and
+    data-parallel ones to devices 0..D-1 in order; table-row-wise ones to the devices of one host,
+    in order."""
 
     kind: str
     pieces: tuple[Piece, ...]
@@ -142,7 +145,7 @@ def _fit(layout: Layout, loads: np.ndarray, used: np.ndarray, cap: int, local: i
             load[d] += p.load
             room[d] -= p.memory
         return tuple(spots)
-    hosts = [0] if layout.kind == "row_wise" else range(len(loads) // local)
+    hosts = [0] if layout.kind in ("row_wise", "data_parallel") else range(len(loads) // local)
     best, best_load = None, None
     for h in hosts:
         spots = tuple(h * local + i for i in range(len(layout.pieces)))

@@ -194,12 +194,14 @@ def block_sharding_plan(features: pd.DataFrame, names: list[str], blocks: dict, 
     """TorchRec's `ShardingPlan` of any plan (`core.inputs.PlanBlocks`: `blocks` and `kinds` by
     qualified name, `features` rows in the order of `names`): per module path, each table
     `table_wise`, `column_wise` (ranks left to right), `row_wise` (every rank, TorchRec's row
-    split) or `table_row_wise` (the ranks of one host of `local_size`), built with TorchRec's own
-    generators. A row split unlike the one TorchRec makes is refused rather than changed."""
+    split), `table_row_wise` (the ranks of one host of `local_size`) or `data_parallel` (a replica
+    on every rank, TorchRec's dense kernel), built with TorchRec's own generators. A row split
+    unlike the one TorchRec makes is refused rather than changed."""
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
     from torchrec.distributed.sharding_plan import (
         column_wise,
         construct_module_sharding_plan,
+        data_parallel,
         row_wise,
         table_row_wise,
         table_wise,
@@ -221,6 +223,8 @@ def block_sharding_plan(features: pd.DataFrame, names: list[str], blocks: dict, 
                 per_table[split_name(name)[1]] = column_wise(ranks=ranks, compute_kernel=kernel)
             elif kind == "row_wise":
                 per_table[split_name(name)[1]] = row_wise(compute_kernel=kernel)
+            elif kind == "data_parallel":
+                per_table[split_name(name)[1]] = data_parallel()
             elif sequence:
                 raise ConfigError(f"table {name}: table_row_wise shards of a sequence table (an EmbeddingCollection "
                                   "is sharded table-, column- or row-wise)")
@@ -233,7 +237,8 @@ def block_sharding_plan(features: pd.DataFrame, names: list[str], blocks: dict, 
         for i in rows:
             name = split_name(names[i])[1]
             _same_rows(names[i], blocks[names[i]], module_plan[name])
-            if module_plan[name].compute_kernel != kernel:  # table_row_wise takes no kernel: it would be dense
+            if module_plan[name].compute_kernel != kernel and module_plan[name].sharding_type != "data_parallel":
+                # table_row_wise takes no kernel: it would be dense (as a data-parallel table is)
                 module_plan[name] = dataclasses.replace(module_plan[name], compute_kernel=kernel)
         plan[module] = module_plan
     return ShardingPlan(plan=plan)
@@ -258,7 +263,8 @@ def plan_to_json(plan, world_size: int, device_type: str) -> dict:
         modules[path] = {name: {"sharding_type": p.sharding_type, "compute_kernel": p.compute_kernel,
                                 "ranks": list(p.ranks),
                                 "shards": [{"offsets": list(s.shard_offsets), "sizes": list(s.shard_sizes),
-                                            "placement": str(s.placement)} for s in p.sharding_spec.shards]}
+                                            "placement": str(s.placement)}
+                                           for s in (p.sharding_spec.shards if p.sharding_spec else [])]}
                          for name, p in module_plan.items()}
     return {"format": TORCHREC_FORMAT, "world_size": world_size, "device_type": device_type, "modules": modules}
 
@@ -284,6 +290,7 @@ def load_sharding_plan(path: str | Path):
             name: ParameterSharding(
                 sharding_type=p["sharding_type"], compute_kernel=p["compute_kernel"], ranks=list(p["ranks"]),
                 sharding_spec=EnumerableShardingSpec([ShardMetadata(shard_offsets=s["offsets"], shard_sizes=s["sizes"],
-                                                                    placement=s["placement"]) for s in p["shards"]]))
+                                                                    placement=s["placement"]) for s in p["shards"]])
+                if p["shards"] else None)  # data_parallel: no shards
             for name, p in params.items()})
     return ShardingPlan(plan=plan)

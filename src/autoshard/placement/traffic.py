@@ -15,6 +15,12 @@ gradients retrace the same bytes), the piece's device moves:
 - table-row-wise, pooled (reduce-scatter within its host, then an all-to-all across hosts):
   (L - 1) H u within and (H - 1) u across, on each of the host's L devices.
 
+A data-parallel table (a replica on every device, each serving its 1/D of the batch) has no
+output exchange; its gradient, the whole table's S = rows * w * 4 bytes, is all-reduced every
+step, hierarchically (reduce-scatter within the host, all-reduce of each 1/L slice across hosts,
+all-gather within the host): each device moves 2 (L - 1) / L * S within its host and
+2 (H - 1) / H * S / L across (`gradient_bytes`).
+
 Each piece is charged on its own device, as TorchRec's perf estimator charges a shard's
 `fwd_comms` and `bwd_comms` (its formulas count the whole output where these count what leaves
 the device); receiving ranks are not charged, and input indices are not counted.
@@ -67,3 +73,13 @@ def piece_bytes(kind: str, width: int, values_per_sample: float, sequence: bool,
     else:
         raise ValueError(f"kind: {kind!r}")
     return 2 * intra, 2 * cross
+
+
+def gradient_bytes(rows: int, width: int, world: int, local: int) -> tuple[float, float]:
+    """(within-host, cross-host) bytes each device moves per step to all-reduce a data-parallel
+    table's gradient (see the module)."""
+    if world == 1:
+        return 0.0, 0.0
+    hosts = world // local
+    size = rows * width * BYTES_PER_VALUE
+    return 2 * (local - 1) / local * size, 2 * (hosts - 1) / hosts * size / local

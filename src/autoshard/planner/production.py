@@ -78,7 +78,7 @@ def constraints(tables: pd.DataFrame, plan: Path | None = None) -> dict:
         if chosen is not None:
             qualified = f"{module}.{name}"
             blocks, kind = chosen.blocks[qualified], chosen.kinds[qualified]
-            extra = {"sharding_types": [kind], "compute_kernels": ["fused"]}
+            extra = {"sharding_types": [kind], "compute_kernels": ["dense" if kind == "data_parallel" else "fused"]}
             if kind == "column_wise":
                 extra["min_partition"] = blocks[0].width
         out[split_name(name)[1]] = ParameterConstraints(pooling_factors=[float(pooling)], **extra)

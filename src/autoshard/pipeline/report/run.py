@@ -33,8 +33,29 @@ def stage_times(results: Results) -> str:
                                  f"clone on 2 idle cores).{left}"))
 
 
+def measured_on(results: Results) -> dict[str, str]:
+    """The machine the profile measured on, as it recorded it (`measure.harness`): CPU model, the
+    flags FBGEMM can use, the ISA it chose and the path its row-wise Adagrad backward took, and
+    FBGEMM's harness forward and backward in a fresh process (default heap, and the heap kept):
+    what tells a fast machine of this kind from a slow one (issue 49)."""
+    profile = results.profile or {}
+    machine, calibration = profile.get("machine") or {}, profile.get("calibration") or {}
+    out = {}
+    if machine:
+        flags = [name for name, present in sorted(machine.get("cpu_flags", {}).items()) if present]
+        out |= {"cpu model": str(machine.get("cpu_model", "?")), "cpu flags FBGEMM can use": ", ".join(flags) or "none",
+                "FBGEMM ISA": str(machine.get("fbgemm_isa", "?")),
+                "row-wise Adagrad backward path": str(machine.get("adagrad_backward_path", "?"))}
+    for heap, facts in calibration.items():
+        out[f"harness, {heap} heap (ms)"] = (f"forward {facts['forward_ms']:.1f}, backward (row-wise Adagrad) "
+                                             f"{facts['backward_rowwise_adagrad_ms']:.1f}, backward (SGD) "
+                                             f"{facts['backward_sgd_ms']:.1f}; "
+                                             f"{facts['adagrad_ns_per_touched_row']:.0f} ns per touched row")
+    return out
+
+
 def environment() -> dict[str, str]:
-    """Where the study ran: CPU, cores, GPU, library versions, torch threads."""
+    """Where the report was written: CPU, cores, GPU, library versions, torch threads."""
     import torch
 
     versions = {}
@@ -55,7 +76,8 @@ def page(results: Results, figures: Figures) -> str:
     return join(heading(TITLE), "## Wall time per stage",
                 paragraph("As each notebook recorded it in the run that produced these outputs; a stage that resumed "
                           "from its checkpoints shows only the resumed part."), stage_times(results),
-                "## Environment", table([{"": k, "value": v} for k, v in environment().items()]),
+                "## Environment", table([{"": k, "value": v}
+                                         for k, v in (environment() | measured_on(results)).items()]),
                 "## Notebooks", "\n".join(f"- `{stage}`: [{stem}.html](html/{stem}.html) (code hidden; with code: "
                                           f"[notebooks/{stem}.ipynb](notebooks/{stem}.ipynb))"
                                           for stage, stem in notebooks) or "(no notebook rendered)")
