@@ -304,3 +304,28 @@ def test_a_replicated_plan_runs_in_torchrec_and_computes_what_the_unsharded_mode
     assert json.loads(out.read_text())["replicated"]
     result = check(model, exported, processes=2)
     assert result["world_size"] == 2 and all(r["max_abs_error"] < 1e-4 for r in result["ranks"])
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_export_written_without_torch_is_the_file_torchrecs_generators_give(tmp_path, device):
+    """`--torchrec` writes `placement.torchrec.plan_json`, from the blocks alone; TorchRec's own
+    generators (`block_sharding_plan`, `plan_to_json`) give the same file for table-, column-, row-,
+    table-row-wise and data-parallel tables, pooled and sequence modules, on CPU and GPU ranks."""
+    from autoshard.cli.user_tables import read_tables
+    from autoshard.placement.torchrec import block_sharding_plan, plan_json, plan_to_json
+
+    kinds_seen = set()
+    for text, memory, local in ((MODEL, "600MB", 2), (REPLICABLE, "4GB", 4), (SMALL, "6MB", 2)):
+        model, out, exported = tmp_path / "model.csv", tmp_path / "plan.json", tmp_path / "plan.torchrec.json"
+        model.write_text(text)
+        assert plan(model, out, "--sharding", "auto", "--devices-per-host", str(local), "--memory-per-device", memory,
+                    "--method", "lpt_measured", "--torchrec", str(exported), "--torchrec-device", device) == 0
+        doc = json.loads(out.read_text())
+        blocks = plan_blocks({k: v for k, v in doc.items() if k != "costs"}, out)
+        tables = read_tables(model)
+        written = json.loads(exported.read_text())
+        assert written == plan_json(tables.features, tables.names, blocks.blocks, blocks.kinds, 4, local, device)
+        made = block_sharding_plan(tables.features, tables.names, blocks.blocks, blocks.kinds, 4, local, device)
+        assert written == json.loads(json.dumps(plan_to_json(made, 4, device)))
+        kinds_seen |= set(blocks.kinds.values())
+    assert kinds_seen >= {"table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel"}

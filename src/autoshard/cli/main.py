@@ -281,12 +281,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _torchrec_export(tables, blocks: dict, kinds: dict, devices: int, args: argparse.Namespace) -> str:
-    """The plan as TorchRec's `ShardingPlan` in JSON (`--torchrec`), for `--torchrec-device`."""
-    from autoshard.placement.torchrec import block_sharding_plan, plan_to_json
+    """The plan as TorchRec's `ShardingPlan` in JSON (`--torchrec`), for `--torchrec-device`,
+    written without torch (`placement.torchrec.plan_json`: the file TorchRec's generators give)."""
+    from autoshard.placement.torchrec import plan_json
 
-    plan = block_sharding_plan(tables.features, tables.names, blocks, kinds, devices,
-                               getattr(args, "devices_per_host", None), args.torchrec_device)
-    return json.dumps(plan_to_json(plan, devices, args.torchrec_device), indent=1, allow_nan=False)
+    doc = plan_json(tables.features, tables.names, blocks, kinds, devices, getattr(args, "devices_per_host", None),
+                    args.torchrec_device)
+    return json.dumps(doc, indent=1, allow_nan=False)
 
 
 def _singles(tables, args: argparse.Namespace):

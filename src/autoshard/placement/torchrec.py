@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from autoshard.core.errors import ConfigError
+from autoshard.data.footprint import row_split
 from autoshard.data.sizes import ROW_STATE_BYTES
 from autoshard.data.tasks import Task
 
@@ -64,6 +64,7 @@ def planner_inputs(features: pd.DataFrame, task: Task, column_ways: int | None =
     """What TorchRec plans `task` from: the meta-device `EmbeddingBagCollection` of its tables
     (row-wise Adagrad attached), its topology and its per-table constraints (table-wise only, or
     also column-wise with blocks of dim / `column_ways` columns)."""
+    import torch
     from torch.distributed.optim import _apply_optimizer_in_backward
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
     from torchrec.distributed.planner import ParameterConstraints, Topology
@@ -182,6 +183,7 @@ def modules_of(features: pd.DataFrame, names: list[str]) -> dict[str, tuple[list
 def embedding_module(features: pd.DataFrame, names: list[str], sequence: bool, device: str = "meta"):
     """The EmbeddingBagCollection (or, `sequence`, EmbeddingCollection) of these tables, named by
     their table names (the module path stripped)."""
+    import torch
     from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
     configs = embedding_configs(features, [split_name(n)[1] for n in names], sequence)
@@ -267,6 +269,46 @@ def plan_to_json(plan, world_size: int, device_type: str) -> dict:
                                            for s in (p.sharding_spec.shards if p.sharding_spec else [])]}
                          for name, p in module_plan.items()}
     return {"format": TORCHREC_FORMAT, "world_size": world_size, "device_type": device_type, "modules": modules}
+
+
+def plan_json(features: pd.DataFrame, names: list[str], blocks: dict, kinds: dict, devices: int,
+              local_size: int | None = None, device_type: str = "cuda") -> dict:
+    """The file `plan_to_json(block_sharding_plan(...))` writes, written from the blocks alone,
+    without torch or torchrec (the command's `--torchrec`): per module path, in the tables' order,
+    each table's sharding type, kernel (`fused`; a data-parallel table TorchRec's `dense`), ranks
+    and shards, a row split TorchRec's own (`data.footprint.row_split`, checked like
+    `block_sharding_plan`'s), each shard on GPU `rank % local_size` of its host (or the CPU)."""
+    local = local_size or devices
+    placement = (lambda r: f"rank:{r}/cpu") if device_type == "cpu" else (lambda r: f"rank:{r}/cuda:{r % local}")
+    f = features.reset_index(drop=True)
+    modules = {}
+    for module, (rows, sequence) in modules_of(features, names).items():
+        params = {}
+        for i in rows:
+            name, held = names[i], blocks[names[i]]
+            kind, table_rows, dim = kinds.get(name, "table_wise"), int(f["rows"].iloc[i]), int(f["dim"].iloc[i])
+            if kind == "table_row_wise" and sequence:
+                raise ConfigError(f"table {name}: table_row_wise shards of a sequence table (an EmbeddingCollection "
+                                  "is sharded table-, column- or row-wise)")
+            if kind in ("row_wise", "table_row_wise"):
+                first = 0 if kind == "row_wise" else held[0].device // local * local
+                split = row_split(table_rows, devices if kind == "row_wise" else local)
+                starts = np.concatenate([[0], np.cumsum(split)[:-1]]).tolist()
+                made = [(int(a), int(n), first + k) for k, (a, n) in enumerate(zip(starts, split, strict=True))]
+                if made != [(b.row, b.rows, b.device) for b in held]:
+                    raise ConfigError(f"table {name}: row shards {[(b.row, b.rows, b.device) for b in held][:3]}... "
+                                      f"are not TorchRec's {kind} split ({made[:3]}...)")
+                shards = [([a, 0], [n, dim], r) for a, n, r in made]
+            elif kind == "data_parallel":
+                shards = []
+            else:  # table- or column-wise, columns left to right
+                shards = [([0, b.column], [table_rows, dim if b.width is None else b.width], b.device) for b in held]
+            params[split_name(name)[1]] = {
+                "sharding_type": kind, "compute_kernel": "dense" if kind == "data_parallel" else "fused",
+                "ranks": list(range(devices)) if kind == "data_parallel" else [r for _, _, r in shards],
+                "shards": [{"offsets": o, "sizes": z, "placement": placement(r)} for o, z, r in shards]}
+        modules[module] = params
+    return {"format": TORCHREC_FORMAT, "world_size": devices, "device_type": device_type, "modules": modules}
 
 
 def load_sharding_plan(path: str | Path):
