@@ -243,8 +243,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     memory = parse_memory(args.memory_per_device)
     check_outputs({"--out": args.out, "--torchrec": args.torchrec},
                   [args.tables, args.policy, args.cost_model, args.constraints, *planning.default_files(folder)])
-    tables = read_tables(args.tables, args.weight_bytes)
-    if args.sharding in ("row", "auto") or args.constraints is not None:
+    sharded = args.sharding in ("row", "auto") or args.constraints is not None
+    estimated = sharded and args.backend == "analytic" and args.method not in (GREEDY, TORCHREC)
+    tables = read_tables(args.tables, args.weight_bytes, reuse=not estimated)  # TorchRec's estimate reads no reuse
+    if sharded:
         return _plan_sharded(args, tables, memory, folder)
     held = tables.memory(args.batch_size)
     task = planning.make_task(tables, args.devices, memory, held)

@@ -28,7 +28,9 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -50,11 +52,11 @@ from autoshard.placement.traffic import TORCHREC_GIB_PER_S, Links, gradient_byte
 COST_METHODS = (FIRST_RUN, GREEDY)  # piece costs measured here, or predicted by the cost model
 
 
-@dataclass(frozen=True)
-class Shape:
+class Shape(NamedTuple):
     """A piece: table `table`'s rows [row, row + rows) and columns [column, column + width), one
     of `ways` row shards (1: all its rows, the whole table or a column shard), or one of
-    `replicas` data-parallel copies of the whole table (1: not replicated)."""
+    `replicas` data-parallel copies of the whole table (1: not replicated). A tuple: there are
+    hundreds of thousands of them at 2,000 tables on 96 devices."""
 
     table: int
     row: int
@@ -70,10 +72,45 @@ class Shape:
                 None if self.width == dim else self.width)
 
 
+class Spread(NamedTuple):
+    """A layout with a piece on each of `ways` (row shards) or `replicas` (data-parallel) devices,
+    its pieces made only when asked for: at most three distinct shapes (TorchRec's row split has
+    one size, the remainder and empty shards), among up to hundreds of pieces."""
+
+    table: int
+    rows: int
+    dim: int
+    ways: int = 1
+    replicas: int = 1
+
+    def shapes(self) -> list[Shape]:
+        """Every piece, in device order."""
+        if self.replicas > 1:
+            return [Shape(self.table, 0, self.rows, 0, self.dim, 1, self.replicas)] * self.replicas
+        split = row_split(self.rows, self.ways)
+        starts = np.concatenate([[0], np.cumsum(split)[:-1]]).tolist()
+        return [Shape(self.table, int(s), int(n), 0, self.dim, self.ways) for s, n in zip(starts, split, strict=True)]
+
+    def sizes(self) -> list[int]:
+        """Each piece's rows, in device order."""
+        return [self.rows] * self.replicas if self.replicas > 1 else row_split(self.rows, self.ways)
+
+    def distinct(self) -> dict[int, Shape]:
+        """The last piece of each distinct size, by its rows, in the order the sizes first come
+        (a piece's cost depends on its size, `piece_key`; measured, on its own slice of the trace)."""
+        if self.replicas > 1:
+            return {self.rows: Shape(self.table, 0, self.rows, 0, self.dim, 1, self.replicas)}
+        out, start = {}, 0
+        for n in row_split(self.rows, self.ways):
+            out[n] = Shape(self.table, start, n, 0, self.dim, self.ways)
+            start += n
+        return out
+
+
 def shapes(tables: UserTables, sharding: str, devices: int, local: int,
-           column_ways: tuple[int, ...]) -> list[list[tuple[str, list[Shape]]]]:
+           column_ways: tuple[int, ...]) -> list[list[tuple[str, list[Shape] | Spread]]]:
     """Each table's candidate layouts: (kind, pieces), whole first (`placement.sharding` breaks
-    ties towards fewer pieces)."""
+    ties towards fewer pieces); row-wise, table-row-wise and data-parallel pieces as a `Spread`."""
     f = tables.features
     out = []
     for t, (rows, dim, sequence) in enumerate(zip(f["rows"].tolist(), f["dim"].tolist(), tables.sequence.tolist(),
@@ -85,13 +122,10 @@ def shapes(tables: UserTables, sharding: str, devices: int, local: int,
                     w = dim // k
                     options.append(("column_wise", [Shape(t, 0, rows, i * w, w, 1) for i in range(k)]))
         if sharding == "auto" and devices > 1 and not sequence:
-            options.append(("data_parallel", [Shape(t, 0, rows, 0, dim, 1, devices)] * devices))
+            options.append(("data_parallel", Spread(t, rows, dim, replicas=devices)))
         for kind, k in (("row_wise", devices), ("table_row_wise", local)) if sharding != "table" else ():
             if k > 1 and rows >= k and (kind != "table_row_wise" or host_split(sequence, devices, local)):
-                split = row_split(rows, k)
-                starts = np.concatenate([[0], np.cumsum(split)[:-1]]).tolist()
-                pieces = [Shape(t, int(s), int(n), 0, dim, k) for s, n in zip(starts, split, strict=True)]
-                options.append((kind, pieces))
+                options.append((kind, Spread(t, rows, dim, ways=k)))
         out.append(options)
     return out
 
@@ -115,7 +149,8 @@ def piece_tables(tables: UserTables, distinct: list[Shape], traces: bool) -> tup
                            "pooling_factor": f["pooling_factor"].to_numpy()[t] * share,
                            "size_bytes": [int(table_bytes(int(r), int(w), int(b)))
                                           for r, w, b in zip(rows, width, weight[t], strict=True)]})
-    pieces[REUSE_COLUMNS] = f[REUSE_COLUMNS].to_numpy()[t]
+    if all(c in f for c in REUSE_COLUMNS):  # absent where the tables were read without (`read_tables`)
+        pieces[REUSE_COLUMNS] = f[REUSE_COLUMNS].to_numpy()[t]
     if not traces:
         return pieces, None
     whole = tables.traces
@@ -165,7 +200,9 @@ def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_byt
         if not candidates[t]:
             raise ConfigError(f"table {tables.names[t]}: none of its sharding_types {list(kinds)} can shard it "
                               f"({int(tables.features['rows'].iloc[t])} rows)")
-    distinct = list({piece_key(s): s for c in candidates for _, pieces in c for s in pieces if s.rows}.values())
+    distinct = list({piece_key(s): s for c in candidates for _, pieces in c
+                     for s in (pieces.distinct().values() if isinstance(pieces, Spread) else pieces)
+                     if s.rows}.values())
     index = {piece_key(s): i for i, s in enumerate(distinct)}
     costs, source = piece_costs(distinct)
     f = tables.features
@@ -177,20 +214,28 @@ def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_byt
         held = {}  # a row-wise table's shards come in two or three sizes: each computed once
         values = float(pooling[t]) if sequence[t] else 1.0
         for kind, pieces in options:
-            cost = [0.0 if s.rows == 0 else float(costs[index[piece_key(s)]]) for s in pieces]
-            if not np.isfinite(cost).all():
-                continue  # too large to measure here: not offered
-            for s in pieces:
-                if (s.rows, s.width, s.ways, s.replicas) not in held:
-                    held[s.rows, s.width, s.ways, s.replicas] = footprint(s, int(weight[t]), batch, float(pooling[t]),
-                                                                          bool(sequence[t]))
+            spread = isinstance(pieces, Spread)
+            first = next(iter(pieces.distinct().values())) if spread else pieces[0]
             if kind == "data_parallel":
-                each = links.ms(*gradient_bytes(pieces[0].rows, pieces[0].width, devices, local))
+                each = links.ms(*gradient_bytes(first.rows, first.width, devices, local))
             else:
-                each = links.ms(*piece_bytes(kind, pieces[0].width, values, bool(sequence[t]), batch, devices, local))
-            comm = [0.0 if s.rows == 0 else each for s in pieces]  # a layout's pieces are of one width
-            found.append(Layout(kind, tuple(Piece(*s.block(dims[t]), c, held[s.rows, s.width, s.ways, s.replicas], m)
-                                            for s, c, m in zip(pieces, cost, comm, strict=True))))
+                each = links.ms(*piece_bytes(kind, first.width, values, bool(sequence[t]), batch, devices, local))
+            made = {}  # each distinct shape's (cost, memory, comm)
+            for s in (pieces.distinct().values() if spread else pieces):
+                key = (s.rows, s.width, s.ways, s.replicas)
+                if key not in held:
+                    held[key] = footprint(s, int(weight[t]), batch, float(pooling[t]), bool(sequence[t]))
+                made[s.rows, s.width] = (0.0 if s.rows == 0 else float(costs[index[piece_key(s)]]), held[key],
+                                         0.0 if s.rows == 0 else each)
+            if not all(np.isfinite(c) for c, _, _ in made.values()):
+                continue  # too large to measure here: not offered
+            if not spread:
+                found.append(Layout(kind, tuple(Piece(*s.block(dims[t]), *made[s.rows, s.width]) for s in pieces)))
+                continue
+            each_piece = [made[n, first.width] for n in pieces.sizes()]
+            found.append(Layout(kind, loads=np.array([c + m for c, _, m in each_piece]),
+                                memories=np.array([b for _, b, _ in each_piece], dtype=np.int64),
+                                build=partial(_pieces, pieces, made)))
         if not found:
             raise ConfigError(f"{tables.source}: table {tables.names[t]}: too large to measure on this machine, "
                               f"whole or split (use --method {GREEDY})")
@@ -199,6 +244,11 @@ def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_byt
     placed = _grouped_place(layouts, devices, local, memory_bytes, tables.names, constraints)
     return Result(placed, time.perf_counter() - start,
                   {"objective": "the busiest device's costs plus its comm (placement.sharding)", **source})
+
+
+def _pieces(spread: Spread, made: dict) -> tuple[Piece, ...]:
+    """A spread layout's pieces, each with its shape's (cost, memory, comm)."""
+    return tuple(Piece(*s.block(spread.dim), *made[s.rows, s.width]) for s in spread.shapes())
 
 
 def footprint(s: Shape, weight_bytes: int, batch: int, pooling: float, sequence: bool) -> int:

@@ -114,14 +114,17 @@ class UserTables:
         return self._traces
 
 
-def read_tables(path: str | Path, weight_bytes: int = 4, trace_batch: int = DEFAULT_TRACE_BATCH) -> UserTables:
-    """The tables of a `.csv`, `.yaml`/`.yml` file or a pool folder (`data/pool` layout), checked."""
+def read_tables(path: str | Path, weight_bytes: int = 4, trace_batch: int = DEFAULT_TRACE_BATCH,
+                reuse: bool = True) -> UserTables:
+    """The tables of a `.csv`, `.yaml`/`.yml` file or a pool folder (`data/pool` layout), checked.
+    `reuse=False` leaves out the reuse histograms a table list does not give (what TorchRec's
+    estimate reads does not include them, and computing them is most of reading 2,000 tables)."""
     path = Path(path)
     if path.is_dir():
         return _from_pool(path)
     columns, records = _read_rows(path)
     rows = _checked(columns, records, path)
-    return _features(rows, path, weight_bytes, trace_batch)
+    return _features(rows, path, weight_bytes, trace_batch, reuse)
 
 
 def tables_from_records(records: list[dict], source: str, weight_bytes: int = 4,
@@ -288,21 +291,20 @@ def name_rng(name: str) -> np.random.Generator:
     return np.random.default_rng(zlib.crc32(name.encode()))
 
 
-def _features(rows: pd.DataFrame, path: Path, weight_bytes: int, batch: int) -> UserTables:
+def _features(rows: pd.DataFrame, path: Path, weight_bytes: int, batch: int, reuse: bool = True) -> UserTables:
     """The 21 features of each table: its own columns, and the reuse histogram it was given or
-    the one its synthetic trace would have (`data.reuse`: no trace drawn, one computation per
-    distinct shape)."""
+    (unless not `reuse`) the one its synthetic trace would have (`data.reuse`: no trace drawn, one
+    computation per distinct shape)."""
     features = pd.DataFrame({"table": np.arange(len(rows)), "dim": rows["dim"], "rows": rows["rows"],
                              "pooling_factor": rows["pooling_factor"].astype(float),
                              "size_bytes": np.array([table_bytes(r, d, weight_bytes) for r, d in  # exact: Python ints
                                                      zip(rows["rows"].tolist(), rows["dim"].tolist(), strict=True)],
                                                     dtype=np.int64)})
     if all(c in rows.columns for c in REUSE_COLUMNS):
-        histograms = rows[REUSE_COLUMNS].to_numpy(dtype=float)
-    else:
-        histograms = np.stack([_histogram(int(r.rows), float(r.pooling_factor) * batch, float(r.zipf_alpha))
-                               for r in rows.itertuples()])
-    features[REUSE_COLUMNS] = histograms
+        features[REUSE_COLUMNS] = rows[REUSE_COLUMNS].to_numpy(dtype=float)
+    elif reuse:
+        features[REUSE_COLUMNS] = np.stack([_histogram(int(r.rows), float(r.pooling_factor) * batch,
+                                                       float(r.zipf_alpha)) for r in rows.itertuples()])
     features["name"] = rows["name"].to_numpy()
     features["zipf_alpha"] = rows["zipf_alpha"].to_numpy(dtype=float)
     features["sequence"] = rows["sequence"].to_numpy(dtype=bool)

@@ -21,8 +21,9 @@ Torch-free and deterministic: ties go to fewer pieces, then to the lower device.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -37,10 +38,10 @@ def host_split(sequence: bool, devices: int, local: int) -> bool:
     return not sequence and local < devices
 
 
-@dataclass(frozen=True)
-class Piece:
+class Piece(NamedTuple):
     """A table's rows [row, row + rows) and columns [column, column + width) (None: all), its
-    cost (ms, compute), memory (bytes) and communication (ms) on the device it goes to."""
+    cost (ms, compute), memory (bytes) and communication (ms) on the device it goes to (a tuple:
+    a 96-way split of 2,000 tables makes hundreds of thousands)."""
 
     row: int
     rows: int | None
@@ -56,18 +57,42 @@ class Piece:
         return self.cost + self.comm
 
 
-@dataclass(frozen=True)
 class Layout:
     """One way to shard a table. Table- and column-wise pieces go to any device; row-wise and
     data-parallel ones to devices 0..D-1 in order; table-row-wise ones to the devices of one host,
-    in order."""
+    in order. The placement reads only each piece's load and memory (`loads`, `memories`); a
+    layout given those may build its pieces when they are first asked for (`build`): a 96-way
+    split of 2,000 tables would otherwise make hundreds of thousands that are never placed."""
 
-    kind: str
-    pieces: tuple[Piece, ...]
+    def __init__(self, kind: str, pieces: tuple[Piece, ...] | None = None, *, loads: np.ndarray | None = None,
+                 memories: np.ndarray | None = None, build: Callable[[], tuple[Piece, ...]] | None = None):
+        if pieces is None and (build is None or loads is None or memories is None):
+            raise ValueError("a layout needs its pieces, or their loads, memories and a builder")
+        self.kind, self._pieces, self._build = kind, pieces, build
+        self.loads = np.array([p.load for p in pieces]) if loads is None else np.asarray(loads, dtype=float)
+        self.memories = (np.array([p.memory for p in pieces], dtype=np.int64) if memories is None else
+                         np.asarray(memories, dtype=np.int64))
+
+    @property
+    def pieces(self) -> tuple[Piece, ...]:
+        if self._pieces is None:
+            self._pieces = self._build()
+        return self._pieces
+
+    def __len__(self) -> int:
+        return len(self.loads)
+
+    def __repr__(self) -> str:
+        return f"Layout({self.kind!r}, {len(self)} pieces)"
 
     @property
     def load(self) -> float:
-        return float(sum(p.load for p in self.pieces))
+        return float(self.loads.sum())
+
+    @property
+    def contiguous(self) -> bool:
+        """Whether the pieces go to consecutive devices (row-wise, table-row-wise, data-parallel)."""
+        return self.kind in ("row_wise", "table_row_wise", "data_parallel")
 
 
 @dataclass(frozen=True)
@@ -88,8 +113,8 @@ def place(candidates: Sequence[Sequence[Layout]], devices: int, local_size: int,
     loads, used = np.zeros(devices), np.zeros(devices, dtype=np.int64)
     cheapest = np.array([min(layout.load for layout in c) for c in candidates])
     # tables that fit no device whole go first, largest first: they need the room the others would take
-    need = [min(max(p.memory for p in layout.pieces) for layout in c) for c in candidates]
-    forced = [not any(len(layout.pieces) == 1 and layout.pieces[0].memory <= memory_bytes for layout in c)
+    need = [min(int(layout.memories.max()) for layout in c) for c in candidates]
+    forced = [not any(len(layout) == 1 and layout.memories[0] <= memory_bytes for layout in c)
               for c in candidates]
     pinned = list(fixed) if fixed is not None else [None] * len(candidates)
     order = sorted(range(len(candidates)), key=lambda t: (pinned[t] is None, not forced[t],
@@ -104,25 +129,27 @@ def place(candidates: Sequence[Sequence[Layout]], devices: int, local_size: int,
             if spots is None:
                 continue
             new = loads.copy()
-            np.add.at(new, list(spots), [p.load for p in layout.pieces])
-            key = (max(new.max(), (new.sum() + remaining) / devices), len(layout.pieces), spots)
+            if layout.contiguous:
+                new[spots[0]:spots[0] + len(spots)] += layout.loads
+            else:
+                np.add.at(new, list(spots), layout.loads)
+            key = (max(new.max(), (new.sum() + remaining) / devices), len(layout), spots)
             if best_key is None or key < best_key:
                 best, best_key = Placed(layout, spots), key
         if best is None and pinned[t] is not None:
             raise ConfigError(f"table {names[t]}: pinned to device {pinned[t]}, which has "
                               f"{int(memory_bytes - used[pinned[t]])} bytes left of the "
-                              f"{candidates[t][0].pieces[0].memory} it needs")
+                              f"{candidates[t][0].memories[0]} it needs")
         if best is None:
-            whole = min(layout.pieces[0].memory for layout in candidates[t] if len(layout.pieces) == 1)
-            split = [max(p.memory for p in layout.pieces) for layout in candidates[t] if len(layout.pieces) > 1]
+            whole = min(int(layout.memories[0]) for layout in candidates[t] if len(layout) == 1)
+            split = [int(layout.memories.max()) for layout in candidates[t] if len(layout) > 1]
             rows = (f"; split, its largest piece needs {min(split)} (the fullest device has "
                     f"{int(memory_bytes - used.max())} left)") if split else ""
             raise ConfigError(f"table {names[t]}: no sharding of it fits what the devices have left (whole it needs "
                               f"{whole} bytes, the freest device has {int(memory_bytes - used.min())}{rows}; more "
                               "memory or devices)")
-        for p, d in zip(best.layout.pieces, best.devices, strict=True):
-            loads[d] += p.load
-            used[d] += p.memory
+        np.add.at(loads, list(best.devices), best.layout.loads)
+        np.add.at(used, list(best.devices), best.layout.memories)
         out[t] = best
     return [p for p in out if p is not None]
 
@@ -133,7 +160,7 @@ def _fit(layout: Layout, loads: np.ndarray, used: np.ndarray, cap: int, local: i
     a whole table); None if they do not fit."""
     free = cap - used
     if pinned is not None:
-        return (pinned,) if len(layout.pieces) == 1 and free[pinned] >= layout.pieces[0].memory else None
+        return (pinned,) if len(layout) == 1 and free[pinned] >= layout.memories[0] else None
     if layout.kind in ("table_wise", "column_wise"):
         spots, load, room = [], loads.copy(), free.copy()
         for p in layout.pieces:
@@ -146,11 +173,12 @@ def _fit(layout: Layout, loads: np.ndarray, used: np.ndarray, cap: int, local: i
             room[d] -= p.memory
         return tuple(spots)
     hosts = [0] if layout.kind in ("row_wise", "data_parallel") else range(len(loads) // local)
+    n = len(layout)
     best, best_load = None, None
     for h in hosts:
-        spots = tuple(h * local + i for i in range(len(layout.pieces)))
-        if all(free[d] >= p.memory for d, p in zip(spots, layout.pieces, strict=True)):
-            peak = max(loads[d] + p.load for d, p in zip(spots, layout.pieces, strict=True))
+        first = h * local
+        if (free[first:first + n] >= layout.memories).all():
+            peak = float((loads[first:first + n] + layout.loads).max())
             if best_load is None or peak < best_load:
-                best, best_load = spots, peak
-    return best
+                best, best_load = first, peak
+    return None if best is None else tuple(range(best, best + n))
