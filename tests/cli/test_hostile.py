@@ -80,7 +80,7 @@ def test_the_corpus_tables_and_plans_are_valid(corpus):
     """The corpus's base files pass, so each case fails for its own fault alone."""
     out = corpus / "out.json"
     assert run(shlex.split(MANIFEST["plan"].replace("{dir}", str(corpus))) + ["--out", str(out)])[0] == 0
-    from autoshard.cli.service import read_plan
+    from autoshard.cli.plan_files import read_plan
     from autoshard.cli.user_tables import read_tables
 
     tables = read_tables(corpus / "tables.csv")
@@ -285,7 +285,7 @@ def plan_mutations(draw) -> tuple[str, list[str], object]:
 @FUZZ
 @given(plan_mutations())
 def test_fuzzed_plan_files_are_read_exactly_or_refused(tmp_path, mutation):
-    from autoshard.cli.service import read_plan
+    from autoshard.cli.plan_files import read_plan
     from autoshard.cli.user_tables import read_tables
     from autoshard.core.errors import ConfigError
 

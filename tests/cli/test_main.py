@@ -427,7 +427,7 @@ def column_plan(files, out, *extra) -> int:
 
 
 def test_a_column_wise_plan_lists_each_split_tables_columns(files, tmp_path):
-    from autoshard.cli.column_plan import read
+    from autoshard.cli.plan_files import read_columns as read
 
     out = tmp_path / "plan.json"
     assert column_plan(files, out, "--column-ways", "1,2,4") == 0
@@ -505,7 +505,7 @@ def test_a_negative_zero_pooling_factor_is_zero(tmp_path):
 
 
 def test_a_column_wise_plan_counts_each_shards_training_memory(files, tmp_path):
-    from autoshard.cli.column_plan import read
+    from autoshard.cli.plan_files import read_columns as read
     from autoshard.cli.user_tables import read_tables
     from autoshard.data.footprint import shard_footprint
 

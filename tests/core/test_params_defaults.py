@@ -143,14 +143,14 @@ def test_every_config_holds_the_values_of_its_parameter_file(source):
 
 
 def test_the_commands_defaults_are_params_yaml(monkeypatch):
-    from autoshard.cli import defaults, service
+    from autoshard.cli import defaults
 
     assert defaults.PACKAGED == {name: flatten(PARAMS)[name] for name in defaults.PACKAGED}
     defaults.study_defaults.cache_clear()
     assert defaults.study_defaults() == defaults.PACKAGED
     timing = PARAMS["evaluate"]["timing"]
     assert defaults.timed_runs() == timing["runs"] * timing["rounds"]
-    monkeypatch.setattr(service, "project_root", lambda: None)  # an installed wheel: the packaged copy
+    monkeypatch.setattr(defaults, "project_root", lambda: None)  # an installed wheel: the packaged copy
     defaults.study_defaults.cache_clear()
     try:
         assert defaults.study_defaults() == defaults.PACKAGED

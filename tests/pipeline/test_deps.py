@@ -34,6 +34,20 @@ def test_imports_flow_one_way():
     assert deps.layer_violations() == []
 
 
+def test_no_folder_holds_an_import_circle():
+    """Within each folder too imports run one way, function-level ones included (issue 47: the
+    command's two circles were held apart by seven imports inside functions)."""
+    assert deps.folder_cycles() == {}
+
+
+def test_the_circle_check_finds_a_circle_hidden_in_a_function():
+    assert deps._circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert deps._circles({"a": {"b"}, "b": set()}) == []
+    hidden = "def f():\n    from autoshard.cli.main import main\n"
+    typed = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from autoshard.cli.main import main\n"
+    assert deps.runtime_imports(hidden) == {"cli.main"} and deps.runtime_imports(typed) == set()
+
+
 def test_every_module_lives_in_a_layer():
     flat = [p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"]
     assert flat == []

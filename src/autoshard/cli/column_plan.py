@@ -4,8 +4,6 @@ back as column shards (a table-wise plan is the special case of one shard per ta
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 
@@ -103,34 +101,3 @@ def document(options: dict, tables: UserTables, task: Task, result: SplitPlan, m
             "predicted_bottleneck_ms": float(devices["predicted_ms"].max()),
             "predicted": "by the cost model, not measured (measure with `autoshard score`)",
             "sharding_seconds": seconds, "model_files": files, "engine": "torch"}
-
-
-def without_costs(doc: object, path: Path) -> object:
-    """A plan document without its `costs` entry (what the plan placed on: `service.plan_document`),
-    checked to be an object naming its kind; the rest is `core.inputs`' to check."""
-    if not isinstance(doc, dict) or "costs" not in doc:
-        return doc
-    costs = doc["costs"]
-    if not isinstance(costs, dict) or not isinstance(costs.get("kind"), str):
-        raise ConfigError(f"{path}, field costs: {shown(costs)} (expected an object with a `kind`)")
-    return {k: v for k, v in doc.items() if k != "costs"}
-
-
-def read(path: str | Path, tables: UserTables) -> tuple[list[ColumnShard], np.ndarray, int]:
-    """(column shards, device per shard, devices) of any plan file of table- or column-wise shards
-    (ours or its TorchRec export), checked against the tables (`sharding_plan.read_blocks`)."""
-    from autoshard.cli.sharding_plan import read_blocks
-
-    path = Path(path)
-    plan = read_blocks(path, tables)
-    dims = tables.features["dim"].tolist()
-    shards, placement = [], []
-    for t, (name, dim) in enumerate(zip(tables.names, dims, strict=True)):
-        if plan.kinds[name] in ("row_wise", "table_row_wise", "data_parallel"):
-            what = "data-parallel replicas" if plan.kinds[name] == "data_parallel" else "row-wise shards"
-            raise ConfigError(f"{path}: table {shown(name)}: {what} (this reader takes table- and column-wise "
-                              "plans)")
-        for b in plan.blocks[name]:
-            shards.append(ColumnShard(t, b.column, dim if b.width is None else b.width, dim))
-            placement.append(b.device)
-    return shards, np.array(placement, dtype=np.int64), plan.devices

@@ -1,9 +1,10 @@
 """The command's defaults are the study's parameters: those of the project's params.yaml (found
-from the package, as `service.project_root` finds the models), so that the command plans and
+from the package, as `project_root` finds the models too), so that the command plans and
 measures with the settings the study did; where no project is found (an installed wheel), the
 packaged copy below, which a test keeps equal to params.yaml."""
 
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from autoshard.core.errors import ConfigError
@@ -27,11 +28,17 @@ PACKAGED = {
 }
 
 
+def project_root() -> Path | None:
+    """The project's folder (holding dvc.yaml and params.yaml) above this package, if any."""
+    for parent in Path(__file__).resolve().parents:
+        if (parent / "dvc.yaml").is_file() and (parent / "params.yaml").is_file():
+            return parent
+    return None
+
+
 @cache
 def study_defaults() -> dict[str, Any]:
     """The value of every name of PACKAGED in the project's params.yaml, else PACKAGED."""
-    from autoshard.cli.service import project_root
-
     root = project_root()
     if root is None:
         return dict(PACKAGED)

@@ -24,10 +24,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from autoshard.cli import column_plan, sharding_plan
+from autoshard.cli import service as planning
+from autoshard.cli.constraints import Constraints, read_constraints
 from autoshard.cli.defaults import study_defaults, timed_runs
 from autoshard.cli.output import Interrupted, check_outputs, interruptible, write_files
-from autoshard.cli.service import FIRST_RUN, MEASURED, METHODS, TORCHREC
-from autoshard.cli.sharding_plan import COST_METHODS
+from autoshard.cli.plan_files import read_columns, read_plan
+from autoshard.cli.service import FIRST_RUN, MEASURED, METHODS, TORCHREC, has_models, outside_range
+from autoshard.cli.sharding_plan import COST_METHODS, parse_bandwidths
+from autoshard.cli.user_tables import parse_memory, read_tables
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import SHARDINGS, Block, check_arguments, shown
 from autoshard.measure.names import BACKENDS
@@ -187,7 +192,6 @@ def _check_plan_options(args: argparse.Namespace, folder: Path) -> None:
     """`--method` is known (unset: the policy where the trained models are, in `folder` or
     given, else FIRST_RUN on costs measured here), and options it does not use are refused
     rather than ignored (a `--policy` it does not use is still checked, by `planning.load_models`)."""
-    from autoshard.cli.service import has_models
 
     whole = args.sharding == "column" or (args.sharding == "table" and args.constraints is None)  # no sharded plan
     unused = {"--column-ways": args.column_ways if args.sharding in ("table", "row") else None,
@@ -217,7 +221,6 @@ def _check_plan_options(args: argparse.Namespace, folder: Path) -> None:
         if per_host is not None and not (1 <= per_host <= args.devices and args.devices % per_host == 0):
             raise ConfigError(f"--devices-per-host: {per_host} (between 1 and --devices {args.devices}, and "
                               "dividing it)")
-        from autoshard.cli.sharding_plan import parse_bandwidths
 
         args.links = parse_bandwidths(args.bandwidths)
     if args.method is None:
@@ -234,8 +237,6 @@ def _check_plan_options(args: argparse.Namespace, folder: Path) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from autoshard.cli import service as planning
-    from autoshard.cli.user_tables import parse_memory, read_tables
 
     check_arguments(args)
     folder = planning.models_folder(args.models)
@@ -259,7 +260,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     costs = None if singles is None else singles.source()
     if args.method == TORCHREC:  # TorchRec's planner on the user's modules, at the training batch
         from autoshard.cli import torchrec_method
-        from autoshard.cli.sharding_plan import parse_bandwidths
 
         result = torchrec_method.plan(tables, "table", args.devices, args.devices, memory, args.batch_size,
                                       parse_bandwidths(None), args.torchrec_device)
@@ -327,9 +327,6 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
     """`plan --sharding row|auto`: every table's sharding chosen with its placement
     (`cli.sharding_plan`), on piece costs measured here or predicted by the cost model, or by
     TorchRec's planner (`cli.torchrec_method`)."""
-    from autoshard.cli import column_plan, sharding_plan
-    from autoshard.cli import service as planning
-    from autoshard.cli.constraints import Constraints, read_constraints
 
     local = args.devices_per_host or args.devices
     constraints = (read_constraints(args.constraints, tables, args.devices, local, args.sharding,
@@ -379,8 +376,6 @@ def _plan_columns(args: argparse.Namespace, tables, task, folder: Path) -> int:
     split table's column shards, and optionally its TorchRec export (`column_wise` shardings)."""
     import time
 
-    from autoshard.cli import column_plan
-    from autoshard.cli import service as planning
 
     ways = column_plan.parse_ways(args.column_ways or ",".join(map(str, study_defaults()["columns.ways"])))
     fixed = column_plan.parse_splits(args.split, tables)
@@ -411,7 +406,6 @@ def _plan_columns(args: argparse.Namespace, tables, task, folder: Path) -> int:
 def _note_range(doc: dict | None, tables, models) -> None:
     """Say on stderr, in one line, when tables lie outside the cost model's fitted range (and keep the
     line in the plan file's `warnings`)."""
-    from autoshard.cli.service import outside_range
 
     line = outside_range(tables, models)
     if line is None:
@@ -493,7 +487,7 @@ def measure(tables, placement: np.ndarray, devices: int, args: argparse.Namespac
 
 def measure_shards(tables, shards: list, placement: np.ndarray, devices: int, args: argparse.Namespace,
                    backend=None) -> pd.DataFrame:
-    """Per device of a plan of column shards (`column_plan.read`): its tables (whole or in part),
+    """Per device of a plan of column shards (`plan_files.read_columns`): its tables (whole or in part),
     its columns, and measured forward, backward and total compute (ms), each column shard
     measured at its width."""
     import torch
@@ -514,9 +508,6 @@ def measure_shards(tables, shards: list, placement: np.ndarray, devices: int, ar
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    from autoshard.cli.column_plan import read
-    from autoshard.cli.service import read_plan
-    from autoshard.cli.user_tables import read_tables
 
     check_arguments(args)
     if args.space is not None and args.store is None:
@@ -525,7 +516,7 @@ def cmd_score(args: argparse.Namespace) -> int:
     if args.store is not None:  # the store holds whole-table shards
         frame = measure_stored(tables, *read_plan(args.plan, tables), args)
     else:
-        frame = measure_shards(tables, *read(args.plan, tables), args)
+        frame = measure_shards(tables, *read_columns(args.plan, tables), args)
     bottleneck = float(frame["total_ms"].max())
     source = args.backend if args.space is None else f"space {args.space}"
     if args.json:
@@ -539,8 +530,6 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from autoshard.cli import service as planning
-    from autoshard.cli.user_tables import parse_memory, read_tables
     from autoshard.data.features import feature_matrix
     from autoshard.placement.shards import predicted_bottleneck
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from autoshard.cli.entry import stop
+from autoshard.cli.stop import stop
 from autoshard.core.errors import ConfigError
 
 NAME_MAX = 200  # leaves room for the temporary file's prefix and suffix within 255 bytes

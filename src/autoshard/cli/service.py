@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from autoshard.cli.defaults import project_root, study_defaults
 from autoshard.cli.user_tables import UserTables
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import shown
@@ -73,14 +74,6 @@ class Models:
 
 def _file_version(path: Path) -> dict[str, str]:
     return {"path": str(path), "sha256": numpy_planner.sha256(path)[:16]}
-
-
-def project_root() -> Path | None:
-    """The project's folder (holding dvc.yaml and params.yaml) above this package, if any."""
-    for parent in Path(__file__).resolve().parents:
-        if (parent / "dvc.yaml").is_file() and (parent / "params.yaml").is_file():
-            return parent
-    return None
 
 
 def models_folder(option: Path | None = None) -> Path:
@@ -234,7 +227,6 @@ def place(method: str, tables: UserTables, task: Task, models: Models, best_of: 
     study's (`rl.best_of`, `profile.batch_size`: `cli.defaults`), as are the MILP's limits.
     `memory` (bytes per table) is what the methods' memory checks count, in place of the tables'
     `size_bytes` (which the cost model still reads as a feature); TorchRec counts its own."""
-    from autoshard.cli.defaults import study_defaults
     from autoshard.core.seeding import one_thread
     from autoshard.methods.artifacts import Artifacts, Settings
     from autoshard.methods.registry import build
@@ -329,20 +321,6 @@ def finite_predictions(predicted: np.ndarray, models: Models) -> None:
         files = " and ".join(f["path"] for f in models.files.values())
         raise ConfigError(f"{files}: the cost model predicts {float(predicted[~np.isfinite(predicted)][0])} ms "
                           "(not a finite number: the model file is damaged or not trained)")
-
-
-def read_plan(path: str | Path, tables: UserTables) -> tuple[np.ndarray, int]:
-    """(device per table in file order, devices) of a table-wise plan file of ours or of its
-    TorchRec export: `column_plan.read` (strict, checked against the tables), refusing a plan
-    that splits a table into column shards."""
-    from autoshard.cli.column_plan import read
-
-    shards, placement, devices = read(path, tables)
-    if not all(s.whole for s in shards):
-        raise ConfigError(f"{path}: a column-wise plan (this reader takes table-wise plans)")
-    by_table = np.full(len(tables.names), -1, dtype=np.int64)
-    by_table[[s.table for s in shards]] = placement
-    return by_table, devices
 
 
 def seed_for(tables: UserTables, seed: int) -> int:

@@ -29,17 +29,16 @@ import math
 import time
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
 from autoshard.cli.constraints import Constraints
-from autoshard.cli.service import FIRST_RUN
+from autoshard.cli.service import FIRST_RUN, finite_predictions
 from autoshard.cli.user_tables import UserTables
 from autoshard.core.errors import ConfigError
-from autoshard.core.inputs import PLAN_FORMAT, Block, PlanBlocks, plan_blocks, read_json, shown
+from autoshard.core.inputs import PLAN_FORMAT, Block, shown
 from autoshard.data.features import REUSE_COLUMNS, feature_matrix
 from autoshard.data.footprint import io_bytes, row_split, shard_footprint
 from autoshard.data.sizes import table_bytes
@@ -338,8 +337,6 @@ def lookup_scaled(dims: np.ndarray, lookups: np.ndarray, batch: int, device: str
 
 def predicted(tables: UserTables, models):
     """Piece costs predicted one piece at a time by the cost model (`service.Models`)."""
-    from autoshard.cli.service import finite_predictions
-
     def costs(distinct: list[Shape]) -> tuple[np.ndarray, dict]:
         x = feature_matrix(piece_tables(tables, distinct, traces=False)[0])
         cost = models.shard_costs(x, [[i] for i in range(len(x))])
@@ -409,35 +406,3 @@ def document(method: str, options: dict, tables: UserTables, devices: int, memor
                         "all-reduce), charged on its device: bytes within its host and across hosts over the links' "
                         "bandwidths (placement.traffic), modelled, not measured",
                 "bandwidths_gib_per_s": options["bandwidths_gib_per_s"], "bottleneck_ms": float(comm.max())}}}
-
-
-def read_blocks(path: str | Path, tables: UserTables) -> PlanBlocks:
-    """The blocks of any plan file (ours or its TorchRec export), checked against the tables: every
-    table placed, none unknown, its shape as the file says, its columns or rows covered."""
-    from autoshard.cli.column_plan import without_costs
-
-    path = Path(path)
-    plan = plan_blocks(without_costs(read_json(path, "plan file"), path), path)
-    names = tables.names
-    unknown = sorted(set(plan.blocks) - set(names))
-    if unknown:
-        raise ConfigError(f"{path}: table {shown(unknown[0])} is not in {tables.source}")
-    absent = [n for n in names if n not in plan.blocks]
-    if absent:
-        raise ConfigError(f"{path}: table {shown(absent[0])} of {tables.source} has no device")
-    f = tables.features
-    for name, rows, dim in zip(names, f["rows"].tolist(), f["dim"].tolist(), strict=True):
-        if name in plan.shapes and plan.shapes[name] != [rows, dim]:
-            raise ConfigError(f"{path}: table {shown(name)}, field sizes: {plan.shapes[name]} (the table is "
-                              f"[{rows}, {dim}] in {tables.source})")
-        held = plan.blocks[name]
-        if plan.kinds.get(name) == "data_parallel":
-            continue  # whole replicas, one on every device (`core.inputs`)
-        columns = sum(dim if b.width is None else b.width for b in held if b.row == 0)
-        covered = sum(rows if b.rows is None else b.rows for b in held if b.column == 0)
-        if columns != dim or covered != rows:
-            what, got, has = ("columns", columns, f"dim is {dim}") if columns != dim else ("rows", covered,
-                                                                                        f"rows are {rows}")
-            raise ConfigError(f"{path}: table {shown(name)}: its shards cover {got} {what} (its {has} in "
-                              f"{tables.source})")
-    return plan

@@ -42,7 +42,7 @@ def check(tables: str | Path, plan: str | Path, processes: int | None = None, ti
     """Run the plan with one CPU process per rank; returns each rank's local tables and largest
     difference from the unsharded modules' outputs (beyond TOLERANCE: a failure)."""
     processes = plan_ranks(plan, processes)
-    from autoshard.cli.sharding_plan import read_blocks
+    from autoshard.cli.plan_files import read_blocks
     from autoshard.cli.user_tables import read_tables
 
     read_blocks(plan, read_tables(tables))  # the plan is for these tables, before any process starts

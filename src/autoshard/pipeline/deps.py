@@ -86,6 +86,57 @@ def layer_violations() -> list[str]:
     return bad
 
 
+def runtime_imports(source: str) -> set[str]:
+    """`imported_modules` without the imports under `if TYPE_CHECKING:` (types, never run)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            node.body = [ast.Pass()]
+    return imported_modules(ast.unparse(tree))
+
+
+def folder_cycles() -> dict[str, list[list[str]]]:
+    """Per folder of the package, the import circles among its modules (function-level imports
+    included, so none can be hidden in a function), each as its modules sorted; none is the rule."""
+    graph: dict[str, dict[str, set[str]]] = {}
+    for file in sorted(PACKAGE_DIR.rglob("*.py")):
+        parts = file.relative_to(PACKAGE_DIR).with_suffix("").parts
+        if len(parts) != 2 or parts[1] == "__init__":
+            continue
+        targets = {m.split(".")[1] for m in runtime_imports(file.read_text())
+                   if m.split(".")[0] == parts[0] and "." in m}
+        graph.setdefault(parts[0], {})[parts[1]] = targets - {parts[1]}
+    return {folder: found for folder, edges in graph.items() if (found := _circles(edges))}
+
+
+def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
 def stage_code_deps(stage: str, spec: dict, root: Path) -> list[str]:
     """The code a stage of dvc.yaml runs: the files its notebook's imports reach, or for a
     `python -m` stage its module and the files that module's imports reach."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from torchrec.distributed.planner.types import PlanLoader
 from torchrec.distributed.types import ShardingType
 
-from autoshard.cli.column_plan import without_costs
+from autoshard.cli.plan_files import without_costs
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import plan_blocks, read_json, shown
 from autoshard.placement.torchrec import split_name
