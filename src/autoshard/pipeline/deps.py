@@ -6,7 +6,7 @@ them), so editing a module reruns every stage it can change and no other.
 
 Layers, in data-flow order; a module imports only from its own layer or layers before it
 (`cli` sits beside `studies`: neither imports the other):
-core < data < measure < costmodel < placement < rl < methods < studies | cli < pipeline.
+core < data < measure < costmodel < placement < rl < methods < studies | cli < planner < landscape < pipeline.
 """
 
 import argparse
@@ -21,7 +21,7 @@ import yaml
 from autoshard.core.digest import PACKAGE_DIR, source_files
 
 LAYERS = ("core", "data", "measure", "costmodel", "placement", "rl", "methods", "studies", "cli", "planner",
-          "pipeline")
+          "landscape", "pipeline")  # landscape: the GPU landscape, a tool beside the study that no stage runs
 RANK = {**{layer: i for i, layer in enumerate(LAYERS)}, "cli": LAYERS.index("studies")}
 
 

@@ -1,7 +1,7 @@
 """The GPU landscape: one short run that maps how shard costs behave on a GPU, with both torch
 backends, from nothing but Python, numpy and torch (a copy of `src/`, no install):
 
-    PYTHONPATH=src python -m autoshard.measure.landscape --out DIR      (scripts/gpu_landscape.sh)
+    PYTHONPATH=src python -m autoshard.landscape.sweep --out DIR      (scripts/gpu_landscape.sh)
 
 It draws a seeded pool sample like the study's wide pool (log-normal hash sizes and pooling
 factors, Zipf skew, dims 16 to 256, each table at most `TABLE_MIB_MAX`; `data.synth`, on this
@@ -16,7 +16,7 @@ cleanly: a shard whose predicted time would overrun it is skipped.
 What it writes to `--out` (four files; the script adds `log.txt`): `run.json` (settings, device,
 versions, warm-up and copy bandwidth), `tables.json` (each table's spec and trace digest, as
 `measure.portable` names them), `rows.jsonl` (one row per shard and backend, flushed as measured:
-a killed run loses nothing) and `summary.json` (the sanity figures of `landscape_summary`, also
+a killed run loses nothing) and `summary.json` (the sanity figures of `landscape.sanity`, also
 printed).
 """
 
@@ -41,10 +41,10 @@ from autoshard.core.seeding import rng
 from autoshard.data.sizes import table_bytes
 from autoshard.data.synth import PoolConfig, draw_specs, table_trace
 from autoshard.data.traces import from_lengths
+from autoshard.landscape.device import copy_bandwidth, describe, memory_limit, spin
+from autoshard.landscape.sanity import summarize, summary_lines
 from autoshard.measure.backends import BackendConfig, make_backend
 from autoshard.measure.base import CostBackend, ShardTooLarge
-from autoshard.measure.landscape_device import copy_bandwidth, describe, memory_limit, spin
-from autoshard.measure.landscape_summary import summarize, summary_lines
 from autoshard.measure.portable import TableSpec, TracePool, read_job, regenerate, trace_digest
 from autoshard.measure.timing import one_round
 
@@ -326,7 +326,7 @@ def sizes(text: str) -> tuple[int, ...]:
 
 def parse_args(argv: Sequence[str] | None) -> tuple[LandscapeConfig, Path]:
     """The settings: `LandscapeConfig`'s defaults, `--smoke`'s toy sizes over them, the options given."""
-    p = argparse.ArgumentParser(prog="autoshard.measure.landscape",
+    p = argparse.ArgumentParser(prog="autoshard.landscape.sweep",
                                 description="Shard costs on a GPU with both torch backends, in one short run "
                                             "(docs/gpu.md).")
     p.add_argument("--out", required=True, type=Path, help="the folder for the result files")
@@ -342,12 +342,12 @@ def parse_args(argv: Sequence[str] | None) -> tuple[LandscapeConfig, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m autoshard.measure.landscape --out DIR [--smoke] [--budget-s S] ...`."""
+    """`python -m autoshard.landscape.sweep --out DIR [--smoke] [--budget-s S] ...`."""
     try:
         cfg, out = parse_args(argv)
         summary = run(cfg, out)
     except ConfigError as exc:
-        print(f"autoshard.measure.landscape: error: {exc}", file=sys.stderr)
+        print(f"autoshard.landscape.sweep: error: {exc}", file=sys.stderr)
         return 2
     print("\n".join(summary_lines(summary)), flush=True)
     return 0

@@ -1,4 +1,4 @@
-"""The GPU landscape (`measure.landscape`): its script runs end to end on a CPU at toy size with
+"""The GPU landscape (`landscape.sweep`): its script runs end to end on a CPU at toy size with
 only numpy and torch, writes at most 8 files whose rows parse and whose figures are finite, stops
 cleanly when its budget runs out, and draws its tables like the study's wide pool."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autoshard.measure import landscape
-from autoshard.measure.landscape import SMOKE, LandscapeConfig, plan, run
+from autoshard.landscape import sweep as landscape
+from autoshard.landscape.sweep import SMOKE, LandscapeConfig, plan, run
 
 ROOT = Path(__file__).resolve().parents[2]
 BLOCKED = ("pandas", "yaml", "tqdm", "scipy", "sklearn", "torchrec", "fbgemm_gpu", "matplotlib", "pyarrow")
@@ -156,7 +156,7 @@ def test_bad_settings_are_one_line_and_status_2(tmp_path, capsys, args, message)
         assert "--prefixes: invalid" in capsys.readouterr().err
     else:
         assert landscape.main(["--smoke", "--out", str(tmp_path / "out"), *args]) == 2
-        assert capsys.readouterr().err == f"autoshard.measure.landscape: error: {message}\n"
+        assert capsys.readouterr().err == f"autoshard.landscape.sweep: error: {message}\n"
     assert not (tmp_path / "out").exists()
 
 
