@@ -106,6 +106,8 @@ def _placed(tables: UserTables, t: int, option, batch: int, devices: int, local:
     dim, pooling = int(f["dim"].iloc[t]), float(f["pooling_factor"].iloc[t])
     sequence, weight = bool(tables.sequence[t]), int(tables.weight_bytes[t])
     kind = option.sharding_type
+    if kind == "column_wise" and len(option.shards) == 1:
+        kind = "table_wise"  # one column shard of all the columns: the whole table
     ways = len(option.shards) if kind in ("row_wise", "table_row_wise") else 1
     values = pooling if sequence else 1.0
     pieces = []
