@@ -13,7 +13,7 @@ from autoshard.core import schema
 from autoshard.core.errors import ConfigError
 from autoshard.core.metrics import _plain
 from autoshard.core.schema import check
-from autoshard.costmodel.evaluate import CostModelScores
+from autoshard.costmodel.accuracy import CostModelScores
 from autoshard.data.calibration import Synthesis
 from autoshard.measure.analysis import Profile
 from autoshard.rl.validation import RLTraining
@@ -25,7 +25,7 @@ from autoshard.studies.transfer import Transfer
 CONTRACTS = {
     Synthesis: ("autoshard.data.calibration", "synthesis_metrics"),
     Profile: ("autoshard.measure.analysis", "profile_metrics"),
-    CostModelScores: ("autoshard.costmodel.evaluate", "cost_model_metrics"),
+    CostModelScores: ("autoshard.costmodel.accuracy", "cost_model_metrics"),
     RLTraining: ("autoshard.rl.validation", "train_rl_metrics"),
     Transfer: ("autoshard.studies.transfer", "transfer_metrics"),
     Ablation: ("autoshard.studies.ablation", "ablation_metrics"),
@@ -122,7 +122,7 @@ def test_profile_metrics():
 
 
 def test_cost_model_metrics(smoke_params):
-    from autoshard.costmodel import evaluate as cost_eval
+    from autoshard.costmodel import accuracy as cost_eval
     from autoshard.costmodel.dataset import SEEN_MULTI, UNSEEN_MULTI
     from autoshard.costmodel.train import CostStageConfig
 

@@ -10,8 +10,8 @@ from study_configs import study
 
 from autoshard.core import schema
 from autoshard.core.metrics import _plain
+from autoshard.costmodel import accuracy as cost_eval
 from autoshard.costmodel import active as act
-from autoshard.costmodel import evaluate as cost_eval
 from autoshard.costmodel.dataset import SEEN_MULTI, UNSEEN_MULTI, model_test_sets
 from autoshard.costmodel.hybrid import ActiveConfig, HybridConfig, with_single_costs
 from autoshard.costmodel.train import CostStageConfig

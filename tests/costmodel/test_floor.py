@@ -9,7 +9,7 @@ import pytest
 
 from autoshard.core import schema
 from autoshard.core.metrics import _plain
-from autoshard.costmodel import evaluate as cost_eval
+from autoshard.costmodel import accuracy as cost_eval
 from autoshard.costmodel.floor import FLOOR_ROW, floor_table, measurement_floor, paired, pass_scale
 
 # Three test shards; the second pass measured two of them (one listed unsorted) and one that is
@@ -57,7 +57,7 @@ def test_no_shard_measured_twice_gives_nan_and_strict_json():
 
 
 def test_the_cost_model_metrics_carry_the_floor():
-    from autoshard.costmodel import evaluate as cost_eval
+    from autoshard.costmodel import accuracy as cost_eval
     from autoshard.costmodel.dataset import SEEN_MULTI
 
     comparison = cost_eval.compare({"neural (total)": constant(12.0)}, {SEEN_MULTI: TEST})

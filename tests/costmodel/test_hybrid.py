@@ -12,7 +12,7 @@ from study_configs import study
 from autoshard.core import schema
 from autoshard.core.errors import ConfigError
 from autoshard.core.metrics import _plain
-from autoshard.costmodel import evaluate as cost_eval
+from autoshard.costmodel import accuracy as cost_eval
 from autoshard.costmodel.dataset import SEEN_MULTI, UNSEEN_MULTI, model_test_sets
 from autoshard.costmodel.hybrid import HybridConfig, HybridCostModel, load_hybrid, save_hybrid, with_single_costs
 from autoshard.costmodel.model import CostModel, CostModelConfig, save_model

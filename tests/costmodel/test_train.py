@@ -6,8 +6,8 @@ import pytest
 from study_configs import study
 
 from autoshard.core.errors import ConfigError
+from autoshard.costmodel.accuracy import linear_on_summed_features, mape, r2, tau_similar_size
 from autoshard.costmodel.dataset import measured_shards, split_shards
-from autoshard.costmodel.evaluate import linear_on_summed_features, mape, r2, tau_similar_size
 from autoshard.costmodel.model import CostModelConfig
 from autoshard.costmodel.train import CostStageConfig, fit
 from autoshard.data.features import feature_matrix

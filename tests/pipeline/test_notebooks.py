@@ -14,8 +14,8 @@ import yaml
 
 from autoshard.core import schema
 from autoshard.core.metrics import read_metrics
+from autoshard.costmodel.accuracy import CostModelScores
 from autoshard.costmodel.dataset import measured_shards, single_costs
-from autoshard.costmodel.evaluate import CostModelScores
 from autoshard.costmodel.hybrid import load_hybrid, with_single_costs
 from autoshard.costmodel.model import load_model
 from autoshard.data.calibration import Synthesis

@@ -12,7 +12,7 @@ from autoshard.core.errors import ConfigError
 from autoshard.data.tasks import Task
 from autoshard.methods.artifacts import Artifacts, Settings
 from autoshard.methods.registry import build
-from autoshard.placement.heuristics import Infeasible
+from autoshard.placement.greedy import Infeasible
 from autoshard.placement.lpt import lpt, makespan
 from autoshard.placement.milp import solve_costs
 from autoshard.placement.surrogate import MilpConfig, per_table, solve_table

@@ -4,7 +4,7 @@ greedy loop and the one local search alike; equal speeds change nothing."""
 import numpy as np
 import pytest
 
-from autoshard.placement.heuristics import greedy
+from autoshard.placement.heuristics import objective_greedy
 from autoshard.placement.objective import Linear, Speeds
 from autoshard.placement.search import local_search
 
@@ -23,8 +23,8 @@ def test_a_device_costs_its_load_over_its_speed():
 def test_greedy_told_the_speeds_finds_the_optimum_that_the_speed_blind_greedy_misses():
     fast = Speeds(Linear.max_device(WEIGHTS), SPEEDS)
     order = np.argsort(-WEIGHTS, kind="stable")
-    told = greedy(fast, order, SIZES, 2, ROOM)
-    blind = greedy(Linear.max_device(WEIGHTS), order, SIZES, 2, ROOM)
+    told = objective_greedy(fast, order, SIZES, 2, ROOM)
+    blind = objective_greedy(Linear.max_device(WEIGHTS), order, SIZES, 2, ROOM)
     assert told.tolist() == [1, 0, 1] and fast.cost(told, 2) == pytest.approx(6.0)
     assert fast.cost(blind, 2) == pytest.approx(8.0)  # the largest table on the slow device
     searched = local_search(fast, SIZES, 2, ROOM, blind)
@@ -37,8 +37,8 @@ def test_equal_speeds_change_no_cost_and_no_plan():
     same = Speeds(plain, np.ones(3))
     order = np.argsort(-weights, kind="stable")
     sizes = np.ones(12, dtype=np.int64)
-    plan = greedy(plain, order, sizes, 3, ROOM)
-    assert greedy(same, order, sizes, 3, ROOM).tolist() == plan.tolist()
+    plan = objective_greedy(plain, order, sizes, 3, ROOM)
+    assert objective_greedy(same, order, sizes, 3, ROOM).tolist() == plan.tolist()
     assert same.cost(plan, 3) == plain.cost(plan, 3)
     assert local_search(same, sizes, 3, ROOM, plan).tolist() == local_search(plain, sizes, 3, ROOM, plan).tolist()
 

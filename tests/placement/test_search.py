@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from autoshard.measure.commmodel import CommModel
-from autoshard.placement.heuristics import Infeasible, key_greedy
+from autoshard.placement.greedy import Infeasible
+from autoshard.placement.heuristics import key_greedy
 from autoshard.placement.milp import solve
 from autoshard.placement.objective import Linear, comm_lines
 from autoshard.placement.search import local_search

@@ -15,7 +15,7 @@ from autoshard.methods.artifacts import Artifacts, Settings
 from autoshard.methods.registry import build
 from autoshard.placement import search as search_module
 from autoshard.placement import sync as sync_module
-from autoshard.placement.heuristics import Infeasible
+from autoshard.placement.greedy import Infeasible
 from autoshard.placement.lpt import lpt
 from autoshard.placement.objective import Linear, comm_lines
 from autoshard.placement.surrogate import MilpConfig

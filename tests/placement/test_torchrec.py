@@ -142,3 +142,14 @@ def test_a_gpu_plan_of_several_hosts_places_each_rank_on_its_hosts_gpu(tmp_path)
     doc["modules"][""]["d"]["shards"][1]["placement"] = "rank:3/cuda:3"
     with pytest.raises(ConfigError, match=r"field placement: 'rank:3/cuda:.' \(expected .*ranks fill hosts of"):
         plan_blocks(doc, tmp_path / "p.json")
+
+
+def test_hosts_whose_last_gpu_holds_nothing_are_still_hosts_of_their_size():
+    """An export says no host size; 26 tables on 32 ranks of 8 may leave every cuda:7 unused: the
+    reader takes the smallest size the placements agree with, not the highest GPU seen plus one."""
+    from autoshard.core.inputs import _host_size
+
+    used = [(rank, rank % 8, f"rank:{rank}/cuda:{rank % 8}") for rank in range(32) if rank % 8 != 7]
+    assert _host_size(used, 32) == 8
+    assert _host_size([(0, 0, ""), (1, 1, ""), (4, 0, ""), (6, 2, "")], 8) == 4
+    assert _host_size([(0, 0, ""), (3, 1, "")], 4) == 2 and _host_size([(1, 0, "")], 4) == 1

@@ -14,7 +14,7 @@ from autoshard.costmodel.model import CostModelConfig
 from autoshard.data.features import FEATURE_COLUMNS
 from autoshard.data.tasks import Task
 from autoshard.measure.commmodel import CommModel
-from autoshard.placement.heuristics import Infeasible
+from autoshard.placement.greedy import Infeasible
 from autoshard.placement.shards import memory_ok
 from autoshard.rl.env import Batch, ShardingEnv, StageComm, make_batch
 from autoshard.studies.evaluate import not_run

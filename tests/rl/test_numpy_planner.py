@@ -16,7 +16,7 @@ from autoshard.data.features import FEATURE_COLUMNS, feature_matrix
 from autoshard.data.packing import first_fit_decreasing, memory_bounds
 from autoshard.data.pool import build_pool
 from autoshard.data.tasks import Task
-from autoshard.placement.heuristics import Infeasible
+from autoshard.placement.greedy import Infeasible
 from autoshard.placement.shards import device_shards, predicted_bottleneck, predicted_device_costs
 from autoshard.rl import numpy_planner
 from autoshard.rl.env import ShardingEnv, make_batch

@@ -116,7 +116,7 @@ def test_the_column_methods_are_registry_entries_kept_out_of_the_table_wise_stag
 
 
 def test_a_plan_over_the_memory_cap_is_no_plan(user_pool):
-    from autoshard.placement.columns import expand
+    from autoshard.placement.column_split import expand
 
     f = user_pool.features
     t = Task("t", "autoshard", "test", (0, 1), 2, int(f["size_bytes"].iloc[0]), 0.0)

@@ -27,7 +27,8 @@ from autoshard.methods.artifacts import Artifacts, Settings
 from autoshard.methods.registry import METHODS, REGISTRY, build, not_run
 from autoshard.pipeline.stage import select, stage_spec
 from autoshard.placement.exact import exact_plan, partition_count, placements
-from autoshard.placement.heuristics import Infeasible, place
+from autoshard.placement.greedy import Infeasible
+from autoshard.placement.heuristics import place
 from autoshard.placement.shards import memory_ok, predicted_bottleneck
 from autoshard.placement.surrogate import MilpConfig
 from autoshard.rl.policy import Policy, PolicyConfig
@@ -388,7 +389,7 @@ def test_bootstrap_interval_is_seeded_and_brackets_the_median():
 
 
 def test_same_plans_counts_identical_devices_and_identical_splits():
-    from autoshard.placement.heuristics import Infeasible
+    from autoshard.placement.greedy import Infeasible
     from autoshard.studies.evaluate import same_plans
 
     tasks = [Task(f"t{k}", "x", "test", (0, 1, 2, 3), 3, 10, 1.0) for k in range(4)]

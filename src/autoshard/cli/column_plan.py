@@ -14,7 +14,7 @@ from autoshard.core.inputs import PLAN_FORMAT, shown
 from autoshard.data.features import feature_matrix
 from autoshard.data.tasks import Task
 from autoshard.methods.registry import GREEDY
-from autoshard.placement.columns import ColumnShard, SplitPlan, check_split, shard_features
+from autoshard.placement.column_split import ColumnShard, SplitPlan, check_split, shard_features
 
 
 def parse_ways(text: str) -> tuple[int, ...]:
@@ -50,7 +50,7 @@ def parse_splits(given: list[str] | None, tables: UserTables) -> dict[int, int]:
 def plan(model, tables: UserTables, task: Task, ways: tuple[int, ...], fixed: dict[int, int]) -> SplitPlan:
     """Split-then-place on the cost model (torch), deterministic (one thread)."""
     from autoshard.core.seeding import one_thread
-    from autoshard.placement.columns import split_then_place
+    from autoshard.placement.column_split import split_then_place
 
     with one_thread():
         return split_then_place(model, tables.features, task, ways, study_defaults()["columns.candidates"], fixed)

@@ -479,7 +479,7 @@ def measure_stored(tables, placement: np.ndarray, devices: int, args: argparse.N
 
 def measure(tables, placement: np.ndarray, devices: int, args: argparse.Namespace, backend=None) -> pd.DataFrame:
     """`measure_shards` of a table-wise placement (every table one whole shard)."""
-    from autoshard.placement.columns import ColumnShard
+    from autoshard.placement.column_split import ColumnShard
 
     whole = [ColumnShard(t, 0, d, d) for t, d in enumerate(tables.features["dim"].tolist())]
     return measure_shards(tables, whole, placement, devices, args, backend)

@@ -11,7 +11,7 @@ import numpy as np
 from autoshard.cli.user_tables import UserTables
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import PlanBlocks, plan_blocks, read_json, shown
-from autoshard.placement.columns import ColumnShard
+from autoshard.placement.column_split import ColumnShard
 
 
 def without_costs(doc: object, path: Path) -> object:

@@ -44,7 +44,7 @@ from autoshard.data.footprint import io_bytes, row_split, shard_footprint
 from autoshard.data.sizes import table_bytes
 from autoshard.data.traces import from_lengths
 from autoshard.methods.registry import GREEDY
-from autoshard.placement.columns import ALIGN
+from autoshard.placement.column_split import ALIGN
 from autoshard.placement.sharding import Layout, Piece, Placed, host_split, place
 from autoshard.placement.traffic import TORCHREC_GIB_PER_S, Links, gradient_bytes, piece_bytes
 

@@ -374,12 +374,24 @@ def torchrec_blocks(doc: dict, path: Path) -> PlanBlocks:
             blocks[qualified], shape, kinds[qualified] = _torchrec_param(p, world, device_type, at, devices)
             if shape is not None:
                 shapes[qualified] = shape
-    local = 1 + max((k for _, k, _ in devices), default=0)  # GPUs per host: ranks fill the hosts in order
+    local = _host_size(devices, world)
     for rank, k, placement in devices:
         if k != rank % local or world % local:
             raise ConfigError(f"{where}, field placement: {shown(placement)} (expected 'rank:{rank}/cuda:"
                               f"{rank % local}': ranks fill hosts of {local} GPUs in order, {world} ranks in all)")
     return PlanBlocks(blocks, world, shapes, kinds)
+
+
+def _host_size(devices: list[tuple[int, int, object]], world: int) -> int:
+    """GPUs per host of the (rank, local GPU, placement) triples: ranks fill hosts of G in order,
+    G dividing the world. The file does not say G: it is the smallest one the placements agree
+    with (a plan that leaves the last GPU of every host unused still has hosts of 8); where none
+    does, the highest GPU seen plus one, which the caller reports."""
+    seen = 1 + max((k for _, k, _ in devices), default=0)
+    for local in range(seen, world + 1):
+        if world % local == 0 and all(k == rank % local for rank, k, _ in devices):
+            return local
+    return seen
 
 
 def _local_device(placement: object, rank: int, device_type: str, at: str) -> int:

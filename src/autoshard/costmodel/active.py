@@ -24,8 +24,8 @@ from scipy import stats
 from tqdm.auto import tqdm
 
 from autoshard.core.seeding import one_thread, rng
+from autoshard.costmodel.accuracy import ActiveMetrics
 from autoshard.costmodel.dataset import COSTS, SEEN_MULTI, UNSEEN_MULTI, measured_shards
-from autoshard.costmodel.evaluate import ActiveMetrics
 from autoshard.costmodel.hybrid import ActiveConfig, HybridConfig
 from autoshard.costmodel.train import Fitted, fit_hybrid
 from autoshard.data.pool import Pool

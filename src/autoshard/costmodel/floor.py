@@ -10,7 +10,7 @@ two passes (a less noisy target).
 import numpy as np
 import pandas as pd
 
-from autoshard.costmodel.evaluate import Estimator, MeasurementFloor, mape
+from autoshard.costmodel.accuracy import Estimator, MeasurementFloor, mape
 
 FLOOR_ROW = "re-measurement (pass-to-pass)"
 

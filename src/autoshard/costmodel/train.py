@@ -153,8 +153,8 @@ def fit_hybrid(cfg: HybridConfig, features: np.ndarray, train_tables: np.ndarray
 def learning_curve(cfg: CostModelConfig, features: np.ndarray, train_tables: np.ndarray,
                    splits: dict[str, pd.DataFrame], fractions: list[float], seed: int) -> pd.DataFrame:
     """Test error of models fitted on growing shares of the training shards (same seed)."""
+    from autoshard.costmodel.accuracy import mape
     from autoshard.costmodel.dataset import test_sets
-    from autoshard.costmodel.evaluate import mape
 
     rows = []
     for fraction in fractions:

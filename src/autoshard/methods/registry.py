@@ -22,7 +22,8 @@ from autoshard.core.errors import ConfigError
 from autoshard.data.tasks import Task
 from autoshard.methods.artifacts import NEEDS, Artifacts, Settings
 from autoshard.methods.chain import Steps
-from autoshard.placement.heuristics import HEURISTICS, Infeasible, heuristic_plan
+from autoshard.placement.greedy import Infeasible
+from autoshard.placement.heuristics import HEURISTICS, heuristic_plan
 from autoshard.placement.types import Planner, SplitPlanner
 
 MAX_DEVICE, SYNCHRONIZED = "max_device", "synchronized_stages"  # the objectives a method may optimise
@@ -34,6 +35,7 @@ REFINED = "rl_local_search"     # the policy's placement refined by local search
 SAMPLED = "rl_best_of_n"        # the best of N placements sampled from the policy
 FAIR = "rl_fair_greedy"         # the fair learned sharder, greedy: sees what cost_greedy sees, starts from it
 LPT = "lpt_measured"            # LPT on the profile's measured single costs: an engineer's profiler baseline
+TORCHREC = "torchrec"           # TorchRec's own planner: the one our users would otherwise run
 MILP = "milp"                   # the off-the-shelf solver (HiGHS) on the same measured costs
 OPTIMUM = "exact"               # exhaustive search under the cost model (small tasks)
 BEST_HEURISTIC = "best_heuristic"  # not a method: per task, the heuristic whose plan measured fastest
@@ -252,7 +254,7 @@ def _exact(a: Artifacts, s: Settings, ctx: Context) -> Planner:
 # ---- the entries ---------------------------------------------------------------------------
 
 def _column_greedy(a: Artifacts, s: Settings, ctx: Context) -> SplitPlanner:
-    from autoshard.placement.columns import split_then_place
+    from autoshard.placement.column_split import split_then_place
 
     def plan(t: Task) -> tuple[list, np.ndarray]:
         result = split_then_place(a.cost_model, a.pool_features, t, s.ways, s.candidates)
@@ -266,21 +268,21 @@ def _table_costs(a: Artifacts) -> dict[int, float]:
 
 
 def _column_lpt(a: Artifacts, s: Settings, ctx: Context) -> SplitPlanner:
-    from autoshard.placement.columns import lpt_split
+    from autoshard.placement.column_split import lpt_split
 
     costs = _table_costs(a)
     return lambda t: lpt_split(costs, a.pool_features, t, s.ways)
 
 
 def _column_milp(a: Artifacts, s: Settings, ctx: Context) -> SplitPlanner:
-    from autoshard.placement.columns import milp_split
+    from autoshard.placement.column_split import milp_split
 
     costs = _table_costs(a)
     return lambda t: milp_split(costs, a.pool_features, t, s.ways, s.milp.node_limit, s.milp.time_limit_s, s.seed)
 
 
 def _torchrec_column(a: Artifacts, s: Settings, ctx: Context) -> SplitPlanner:
-    from autoshard.placement.columns import ColumnShard
+    from autoshard.placement.column_split import ColumnShard
     from autoshard.placement.torchrec import torchrec_column_plan
 
     dims = a.pool_features["dim"].to_numpy(dtype=np.int64)

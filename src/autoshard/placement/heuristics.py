@@ -1,14 +1,13 @@
-"""The prototypes' heuristic placements, made to respect memory always, and the one greedy loop.
+"""The prototypes' heuristic placements, made to respect memory always.
 
-The greedy loop (`greedy`) takes tables in a given order and puts each on the device, among
-those where it still fits, that leaves the lowest cost of the tables placed so far under an
-objective (`placement.objective`); ties go to the lower cost of that device itself, then less
-memory used, then the lower index. The greedy heuristics are that loop on one linear stage,
-their key: largest key first, onto the device with the lowest accumulated key; LPT is it on
-measured single costs, `sync_greedy` on the synchronized stages. "Fits" is the RL environment's mask
-(`PackingGuard`): room for the table and, after it, for the tables still to place, so a task
-first-fit-decreasing can place never dead-ends. Unlike the prototypes, a table that fits
-nowhere is an error (`Infeasible`), never silently put on the last device.
+The objective greedy (`objective_greedy`, on `placement.greedy`'s loop with its look-ahead rule)
+takes tables in a given order and puts each on the device, among those where it still fits, that
+leaves the lowest cost of the tables placed so far under an objective (`placement.objective`);
+ties go to the lower cost of that device itself, then less memory used, then the lower index.
+The greedy heuristics are it on one linear stage, their key: largest key first, onto the device
+with the lowest accumulated key; LPT is it on measured single costs, `sync_greedy` on the
+synchronized stages. Unlike the prototypes, a table that fits nowhere is an error
+(`Infeasible`), never silently put on the last device.
 """
 
 from __future__ import annotations
@@ -18,14 +17,9 @@ import pandas as pd
 
 from autoshard.core.errors import ConfigError
 from autoshard.core.seeding import rng
-from autoshard.data.packing import PackingGuard
 from autoshard.data.tasks import Task
+from autoshard.placement.greedy import Infeasible, LookAhead, greedy
 from autoshard.placement.objective import Linear, Objective, slowest_others
-
-
-class Infeasible(ConfigError):
-    """No device has room for a table: the task cannot be placed by this method."""
-
 
 
 def _keys(features: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -49,48 +43,32 @@ HEURISTICS = ("random", "naive", *GREEDY)
 
 
 
-class _Fitting:
-    """The devices a table may go to when the tables are placed in `order` (see the module note)."""
-
-    def __init__(self, sizes: np.ndarray, order: np.ndarray, devices: int, capacity: int):
-        self.sizes, self.order, self.step = sizes, order, 0
-        self.memory = np.zeros(devices, dtype=np.int64)
-        self.guard = PackingGuard(sizes[order][None, :], np.array([capacity]), devices)
-
-    def devices(self) -> np.ndarray:
-        """Allowed devices for the next table, in index order; none is an error."""
-        fits = np.flatnonzero(self.guard.allowed(self.step, self.memory[None, :])[0])
-        if fits.size == 0:
-            i = self.order[self.step]
-            raise Infeasible(f"table {i} ({self.sizes[i]} bytes) fits on no device")
-        return fits
-
-    def put(self, device: int) -> int:
-        """Place the next table on `device`; returns the table's index."""
-        i = self.order[self.step]
-        self.memory[device] += self.sizes[i]
-        self.guard.placed(self.step, np.array([device]))
-        self.step += 1
-        return i
+def _rule(sizes: np.ndarray, order: np.ndarray, devices: int, capacity: int) -> LookAhead:
+    """The feasibility rule of tables placed in `order` (see the module note)."""
+    return LookAhead(np.asarray(sizes)[order], devices, capacity, lambda t: f"table {order[t]}")
 
 
-def greedy(objective: Objective, order: np.ndarray, sizes: np.ndarray, devices: int, capacity: int) -> np.ndarray:
+def objective_greedy(objective: Objective, order: np.ndarray, sizes: np.ndarray, devices: int,
+                     capacity: int) -> np.ndarray:
     """A device per table: the tables in `order`, each onto the fitting device that leaves the
     lowest cost of the tables placed so far (ties: see the module note)."""
+    order = np.asarray(order)
     state = objective.empty(devices)
     values = objective.stages(state)
-    placement = np.full(len(sizes), -1, dtype=np.int64)
-    fitting = _Fitting(sizes, np.asarray(order), devices, capacity)
-    for _ in range(len(sizes)):
-        fits = fitting.devices()
-        i = fitting.order[fitting.step]
-        own = objective.stages(state[fits] + objective.share[i])
+    rule = _rule(sizes, order, devices, capacity)
+
+    def best(t: int, allowed: np.ndarray) -> int:
+        fits = np.flatnonzero(allowed)
+        own = objective.stages(state[fits] + objective.share[order[t]])
         cost = np.maximum(own, slowest_others(values, fits, fits)).sum(axis=-1)
-        best = fits[np.lexsort((fits, fitting.memory[fits], own.sum(axis=-1), cost))[0]]
-        fitting.put(best)
-        placement[i] = best
-        state[best] += objective.share[i]
-        values[best] = objective.stages(state[best])
+        return int(fits[np.lexsort((fits, rule.memory[fits], own.sum(axis=-1), cost))[0]])
+
+    def placed(t: int, device: int) -> None:
+        state[device] += objective.share[order[t]]
+        values[device] = objective.stages(state[device])
+
+    placement = np.full(len(sizes), -1, dtype=np.int64)
+    placement[order] = greedy(len(order), rule, best, placed)
     return placement
 
 
@@ -98,32 +76,29 @@ def key_greedy(keys: np.ndarray, sizes: np.ndarray, devices: int, capacity: int)
     """Largest key first (ties: lower table index), onto the fitting device with the lowest
     accumulated key: `greedy` on the one linear stage of `keys`."""
     keys = np.asarray(keys, dtype=float)
-    return greedy(Linear.max_device(keys), np.argsort(-keys, kind="stable"), sizes, devices, capacity)
+    return objective_greedy(Linear.max_device(keys), np.argsort(-keys, kind="stable"), sizes, devices, capacity)
 
 
 
 def naive(sizes: np.ndarray, devices: int, capacity: int) -> np.ndarray:
     """Round-robin in table order, skipping devices that are full."""
-    placement = np.full(len(sizes), -1, dtype=np.int64)
-    fitting = _Fitting(sizes, np.arange(len(sizes)), devices, capacity)
-    for i in range(len(sizes)):
-        fits = fitting.devices()
-        placement[i] = fits[np.argmin((fits - i) % devices)]  # the first from device i on
-        fitting.put(placement[i])
-    return placement
+    order = np.arange(len(sizes))
 
+    def best(t: int, allowed: np.ndarray) -> int:
+        fits = np.flatnonzero(allowed)
+        return int(fits[np.argmin((fits - t) % devices)])  # the first from device t on
+
+    return greedy(len(sizes), _rule(sizes, order, devices, capacity), best)
 
 
 def random_placement(sizes: np.ndarray, devices: int, capacity: int,
                      rng: np.random.Generator) -> np.ndarray:
     """A uniformly random device per table among those with room (largest tables first)."""
+    order = np.argsort(-sizes, kind="stable")
     placement = np.full(len(sizes), -1, dtype=np.int64)
-    fitting = _Fitting(sizes, np.argsort(-sizes, kind="stable"), devices, capacity)
-    for _ in range(len(sizes)):
-        device = rng.choice(fitting.devices())
-        placement[fitting.put(device)] = device
+    placement[order] = greedy(len(sizes), _rule(sizes, order, devices, capacity),
+                              lambda t, allowed: int(rng.choice(np.flatnonzero(allowed))))
     return placement
-
 
 
 def place(method: str, features: pd.DataFrame, devices: int, capacity: int,

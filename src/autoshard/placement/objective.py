@@ -1,5 +1,5 @@
 """What a placement costs, kept apart from the searches that lower it (as TorchRec keeps its
-estimator apart from its partitioner): `placement.heuristics.greedy`, `placement.search` and
+estimator apart from its partitioner): `placement.heuristics.objective_greedy`, `placement.search` and
 `placement.milp` each take an objective, so each idea is written once for every objective.
 
 A device's state is the sum of its tables' rows of `share` on top of an empty device's `base`;

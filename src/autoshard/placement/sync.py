@@ -15,7 +15,7 @@ task's total width (`objective.comm_lines`).
 import numpy as np
 import pandas as pd
 
-from autoshard.placement.heuristics import greedy
+from autoshard.placement.heuristics import objective_greedy
 from autoshard.placement.objective import Linear
 
 
@@ -35,9 +35,9 @@ def sync_greedy(forward: np.ndarray, backward: np.ndarray, dims: np.ndarray, siz
                 devices: int, capacity: int, lines: np.ndarray) -> np.ndarray:
     """A device per table (arrays over the task's tables): largest measured single cost (forward +
     backward) first, each onto the device that leaves the lowest predicted synchronized cost of
-    the tables placed so far, with comm `lines` (`heuristics.greedy`). Raises `Infeasible` when a
+    the tables placed so far, with comm `lines` (`heuristics.objective_greedy`). Raises `Infeasible` when a
     table fits on no device."""
     forward, backward = np.asarray(forward, float), np.asarray(backward, float)
     order = np.argsort(-(forward + backward), kind="stable")
-    return greedy(Linear.synchronized(forward, backward, dims, lines), order, np.asarray(sizes, np.int64),
+    return objective_greedy(Linear.synchronized(forward, backward, dims, lines), order, np.asarray(sizes, np.int64),
                   devices, capacity)

@@ -11,5 +11,5 @@ Planner = Callable[[Task], np.ndarray]
 `Infeasible`) when it finds no placement. What a method's registry entry builds."""
 
 SplitPlanner = Callable[[Task], tuple[list, np.ndarray]]
-"""Places a task's tables split into column shards: the shards (`placement.columns.ColumnShard`)
+"""Places a task's tables split into column shards: the shards (`placement.column_split.ColumnShard`)
 and a device per shard. What a column-wise method's registry entry builds (kind `column`)."""

@@ -29,7 +29,7 @@ from autoshard.data.features import feature_matrix
 from autoshard.data.pool import Pool
 from autoshard.measure.timing import TimingConfig
 from autoshard.methods.registry import GREEDY
-from autoshard.planner.shards import as_tables, items
+from autoshard.planner.options import as_tables, items
 
 
 class AutoShardEstimator(ShardEstimator):

@@ -34,7 +34,7 @@ from torchrec.distributed.planner.types import Partitioner, PlannerError, Planne
 from autoshard.cli import service
 from autoshard.core.errors import ConfigError
 from autoshard.data.tasks import Task
-from autoshard.planner.shards import as_tables, items
+from autoshard.planner.options import as_tables, items
 
 
 class AutoShardPartitioner(Partitioner):

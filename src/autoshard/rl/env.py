@@ -29,7 +29,7 @@ from autoshard.data.features import FEATURE_COLUMNS
 from autoshard.data.packing import PackingGuard
 from autoshard.data.tasks import Task
 from autoshard.measure.commmodel import CommModel
-from autoshard.placement.heuristics import Infeasible
+from autoshard.placement.greedy import Infeasible
 from autoshard.placement.objective import comm_lines
 
 REWARDS = ("bottleneck", "balance", "synchronized")
@@ -168,6 +168,16 @@ class ShardingEnv:
             raise Infeasible(f"task {task.name}: table {int(self.batch.tables[i, self.t])} "
                              f"fits on no device at step {self.t}")
         return fits
+
+    def allowed(self, t: int) -> torch.Tensor:
+        """The environment as `placement.greedy`'s rule: this step's `mask()`."""
+        if t != self.t:
+            raise ValueError(f"step {t} asked of an environment at step {self.t}")
+        return self.mask()
+
+    def placed(self, t: int, actions: torch.Tensor) -> None:
+        """The environment as `placement.greedy`'s rule: `step(actions)`."""
+        self.step(actions, self.allowed(t))
 
     @torch.no_grad()
     def step(self, actions: torch.Tensor, mask: torch.Tensor | None = None) -> None:

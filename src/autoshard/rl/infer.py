@@ -6,6 +6,7 @@ import torch
 
 from autoshard.costmodel.model import CostModel
 from autoshard.data.tasks import Task
+from autoshard.placement.greedy import greedy
 from autoshard.placement.search import model_search
 from autoshard.rl.env import Batch, ShardingEnv, StageComm, make_batch, synchronized_stages
 from autoshard.rl.policy import Policy
@@ -45,14 +46,13 @@ def policy_plans(policy: Policy, model: CostModel, features: np.ndarray, tasks: 
 def cost_greedy(model: CostModel, features: np.ndarray, tasks: list[Task]) -> list[np.ndarray]:
     """Each table, largest predicted single cost first, to the device whose predicted cost after
     placing it is lowest among those the environment allows (room for the table and for the tables
-    after it): the strong baseline a careful engineer would try first."""
+    after it): the strong baseline a careful engineer would try first. `placement.greedy`'s loop,
+    the environment its rule, every task of a shape at once."""
     plans: dict[str, np.ndarray] = {}
     for group in group_by_shape(tasks):
         batch = make_batch(model, features, group)
         env = ShardingEnv(model, batch)
-        while not env.done:
-            mask = env.mask()
-            env.step(env.after().masked_fill(~mask, float("inf")).argmin(-1), mask)
+        greedy(batch.steps, env, lambda t, mask, env=env: env.after().masked_fill(~mask, float("inf")).argmin(-1))
         for i, task in enumerate(group):
             plans[task.name] = _in_task_order(batch, env.placement, i)
     return [plans[t.name] for t in tasks]

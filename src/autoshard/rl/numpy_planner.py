@@ -26,8 +26,7 @@ import numpy as np
 from autoshard.core.atomic import atomic_file
 from autoshard.core.errors import ConfigError
 from autoshard.data.features import FEATURE_COLUMNS, LOG_COLUMNS, check_features
-from autoshard.data.packing import PackingGuard
-from autoshard.placement.heuristics import Infeasible
+from autoshard.placement.greedy import LookAhead, greedy, lowest
 
 FORMAT = "autoshard-numpy-planner/1"
 FILE_NAME = "planner.npz"
@@ -209,14 +208,16 @@ class NumpyModels:
         w1, b1 = head.weights[0], head.biases[0]
         first = np.zeros((s.devices, len(b1)))  # device_sum @ w1.T, a device's row updated when it changes
         rest = Stack(head.weights[1:], head.biases[1:], head.relu[1:])
-        for t in range(len(s.enc)):
-            fits = s.fits(t)
+
+        def best(t: int, fits: np.ndarray) -> int:
             h = first + (s.enc[t] @ w1.T + b1)
-            after = self._ms(rest(np.maximum(h, 0) if head.relu[0] else h))
-            k = int(np.where(fits, after.astype(np.float32), np.inf).argmin())
-            s.put(t, k)
+            return lowest(self._ms(rest(np.maximum(h, 0) if head.relu[0] else h)).astype(np.float32), fits)
+
+        def placed(t: int, k: int) -> None:
+            s.add(t, k)
             first[k] = s.device_sum[k].astype(np.float64) @ w1.T
-        return s.placement
+
+        return greedy(len(s.enc), s.rule, best, placed)
 
     def _policy_greedy(self, s: "_Steps", own_enc: np.ndarray | None, reference: np.float32) -> np.ndarray:
         """`own_enc`: the policy's own table encodings in placement order (None: the cost model's)."""
@@ -234,48 +235,39 @@ class NumpyModels:
 
         def action_row(k: int) -> np.ndarray:
             c = cost[k] / reference if cfg["use_cost_features"] else np.float32(0)
-            used = np.float32(s.memory[k] / s.capacity)
+            used = np.float32(s.rule.memory[k] / s.rule.capacity)
             return action(np.concatenate([device_enc[k] / per_device, [c, used, 1 - used]]).astype(np.float64))
 
         a = np.tile(action_row(0), (s.devices, 1))  # (D, H): every device starts empty
         a_w = a @ w_a.T
-        for t in range(len(s.enc)):
-            fits = s.fits(t)
+
+        def best(t: int, fits: np.ndarray) -> int:
             st = states[t]
             z = np.maximum(st @ w_s.T + b1 + a_w + a @ (w_m * st).T, 0)
-            k = int(np.where(fits, (z @ w2 + b2).astype(np.float32), -np.inf).argmax())
+            return int(np.where(fits, (z @ w2 + b2).astype(np.float32), -np.inf).argmax())
+
+        def placed(t: int, k: int) -> None:
             device_enc[k] += penc[t]
-            s.put(t, k)
+            s.add(t, k)
             cost[k] = self.cost_ms(s.device_sum[k])
             a[k] = action_row(k)
             a_w[k] = a[k] @ w_a.T
-        return s.placement
+
+        return greedy(len(s.enc), s.rule, best, placed)
 
 
 class _Steps:
-    """The environment's state for one task placed in order: device memory and encoding sums."""
+    """One task placed in order: its encodings, each device's encoding sum, and the environment's
+    mask as the loop's rule (`LookAhead`: room, and room for the rest)."""
 
     def __init__(self, enc: np.ndarray, sizes: np.ndarray, devices: int, capacity: float, name: str,
                  order: np.ndarray):
-        self.enc, self.sizes, self.devices, self.capacity, self.name, self.order = \
-            enc, sizes, devices, capacity, name, order
+        self.enc, self.devices = enc, devices
         self.device_sum = np.zeros((devices, enc.shape[1]), np.float32)
-        self.memory = np.zeros(devices, np.float64)
-        self.placement = np.full(len(enc), -1, np.int64)
-        self.guard = PackingGuard(sizes[None, :], np.array([capacity]), devices)
+        self.rule = LookAhead(sizes, devices, capacity, lambda t: f"task {name}: table {int(order[t])} at step {t}")
 
-    def fits(self, t: int) -> np.ndarray:
-        """The devices the environment's mask allows for table `t` (room, and room for the rest)."""
-        fits = self.guard.allowed(t, self.memory[None, :])[0]
-        if not fits.any():
-            raise Infeasible(f"task {self.name}: table {int(self.order[t])} fits on no device at step {t}")
-        return fits
-
-    def put(self, t: int, k: int) -> None:
+    def add(self, t: int, k: int) -> None:
         self.device_sum[k] += self.enc[t]
-        self.memory[k] += self.sizes[t]
-        self.placement[t] = k
-        self.guard.placed(t, np.array([k]))
 
 
 def load(path: str | Path, cost_model_path: str | Path, policy_path: str | Path | None,

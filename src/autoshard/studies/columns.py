@@ -40,7 +40,7 @@ from autoshard.measure.store import MeasurementStore, record, values
 from autoshard.measure.timing import TimingConfig
 from autoshard.methods.artifacts import Artifacts, Settings
 from autoshard.methods.registry import COLUMNS, build
-from autoshard.placement.columns import (
+from autoshard.placement.column_split import (
     ColumnShard,
     device_keys,
     device_shards,

@@ -23,7 +23,7 @@ from autoshard.measure.backends import BackendConfig
 from autoshard.measure.comm_store import CommTiming
 from autoshard.measure.timing import TimingConfig
 from autoshard.methods.registry import LPT, POLICY, not_run
-from autoshard.placement.heuristics import Infeasible
+from autoshard.placement.greedy import Infeasible
 from autoshard.placement.shards import memory_ok
 from autoshard.placement.surrogate import MilpConfig
 from autoshard.placement.types import Planner

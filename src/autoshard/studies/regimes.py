@@ -36,7 +36,8 @@ from autoshard.core.params import bounded
 from autoshard.core.seeding import rng
 from autoshard.data.packing import memory_bounds
 from autoshard.data.tasks import Task, first_fit_decreasing
-from autoshard.placement.heuristics import HEURISTICS, Infeasible, greedy, heuristic_plan
+from autoshard.placement.greedy import Infeasible
+from autoshard.placement.heuristics import HEURISTICS, heuristic_plan, objective_greedy
 from autoshard.placement.objective import Model, NumpyNetwork, Objective, Speeds
 from autoshard.placement.search import local_search
 
@@ -108,8 +109,9 @@ def task_gaps(task: Task, costs: Objective, speeds: np.ndarray, sizes: np.ndarra
     (every plan of `starts`, the two greedies and local search from each)."""
     fast = Speeds(costs, speeds)
     order = np.argsort(-costs.stages(costs.base + costs.share)[:, 0], kind="stable")
-    plans = {"greedy": greedy(fast, order, sizes, task.devices, task.memory_bytes),
-             "blind": greedy(Speeds(costs, np.ones_like(speeds)), order, sizes, task.devices, task.memory_bytes),
+    plans = {"greedy": objective_greedy(fast, order, sizes, task.devices, task.memory_bytes),
+             "blind": objective_greedy(Speeds(costs, np.ones_like(speeds)), order, sizes, task.devices,
+                                       task.memory_bytes),
              **starts}
     known = {m: fast.cost(p, task.devices) for m, p in plans.items()}
     searched = [fast.cost(local_search(fast, sizes, task.devices, task.memory_bytes, p), task.devices)

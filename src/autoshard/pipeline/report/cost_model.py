@@ -2,8 +2,8 @@
 neural model against its targets and a re-measurement, the hybrid's form and active selection, the
 wide pool by dim, each beside its figure."""
 
+from autoshard.costmodel.accuracy import CostModelScores
 from autoshard.costmodel.dataset import UNSEEN_MULTI
-from autoshard.costmodel.evaluate import CostModelScores
 from autoshard.measure.analysis import Profile
 from autoshard.pipeline.report.format import Figures, heading, join, number, paragraph, percent, ratio, table
 from autoshard.pipeline.report.results import Results

@@ -4,8 +4,8 @@ reference tables, every method's results, the cost model's error on the evaluate
 targets and the failed placements, each figure beside what it supports."""
 
 from autoshard.core.schema import EvaluateMetrics, Headroom
-from autoshard.pipeline.report import paired, primary, quality
-from autoshard.pipeline.report.comm import comm_sources
+from autoshard.pipeline.report import exploratory, primary, quality
+from autoshard.pipeline.report.alltoall import comm_sources
 from autoshard.pipeline.report.format import (
     Figures,
     heading,
@@ -115,15 +115,15 @@ def page(results: Results, figures: Figures) -> str | None:
         paragraph("Each learned method and solver baseline against each reference on the same tasks, per protocol and "
                   "cost. The all-to-all in the synchronized cost: " + comm_sources(evaluate, results.profile) + "."),
         shown("evaluate", "paired", "paired ratios per method and reference"),
-        paired.comparisons(evaluate),
+        exploratory.comparisons(evaluate),
         "## Every method on held-out tasks, against the best heuristic",
         shown("evaluate", "ratios", "measured ratio to the best heuristic per method and protocol"),
-        paired.results_table(evaluate),
+        exploratory.results_table(evaluate),
         shown("evaluate", "sharding_time", "sharding time against the number of tables"),
         "## Where the cost model's error enters",
         device_error_line(evaluate),
         shown("evaluate", "predicted_vs_measured", "predicted against measured bottleneck of the evaluated plans"),
         paragraph("One task, every method: per device the measured forward and backward compute and the all-to-all."),
         shown("evaluate", "device_breakdown", "one task's devices under every method"),
-        "## Targets", paired.targets_table(evaluate),
-        "## Failed placements", paired.failed_table(evaluate))
+        "## Targets", exploratory.targets_table(evaluate),
+        "## Failed placements", exploratory.failed_table(evaluate))

@@ -2,7 +2,7 @@
 timing protocols side by side), the fusion gap, the backends' agreement, and the comm model, each
 beside its figure."""
 
-from autoshard.pipeline.report.comm import comm_model_lines
+from autoshard.pipeline.report.alltoall import comm_model_lines
 from autoshard.pipeline.report.format import Figures, heading, join, paragraph, percent, ratio, table
 from autoshard.pipeline.report.quality import profile_line
 from autoshard.pipeline.report.results import Results

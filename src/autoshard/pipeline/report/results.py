@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autoshard.core.schema import EvaluateMetrics, read_checked
-from autoshard.costmodel.evaluate import CostModelScores
+from autoshard.costmodel.accuracy import CostModelScores
 from autoshard.data.calibration import Synthesis
 from autoshard.measure.analysis import Profile
 from autoshard.rl.validation import RLTraining

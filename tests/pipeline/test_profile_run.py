@@ -31,7 +31,7 @@ def test_killed_stage_resumes(tmp_path, smoke_params):
                                                     "test_heuristic_tasks": 1, "repeat_shards": 2, "repeat_rounds": 1}
     params = smoke_params | {"profile": smoke_params["profile"] | {"collect": collect}}
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
-    cmd = [sys.executable, "-m", "autoshard.pipeline.profile", "--params", str(tmp_path / "params.yaml"),
+    cmd = [sys.executable, "-m", "autoshard.pipeline.profile_run", "--params", str(tmp_path / "params.yaml"),
            "--pool", str(tmp_path / "pool"), "--tasks", str(tmp_path / "tasks.json"),
            "--out", str(tmp_path / "out"), "--store", str(tmp_path / "store")]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -61,7 +61,7 @@ def test_killed_stage_resumes(tmp_path, smoke_params):
 
 
 def test_cli_reports_bad_params(tmp_path, smoke_params, capsys):
-    from autoshard.pipeline.profile import main
+    from autoshard.pipeline.profile_run import main
 
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(smoke_params | {
         "profile": smoke_params["profile"] | {"backend": "tpu"}}))

@@ -1,6 +1,6 @@
 """Side by side with TorchRec's own planner, on the study's tasks (a benchmark, not a stage).
 
-  python -m autoshard.planner.bench [--protocol dreamshard] [--tasks 10] [--out bench.json]
+  python -m autoshard.planner.side_by_side [--protocol dreamshard] [--tasks 10] [--out bench.json]
 
 Three planners on each held-out task of a protocol (the study's pool and tasks: `dvc repro
 synthesize` first), planning for this machine (a CPU topology of the task's devices and memory
@@ -86,7 +86,7 @@ def torchrec_estimate(pool, task, placement: np.ndarray, batch: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m autoshard.planner.bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m autoshard.planner.side_by_side", description=__doc__.split("\n")[0])
     p.add_argument("--protocol", default="dreamshard")
     p.add_argument("--tasks", type=int, default=10)
     p.add_argument("--method", default=EXACT, help="our partitioner's method")

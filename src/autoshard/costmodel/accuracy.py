@@ -101,7 +101,7 @@ class WideCostModel(TypedDict):
 
 
 class CostModelScores(StageTime):
-    """reports/metrics/cost_model.json. Built by `costmodel.evaluate.cost_model_metrics`."""
+    """reports/metrics/cost_model.json. Built by `costmodel.accuracy.cost_model_metrics`."""
 
     shards: dict[str, int]
     comparison: dict[str, EstimatorScores]

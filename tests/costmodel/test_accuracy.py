@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from autoshard.costmodel.evaluate import MIXED, error_by_dim, mape, r2, tau_similar_size
+from autoshard.costmodel.accuracy import MIXED, error_by_dim, mape, r2, tau_similar_size
 
 
 def test_metrics_by_hand():
@@ -36,7 +36,7 @@ def test_the_error_by_dim_groups_shards_by_their_tables_one_dim():
 def test_the_wide_pools_error_goes_by_each_shards_widest_table():
     """With `widest`, a shard of dims (4, 256) counts for 256; `wide_metrics` gives each estimator's
     MAPE per test set and its error by widest dim, and the split sizes."""
-    from autoshard.costmodel.evaluate import wide_metrics
+    from autoshard.costmodel.accuracy import wide_metrics
 
     dims = np.array([4, 256, 4, 256])
     shards = pd.DataFrame({"tables": [(0,), (1,), (0, 1), (2, 3), (0, 2)], "total_ms": [1.0, 2.0, 4.0, 8.0, 10.0]})

@@ -10,7 +10,7 @@ from autoshard.data.features import FEATURE_COLUMNS, REUSE_COLUMNS, feature_matr
 from autoshard.data.sizes import table_bytes
 from autoshard.data.tasks import Task
 from autoshard.measure.base import shard_bytes
-from autoshard.placement import columns
+from autoshard.placement import column_split as columns
 
 from helpers import LinearModel
 

@@ -33,7 +33,8 @@ from autoshard.core.errors import ConfigError
 from autoshard.data.features import feature_matrix
 from autoshard.data.sizes import ROW_STATE_BYTES
 from autoshard.data.tasks import Task
-from autoshard.placement.heuristics import Infeasible, key_greedy
+from autoshard.placement.greedy import Infeasible, Room, greedy, lowest
+from autoshard.placement.heuristics import key_greedy
 
 if TYPE_CHECKING:  # placing whole tables by a heuristic needs no torch
     from autoshard.costmodel.model import CostModel
@@ -157,31 +158,32 @@ class SplitPlan:
         return out
 
 
-def greedy_place(model: CostModel, features: np.ndarray, sizes: np.ndarray, devices: int,
-                 capacity: int) -> tuple[np.ndarray, float]:
-    """cost_greedy on rows of `features`: largest predicted single cost first, onto the fitting
-    device whose predicted cost after adding it is lowest (ties: lower device). Returns the
-    placement and its predicted bottleneck (ms); `Infeasible` when a row fits nowhere."""
+def place_by_cost(model: CostModel, features: np.ndarray, sizes: np.ndarray, devices: int,
+                  capacity: int) -> tuple[np.ndarray, float]:
+    """cost_greedy on rows of `features` (`placement.greedy`'s loop): largest predicted single
+    cost first, onto the device with room whose predicted cost after adding it is lowest (ties:
+    lower device). Room for the shard alone (`Room`): a split whose placement dead-ends is not
+    taken. Returns the placement and its predicted bottleneck (ms); `Infeasible` when a row fits
+    nowhere."""
     import torch
 
     from autoshard.costmodel.model import check_features
 
-    sizes = np.asarray(sizes, dtype=np.int64)
     with torch.no_grad():
         enc = model.encode(check_features(features))
-        single = model.cost_ms(enc).numpy()
+        order = np.argsort(-model.cost_ms(enc).numpy(), kind="stable")
         device_sum = enc.new_zeros(devices, enc.shape[1])
-        memory = np.zeros(devices, dtype=np.int64)
-        placement = np.full(len(sizes), -1, dtype=np.int64)
-        for i in np.argsort(-single, kind="stable"):
-            after = model.cost_ms(device_sum + enc[i]).numpy()
-            after[memory + sizes[i] > capacity] = np.inf
-            best = int(np.argmin(after))
-            if not np.isfinite(after[best]):
-                raise Infeasible(f"column shard {i} ({sizes[i]} bytes) fits on no device")
-            placement[i] = best
-            device_sum[best] += enc[i]
-            memory[best] += sizes[i]
+
+        def best(t: int, allowed: np.ndarray) -> int:
+            return lowest(model.cost_ms(device_sum + enc[order[t]]).numpy(), allowed)
+
+        def placed(t: int, device: int) -> None:
+            device_sum[device] += enc[order[t]]
+
+        rule = Room(np.asarray(sizes, dtype=np.int64)[order], devices, capacity,
+                    lambda t: f"column shard {order[t]}")
+        placement = np.full(len(order), -1, dtype=np.int64)
+        placement[order] = greedy(len(order), rule, best, placed)
         busy = np.bincount(placement, minlength=devices) > 0
         bottleneck = float(model.cost_ms(device_sum[torch.from_numpy(busy)]).max())
     return placement, bottleneck
@@ -205,7 +207,7 @@ def split_then_place(model: CostModel, pool_features: pd.DataFrame, task: Task, 
     def placed(splits: dict[int, int]) -> SplitPlan | None:
         shards = expand(task, dims, splits)
         try:
-            p, b = greedy_place(model, feature_matrix(shard_features(pool_features, shards)),
+            p, b = place_by_cost(model, feature_matrix(shard_features(pool_features, shards)),
                                 shard_sizes(pool_features, shards), task.devices,
                                 task.memory_bytes)
         except Infeasible:

@@ -3,7 +3,7 @@ the wide pool's train tables, beside the pool's own model applied there (outside
 trained on) and the sum of measured single costs, on shards of the wide pool's unseen test tables."""
 
 from autoshard.core.paths import Paths
-from autoshard.costmodel import evaluate as cost_eval
+from autoshard.costmodel import accuracy as cost_eval
 from autoshard.costmodel.dataset import measured_shards, single_costs, split_shards, test_sets
 from autoshard.costmodel.model import CostModel
 from autoshard.costmodel.train import CostStageConfig, fit

@@ -1,4 +1,4 @@
-"""`python -m autoshard.pipeline.profile`: the profile stage's collection outside its notebook
+"""`python -m autoshard.pipeline.profile_run`: the profile stage's collection outside its notebook
 (the same shards, measured and saved as the stage does)."""
 
 import argparse
@@ -41,7 +41,8 @@ def run(params: dict, pool: Pool, tasks: list[Task], train_tables: np.ndarray,
 
 def main(argv: list[str] | None = None) -> int:
     paths = Paths()
-    parser = argparse.ArgumentParser(prog="python -m autoshard.pipeline.profile", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m autoshard.pipeline.profile_run",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
     parser.add_argument("--pool", type=Path, default=paths.pool)
     parser.add_argument("--tasks", type=Path, default=paths.tasks)
