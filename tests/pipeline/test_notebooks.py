@@ -13,7 +13,6 @@ import pytest
 import yaml
 
 from autoshard.core import schema
-from autoshard.core.metrics import read_metrics
 from autoshard.costmodel.accuracy import CostModelScores
 from autoshard.costmodel.dataset import measured_shards, single_costs
 from autoshard.costmodel.hybrid import load_hybrid, with_single_costs
@@ -33,6 +32,7 @@ from autoshard.rl.ppo import load_policy
 from autoshard.rl.validation import RLTraining
 from autoshard.studies.ablation import Ablation
 from autoshard.studies.columns import TWIN, Columns
+from autoshard.studies.evaluate import Evaluation
 from autoshard.studies.measured import MEASURED_SOURCES
 from autoshard.studies.transfer import Transfer
 
@@ -203,7 +203,7 @@ def test_train_rl_notebook(repro, smoke_params):
 
 def test_evaluate_notebook(repro, smoke_params):
     tmp_path = repro
-    metrics = read_metrics(tmp_path / "reports" / "metrics" / "evaluate.json")
+    metrics = schema.read_checked(tmp_path / "reports" / "metrics" / "evaluate.json", Evaluation)
     assert set(metrics["results"]) == {"autoshard", "dreamshard", "tight", "small", "few"}
     assert "exact" in metrics["results"]["small"] and "exact" not in metrics["results"]["autoshard"]
     assert {"rl_greedy", "rl_best_of_n", "rl_local_search", "cost_greedy"} <= set(metrics["results"]["dreamshard"])

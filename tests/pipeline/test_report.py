@@ -17,9 +17,10 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 
 from autoshard.core.errors import ConfigError
 from autoshard.core.metrics import write_metrics
-from autoshard.core.schema import EvaluateMetrics, check
+from autoshard.core.schema import check
 from autoshard.pipeline.report.build import PAGES, build, main, notebook_stages
 from autoshard.pipeline.report.summary import MAX_LINES
+from autoshard.studies.evaluate import Evaluation
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "src" / "autoshard" / "pipeline" / "report"
@@ -126,7 +127,7 @@ def built(tmp_path_factory) -> Path:
 
 
 def test_the_fixture_holds_issue_48s_evaluate_contract():
-    check(copy.deepcopy(EVALUATE), EvaluateMetrics, "evaluate.json")
+    check(copy.deepcopy(EVALUATE), Evaluation, "evaluate.json")
 
 
 def test_the_summary_answers_on_its_first_screen(built):

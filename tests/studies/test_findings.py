@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 
 from autoshard.core.metrics import _plain
-from autoshard.core.schema import ComputeOnlyPairs, EvaluateMetrics, HeadlineObjective, check
+from autoshard.core.schema import check
 from autoshard.data.tasks import Task
 from autoshard.studies.endpoints import Endpoint, PrimaryConfig, primary
-from autoshard.studies.evaluate import NoiseTargets
+from autoshard.studies.evaluate import ComputeOnlyPairs, Evaluation, HeadlineObjective, NoiseTargets
 from autoshard.studies.findings import (
     direction,
     measurement_quality,
@@ -130,7 +130,7 @@ def test_evaluate_metrics_are_strict_json_with_the_contract_keys():
                                headroom={"autoshard": HEADROOM}, families=FAMILIES)
     text = json.dumps(_plain(metrics), allow_nan=False)
     loaded = json.loads(text)
-    assert list(loaded)[0] == "primary" and check(loaded, EvaluateMetrics, "evaluate.json")
+    assert list(loaded)[0] == "primary" and check(loaded, Evaluation, "evaluate.json")
     assert loaded["primary"]["rl_greedy__vs__cost_greedy__autoshard"]["pass"] == "main"
     assert loaded["headroom"]["autoshard"]["greedy_gap"] == HEADROOM["greedy_gap"]
     assert loaded["families"] == FAMILIES

@@ -10,10 +10,11 @@ import pandas as pd
 import pytest
 
 from autoshard.core.metrics import _plain
-from autoshard.core.schema import Headroom, check
+from autoshard.core.schema import check
 from autoshard.data.tasks import Task
 from autoshard.studies import headroom as room
 from autoshard.studies.endpoints import Endpoint, PrimaryConfig, primary
+from autoshard.studies.evaluate import Headroom
 
 WEIGHTS = np.array([6.0, 5.0, 4.0, 3.0, 2.0])  # one task's five tables: the optimum on 2 devices is 10 ({6, 4})
 OPTIMUM = np.array([0, 1, 0, 1, 1])

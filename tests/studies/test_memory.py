@@ -5,9 +5,9 @@ import pandas as pd
 import pytest
 
 from autoshard.core.errors import ConfigError
-from autoshard.core.schema import FailedPlacements, check
+from autoshard.core.schema import check
 from autoshard.data.tasks import Task
-from autoshard.studies.evaluate import plan_all
+from autoshard.studies.evaluate import FailedPlacements, plan_all
 from autoshard.studies.memory import failed_counts
 
 

@@ -8,10 +8,11 @@ import pytest
 
 from autoshard.core.errors import ConfigError
 from autoshard.core.params import parse
-from autoshard.core.schema import Families, check
+from autoshard.core.schema import check
 from autoshard.data.tasks import split_pool
 from autoshard.placement.objective import Linear
 from autoshard.studies import regimes
+from autoshard.studies.evaluate import Families
 
 CONFIG = {"tasks": 3, "devices": 2, "per_device": [3, 2], "tight_slack": 1.05,
           "generations": [1.0, 0.5], "shared": [1.0, 0.7]}

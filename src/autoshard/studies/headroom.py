@@ -139,7 +139,7 @@ def noise_floor(quality: dict, protocol: str) -> tuple[float | None, str]:
 
 def headroom(known: pd.DataFrame, ratios: pd.DataFrame, surrogate: pd.DataFrame, quality: dict,
              sesoi: float) -> dict[str, dict]:
-    """`headroom.<protocol>` (`core.schema.Headroom`) from `known_placements`, the measured plans
+    """`headroom.<protocol>` (`studies.evaluate.Headroom`) from `known_placements`, the measured plans
     (`ratios`: task, protocol, method, MEASURED_COST, pass), `lpt_gaps`, the measurement quality
     and the smallest effect of interest (`primary.sesoi`)."""
     out = {}

@@ -3,7 +3,7 @@
 A placement fails when the method gave none (it dead-ended or refused the cap) or gave one
 that puts more bytes on a device than the cap allows (or is not a device per table). A method
 that was not run on a task (the exact search off the small tasks) has not failed there.
-The metrics entry is `failed.<protocol>.<method>: int` (`core.schema.FailedPlacements`).
+The metrics entry is `failed.<protocol>.<method>: int` (`studies.evaluate.FailedPlacements`).
 """
 
 from collections.abc import Sequence

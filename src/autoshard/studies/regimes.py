@@ -143,7 +143,7 @@ def family_rows(costs: Costs, pool_features: pd.DataFrame, test_tables: np.ndarr
 
 
 def families(rows: pd.DataFrame, cfg: FamiliesConfig, sesoi: float) -> dict:
-    """`families` of evaluate.json (`core.schema.Families`): per family, the median, p90 and max of
+    """`families` of evaluate.json (`studies.evaluate.Families`): per family, the median, p90 and max of
     greedy's predicted gap to the best known and the speed-blind greedy's median gap; the smallest
     effect of interest they are held to and whether each family's median gap exceeds it."""
     out = []

@@ -9,7 +9,7 @@ import pandas as pd
 from autoshard.core.seeding import rng
 from autoshard.methods.registry import KIND, MAX_DEVICE, METHODS, OPTIMUM, POLICY, REFINED, ids
 from autoshard.studies import memory, paired
-from autoshard.studies.evaluate import Targets
+from autoshard.studies.evaluate import Evaluation, Targets
 
 
 def bootstrap_median(values: np.ndarray, resamples: int, seed: int, *keys: str) -> tuple[float, float]:
@@ -114,7 +114,7 @@ def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_err
                      paired_synchronized: dict, paired_max_device: dict,
                      hybrid_device_errors: pd.Series | None = None, device_error_target: float | None = None,
                      primary: dict | None = None, reference: dict | None = None,
-                     headroom: dict | None = None, families: dict) -> dict:
+                     headroom: dict | None = None, families: dict) -> Evaluation:
     """reports/metrics/evaluate.json: the `primary` endpoints first (`endpoints.primary`: the
     verdicts the study decides on, with the registration record), `headroom` per protocol
     (`studies.headroom.headroom`: bounds on what a planner could gain over cost_greedy, context beside
@@ -127,7 +127,7 @@ def evaluate_metrics(table: pd.DataFrame, target_table: pd.DataFrame, device_err
     the cost model's device error (median per protocol; the hybrid's too, where there is one; and
     their target), the MILP's gaps and the sharding speed; then `failed` (`memory.failed_counts`
     of `plans` with `plan_status`, `evaluate.plan_all`'s frame), the headline `objective` per protocol
-    (`core.schema.HeadlineObjective`), `paired_synchronized` and `paired_max_device` (the same
+    (`studies.evaluate.HeadlineObjective`), `paired_synchronized` and `paired_max_device` (the same
     comparisons on synchronized_ms and on max_device_ms, for every protocol), `comm_source` per
     protocol (where the all-to-all came from: readers rely on these keys) and `reference` (how the
     best heuristic was chosen and the selection bias that removed: `findings.reference_bias`)."""

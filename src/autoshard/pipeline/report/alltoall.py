@@ -1,10 +1,10 @@
 """The all-to-all in words: where each protocol's came from (the evaluate page) and how well the
 comm model fitted on measured all-to-alls predicts held-out placements (the profile page)."""
 
-from autoshard.core.schema import EvaluateMetrics
 from autoshard.measure.analysis import Profile
 from autoshard.measure.commmodel import CommMetrics
 from autoshard.pipeline.report.format import percent
+from autoshard.studies.evaluate import Evaluation
 
 COMM_SOURCES = {"measured": "the all-to-all measured across one process per device",
                 "measured-oversubscribed": "the all-to-all measured across more processes than cores: "
@@ -32,7 +32,7 @@ def oversubscribed_counts(comm: CommMetrics) -> list[int]:
     return [] if limit is None else [w for w in comm["device_counts"] if w > limit]
 
 
-def comm_sources(evaluate: EvaluateMetrics, profile: Profile | None = None) -> str:
+def comm_sources(evaluate: Evaluation, profile: Profile | None = None) -> str:
     """Where each protocol's all-to-all came from (`comm_source`), in words; with the profile's
     comm metrics, an oversubscribed measurement names its processes and cores."""
     comm = (profile or {}).get("comm")

@@ -3,7 +3,6 @@ the headroom as bounds, the measurements' quality, then the exploratory comparis
 reference tables, every method's results, the cost model's error on the evaluated plans, the
 targets and the failed placements, each figure beside what it supports."""
 
-from autoshard.core.schema import EvaluateMetrics, Headroom
 from autoshard.pipeline.report import exploratory, primary, quality
 from autoshard.pipeline.report.alltoall import comm_sources
 from autoshard.pipeline.report.format import (
@@ -18,11 +17,12 @@ from autoshard.pipeline.report.format import (
     table,
 )
 from autoshard.pipeline.report.results import Results
+from autoshard.studies.evaluate import Evaluation, Headroom
 
 TITLE = "Evaluate: held-out tasks, measured"
 
 
-def headroom_tables(evaluate: EvaluateMetrics) -> str:
+def headroom_tables(evaluate: Evaluation) -> str:
     """Per protocol the bounds on what a planner could gain over cost_greedy, then what they rest on
     (predicted, on the measured single costs, measured), then each method's share of it captured."""
     room: dict[str, Headroom] = evaluate["headroom"]
@@ -51,7 +51,7 @@ def headroom_tables(evaluate: EvaluateMetrics) -> str:
                 table(captured))
 
 
-def families_table(evaluate: EvaluateMetrics) -> str:
+def families_table(evaluate: Evaluation) -> str:
     """The candidate regimes searched for headroom under the cost model before any is measured."""
     entry = evaluate["families"]
     if not entry["families"]:
@@ -68,7 +68,7 @@ def families_table(evaluate: EvaluateMetrics) -> str:
                                                        else "**none exceeds it**.")), table(rows))
 
 
-def device_error_line(evaluate: EvaluateMetrics) -> str:
+def device_error_line(evaluate: Evaluation) -> str:
     """Each cost model's median error on the evaluated plans' device shards, per protocol, against
     `device_error_target` where the run recorded one."""
     models = {"feature-only": evaluate.get("cost_model_device_error_median") or {},

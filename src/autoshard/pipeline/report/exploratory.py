@@ -2,9 +2,9 @@
 against each reference (columns), paired over the same tasks; then every method's results against
 the best heuristic, the targets and the failed placements."""
 
-from autoshard.core.schema import EvaluateMetrics, PairedComparison
 from autoshard.methods.registry import BEST_HEURISTIC, GREEDY, ids
 from autoshard.pipeline.report.format import LEGEND, interval, join, method_order, percent, side, table
+from autoshard.studies.evaluate import Evaluation, PairedComparison
 from autoshard.studies.findings import SYNC_POLICY_METHODS, SYNC_REFERENCES
 
 BLOCKS = (("paired_max_device", "compute only: the slowest device's measured compute"),
@@ -47,7 +47,7 @@ def grid(entries: dict[str, PairedComparison], methods: tuple[str, ...], referen
     return join(table(rows, "(no paired comparisons)"), "\n".join(notes))
 
 
-def comparisons(evaluate: EvaluateMetrics) -> str:
+def comparisons(evaluate: Evaluation) -> str:
     """Per cost and protocol, the learned methods and solver baselines against the references."""
     methods = (*ids("shown"), *SYNC_POLICY_METHODS)
     parts = [LEGEND]
@@ -60,7 +60,7 @@ def comparisons(evaluate: EvaluateMetrics) -> str:
     return join(*parts)
 
 
-def results_table(evaluate: EvaluateMetrics) -> str:
+def results_table(evaluate: Evaluation) -> str:
     """Per protocol, every method's measured median ratio to the best heuristic with its interval,
     win rate, mean measured bottleneck and median sharding time, under the protocol's objective."""
     parts = []
@@ -79,7 +79,7 @@ def results_table(evaluate: EvaluateMetrics) -> str:
     return join(*parts)
 
 
-def targets_table(evaluate: EvaluateMetrics) -> str:
+def targets_table(evaluate: Evaluation) -> str:
     """The evaluate stage's targets, met or not; measured and predicted in separate tables."""
     rows = [{"protocol": t["protocol"], "method": t["method"], "statistic": t["statistic"],
              "value": f"{t['value']:.3f}", "target": str(t["target"]), "met": "met" if t["met"] else "**not met**"}
@@ -90,7 +90,7 @@ def targets_table(evaluate: EvaluateMetrics) -> str:
                 "Predicted (cost model):\n\n" + table(predicted) if predicted else "")
 
 
-def failed_table(evaluate: EvaluateMetrics) -> str:
+def failed_table(evaluate: Evaluation) -> str:
     """Per protocol, the methods that failed to place some tasks, with how many."""
     rows = [{"protocol": protocol, "failed placements": ", ".join(f"{m}: {n}" for m, n in methods.items() if n)
              or "none: every method placed every task"} for protocol, methods in evaluate["failed"].items()]

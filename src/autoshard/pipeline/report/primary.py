@@ -1,28 +1,28 @@
 """The pre-registered primary endpoints in words and tables: the summary's sentences and short
 table, and the evaluate page's full tables, registration record and headroom bounds."""
 
-from autoshard.core.schema import Amendment, EvaluateMetrics, Headroom, PrimaryEndpoint, Registration
 from autoshard.pipeline.report.format import interval, item, number, percent, ratio
 from autoshard.studies.endpoints import MOSTLY_IDENTICAL, RECORD_KEYS
+from autoshard.studies.evaluate import Amendment, Evaluation, Headroom, PrimaryEndpoint, Registration
 
 WORDS = {"better": "better than", "worse": "worse than", "equivalent": "equivalent to",
          "inconclusive": "inconclusive against"}
 
 
-def endpoints(evaluate: EvaluateMetrics) -> dict[str, PrimaryEndpoint]:
+def endpoints(evaluate: Evaluation) -> dict[str, PrimaryEndpoint]:
     """The endpoints of `primary`, without its registration record (`registered`, `amendments`)."""
     return {k: v for k, v in evaluate["primary"].items() if k not in RECORD_KEYS}
 
 
-def registration(evaluate: EvaluateMetrics) -> Registration | None:
+def registration(evaluate: Evaluation) -> Registration | None:
     return evaluate["primary"].get("registered")
 
 
-def amendments(evaluate: EvaluateMetrics) -> list[Amendment]:
+def amendments(evaluate: Evaluation) -> list[Amendment]:
     return evaluate["primary"].get("amendments") or []
 
 
-def protocols(evaluate: EvaluateMetrics) -> list[str]:
+def protocols(evaluate: Evaluation) -> list[str]:
     """The protocols the endpoints are declared on, in their order."""
     return list(dict.fromkeys(e["protocol"] for e in endpoints(evaluate).values()))
 
@@ -47,7 +47,7 @@ def verdict_cell(e: PrimaryEndpoint) -> str:
     return f"{word}, mostly on identical plans" if mostly_identical(e) else word
 
 
-def sentences(evaluate: EvaluateMetrics) -> list[str]:
+def sentences(evaluate: Evaluation) -> list[str]:
     """One sentence per protocol: over how many trained chains and tasks, each endpoint's verdict in
     words with its median ratio and interval."""
     out = []
@@ -63,7 +63,7 @@ def sentences(evaluate: EvaluateMetrics) -> list[str]:
     return out
 
 
-def short_rows(evaluate: EvaluateMetrics) -> list[dict]:
+def short_rows(evaluate: Evaluation) -> list[dict]:
     """The summary's primary table: seven columns (the rest on the evaluate page)."""
     return [{"method / reference": f"{e['method']} / {e['reference']}", "protocol": e["protocol"],
              "verdict": verdict_cell(e),
@@ -73,7 +73,7 @@ def short_rows(evaluate: EvaluateMetrics) -> list[dict]:
              "identical plans": percent(e["identical_share"], 0)} for e in endpoints(evaluate).values()]
 
 
-def decision_rows(evaluate: EvaluateMetrics) -> list[dict]:
+def decision_rows(evaluate: Evaluation) -> list[dict]:
     """The evaluate page's first primary table: each endpoint's decision and what it rests on."""
     return [{"method / reference": f"{e['method']} / {e['reference']}", "protocol": e["protocol"], "cost": e["cost"],
              "verdict": verdict_cell(e), "median ratio [interval]": interval(e["median_ratio"], e["ci_low"],
@@ -82,7 +82,7 @@ def decision_rows(evaluate: EvaluateMetrics) -> list[dict]:
              "tasks": str(e["tasks"]), "failed": str(e["failed"])} for e in endpoints(evaluate).values()]
 
 
-def measurement_rows(evaluate: EvaluateMetrics) -> list[dict]:
+def measurement_rows(evaluate: Evaluation) -> list[dict]:
     """The evaluate page's second primary table: how each interval was found and what it is made of."""
     return [{"method / reference": f"{e['method']} / {e['reference']}", "protocol": e["protocol"],
              "interval": e["interval"], "resamples": str(e["resamples"]),
@@ -92,13 +92,13 @@ def measurement_rows(evaluate: EvaluateMetrics) -> list[dict]:
             for e in endpoints(evaluate).values()]
 
 
-def notes(evaluate: EvaluateMetrics) -> list[str]:
+def notes(evaluate: Evaluation) -> list[str]:
     """The endpoints' notes (identity that decides, chains on both sides of a margin), one item each."""
     return [item(f"{e['method']} / {e['reference']} on {e['protocol']}: {e['note']}.")
             for e in endpoints(evaluate).values() if e.get("note")]
 
 
-def record(evaluate: EvaluateMetrics) -> list[str]:
+def record(evaluate: Evaluation) -> list[str]:
     """The registration and every amendment since, one list item each (printed under the table)."""
     registered, changes = registration(evaluate), amendments(evaluate)
     if registered is None:

@@ -1,12 +1,12 @@
 """The measurements' quality: in brief for the summary, in full for the evaluate page; in bold
 wherever the run is noisier than its targets allow."""
 
-from autoshard.core.schema import EvaluateMetrics, ReferenceChoice
 from autoshard.measure.analysis import Profile
 from autoshard.pipeline.report.format import number, paragraph, percent
+from autoshard.studies.evaluate import Evaluation, ReferenceChoice
 
 
-def brief(evaluate: EvaluateMetrics, profile: Profile | None) -> list[str]:
+def brief(evaluate: Evaluation, profile: Profile | None) -> list[str]:
     """Two lines: the evaluate pass's noise against its targets and the profile's against its CV
     target, each linking to its page."""
     noise = evaluate["noise"]
@@ -46,7 +46,7 @@ def selection_line(reference: dict[str, ReferenceChoice]) -> str:
             f"lowest / chosen - 1, compute only): {', '.join(parts)}.")
 
 
-def full(evaluate: EvaluateMetrics) -> str:
+def full(evaluate: Evaluation) -> str:
     """The evaluate pass's measurement quality in full: CV, repeat pass, drift, re-measured share,
     the measured all-to-alls and the reference's selection."""
     noise = evaluate["noise"]

@@ -4,13 +4,14 @@ renamed or retyped key fails here with the file and the key named, not deep in a
 from dataclasses import dataclass
 from pathlib import Path
 
-from autoshard.core.schema import EvaluateMetrics, read_checked
+from autoshard.core.schema import read_checked
 from autoshard.costmodel.accuracy import CostModelScores
 from autoshard.data.calibration import Synthesis
 from autoshard.measure.analysis import Profile
 from autoshard.rl.validation import RLTraining
 from autoshard.studies.ablation import Ablation
 from autoshard.studies.columns import Columns
+from autoshard.studies.evaluate import Evaluation
 from autoshard.studies.transfer import Transfer
 
 
@@ -25,7 +26,7 @@ class Results:
     profile: Profile | None = None
     cost_model: CostModelScores | None = None
     train_rl: RLTraining | None = None
-    evaluate: EvaluateMetrics | None = None
+    evaluate: Evaluation | None = None
     transfer: Transfer | None = None
     ablation: Ablation | None = None
     columns: Columns | None = None
@@ -33,7 +34,7 @@ class Results:
 
 
 CONTRACTS: dict[str, type] = {"synthesize": Synthesis, "profile": Profile, "cost_model": CostModelScores,
-                              "train_rl": RLTraining, "evaluate": EvaluateMetrics, "transfer": Transfer,
+                              "train_rl": RLTraining, "evaluate": Evaluation, "transfer": Transfer,
                               "ablation": Ablation, "columns": Columns}
 
 
