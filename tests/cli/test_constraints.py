@@ -9,6 +9,7 @@ import pytest
 from autoshard.cli.main import main
 from autoshard.core.errors import ConfigError
 from autoshard.placement.sharding import Layout, Piece, place
+from autoshard.placement.topology import Topology
 
 from helpers import PRODUCTION_TABLES
 
@@ -103,6 +104,7 @@ def test_constraints_that_cannot_hold_are_refused_in_one_line(files, capsys, tex
 
 def test_pinned_tables_go_first_and_where_they_are_pinned():
     whole = [[Layout("table_wise", (Piece(0, None, 0, None, c, 10),))] for c in (5.0, 4.0, 1.0)]
-    assert [p.devices for p in place(whole, 2, 2, 100, ["a", "b", "c"], fixed=[None, 0, None])] == [(1,), (0,), (0,)]
+    placed = place(whole, Topology.uniform(2, 100, 2), ["a", "b", "c"], fixed=[None, 0, None])
+    assert [p.devices for p in placed] == [(1,), (0,), (0,)]
     with pytest.raises(ConfigError, match=r"table b: pinned to device 0, which has 5 bytes left of the 10"):
-        place(whole, 2, 2, 15, ["a", "b", "c"], fixed=[0, 0, None])
+        place(whole, Topology.uniform(2, 15, 2), ["a", "b", "c"], fixed=[0, 0, None])

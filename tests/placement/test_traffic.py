@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from autoshard.placement.sharding import Layout, Piece, place
+from autoshard.placement.topology import Topology
 from autoshard.placement.traffic import TORCHREC_GIB_PER_S, Links, gradient_bytes, piece_bytes
 
 KINDS = ("table_wise", "column_wise", "row_wise", "table_row_wise")
@@ -72,7 +73,7 @@ def test_a_table_that_must_be_split_goes_within_a_host_where_the_network_is_slow
 
     big = [Layout("table_wise", (Piece(0, None, 0, None, 10.0, 150),)), layout("row_wise", world, 2.6),
            layout("table_row_wise", local, 5.1)]  # fits no device of 100 whole
-    assert place([big], world, local, 100, ["big"])[0].layout.kind == chosen
+    assert place([big], Topology.uniform(world, 100, local), ["big"])[0].layout.kind == chosen
 
 
 def test_a_replicas_gradient_all_reduce_moves_what_a_hierarchical_ring_moves():

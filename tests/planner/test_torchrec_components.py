@@ -254,3 +254,54 @@ def test_the_production_benchmark_scores_any_plan_with_our_cost_model_as_the_com
     assert ours == pytest.approx(json.loads(out.read_text())["predicted_bottleneck_ms"], rel=1e-6)
     stats, _, plan = torchrec_plan(tables, 4, 2, 2 * GIB, 256)
     assert np.isfinite(predicted_load(user, plan, 4, models)) and stats["perf_max_ms"] > 0
+
+
+def test_the_partitioner_takes_our_topology_slow_ranks_get_less_work_and_small_ones_less_memory():
+    """A two-generation cluster as `autoshard plan --topology` reads it: TorchRec's planner with our
+    partitioner told the speeds, against the same partitioner told the ranks are alike."""
+    from autoshard.placement.topology import Topology as Cluster
+    from autoshard.planner.partitioner import torchrec_topology
+
+    cluster = Cluster(np.array([1.0, 1.0, 0.4, 0.4]), np.full(4, GIB, dtype=np.int64), (2, 2))
+
+    def planned(partitioner, on: Cluster):
+        topology = torchrec_topology(on, "cpu")
+        enumerator = EmbeddingEnumerator(topology=topology, batch_size=BATCH, constraints=constraints(), estimator=[
+            EmbeddingPerfEstimator(topology, constraints=constraints()),
+            EmbeddingStorageEstimator(topology, constraints=constraints())])
+        planner = EmbeddingShardingPlanner(topology=topology, batch_size=BATCH, enumerator=enumerator,
+                                           constraints=constraints(), partitioner=partitioner,
+                                           storage_reservation=FixedPercentageStorageReservation(0.0))
+        return planner.plan(module(), [EmbeddingBagCollectionSharder()]).plan[""]
+
+    topology = torchrec_topology(cluster, "cpu")
+    enumerator = EmbeddingEnumerator(topology=topology, batch_size=BATCH, constraints=constraints(), estimator=[
+        EmbeddingPerfEstimator(topology, constraints=constraints()),
+        EmbeddingStorageEstimator(topology, constraints=constraints())])
+    options = enumerator.enumerate(module(), [EmbeddingBagCollectionSharder()])
+    perf = {o.name: o.shards[0].perf for o in options}
+    storage = {o.name: o.shards[0].storage.ddr for o in options}
+
+    def busy(plan) -> np.ndarray:
+        out = np.zeros(4)
+        for name, p in plan.items():
+            f, r = perf[name], p.ranks[0]
+            compute = f.fwd_compute + f.bwd_compute + f.prefetch_compute
+            out[r] += compute / cluster.speeds[r] + f.fwd_comms + f.bwd_comms
+        return out
+
+    told = AutoShardPartitioner(method="lpt_measured", topology=cluster)
+    ours = planned(told, cluster)
+    blind = planned(AutoShardPartitioner(method="lpt_measured"), cluster)
+    assert set(ours) == {n for n, *_ in TABLES} and told.last["topology"] == cluster.document()
+    busy = [busy(p) for p in (ours, blind)]
+    assert busy[0].max() < busy[1].max()
+    assert told.last["bottleneck"] == pytest.approx(busy[0].max(), rel=1e-6)
+    small = min(storage.values()) * 2  # rank 3 shared with another job: room for the two smallest tables at most
+    cramped = Cluster(np.ones(4), np.array([GIB, GIB, GIB, small], dtype=np.int64), (2, 2))
+    held = planned(AutoShardPartitioner(method="lpt_measured", topology=cramped), cramped)
+    assert sum(storage[n] for n, p in held.items() if p.ranks[0] == 3) <= small
+    with pytest.raises(ConfigError, match="'milp' places on devices alike; with a topology, lpt_measured"):
+        AutoShardPartitioner(method="milp", topology=cluster)
+    with pytest.raises(ConfigError, match="hosts of \\[1, 3\\] devices"):
+        torchrec_topology(Cluster(np.ones(4), np.full(4, GIB), (3, 1)))

@@ -32,11 +32,13 @@ from autoshard.cli.output import Interrupted, check_outputs, interruptible, writ
 from autoshard.cli.plan_files import read_columns, read_plan
 from autoshard.cli.service import FIRST_RUN, MEASURED, METHODS, TORCHREC, has_models, outside_range
 from autoshard.cli.sharding_plan import COST_METHODS, parse_bandwidths
+from autoshard.cli.topology_file import read_topology
 from autoshard.cli.user_tables import parse_memory, read_tables
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import SHARDINGS, Block, check_arguments, shown
 from autoshard.measure.names import BACKENDS
 from autoshard.methods.registry import GREEDY, POLICY, SAMPLED
+from autoshard.placement.topology import Topology
 
 
 class UsageError(ConfigError):
@@ -59,9 +61,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-def _task_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--devices", required=True, type=int, help="number of devices (at least 1)")
-    p.add_argument("--memory-per-device", required=True, help="memory of one device: 16GiB, 16 GB, 1.5e10 (bytes)")
+def _task_args(p: argparse.ArgumentParser, topology: bool = False) -> None:
+    """The devices: their number and memory (with `topology`, or a --topology file instead)."""
+    either = " (or --topology)" if topology else ""
+    p.add_argument("--devices", required=not topology, type=int, help=f"number of devices (at least 1){either}")
+    p.add_argument("--memory-per-device", required=not topology,
+                   help=f"memory of one device: 16GiB, 16 GB, 1.5e10 (bytes){either}")
+    if topology:
+        p.add_argument("--topology", type=Path, default=None, metavar="FILE",
+                       help="a YAML or JSON file of the hosts and each device's relative speed and memory, for "
+                            "clusters whose devices differ (cli.topology_file); in place of --devices, "
+                            "--memory-per-device and --devices-per-host; with lpt_measured or cost_greedy")
     p.add_argument("--models", type=Path, help="folder of the policy and cost model (default: $AUTOSHARD_MODELS, "
                                                "else data/rl of the project)")
     p.add_argument("--policy", type=Path, help="policy checkpoint (default MODELS/policy.pt)")
@@ -94,7 +104,7 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="place the tables on devices and write the plan")
     _common(plan)
-    _task_args(plan)
+    _task_args(plan, topology=True)
     plan.add_argument("--method", default=None,
                       help=f"one of {', '.join(METHODS)} (default {POLICY} where the trained models are found, "
                            f"else {FIRST_RUN} on single-table costs measured on this machine; {GREEDY} with "
@@ -193,7 +203,8 @@ def _check_plan_options(args: argparse.Namespace, folder: Path) -> None:
     given, else FIRST_RUN on costs measured here), and options it does not use are refused
     rather than ignored (a `--policy` it does not use is still checked, by `planning.load_models`)."""
 
-    whole = args.sharding == "column" or (args.sharding == "table" and args.constraints is None)  # no sharded plan
+    whole = args.sharding == "column" or (args.sharding == "table" and args.constraints is None
+                                          and args.cluster is None)  # no sharded plan
     unused = {"--column-ways": args.column_ways if args.sharding in ("table", "row") else None,
               "--split": args.split if args.sharding != "column" else None,
               "--devices-per-host": args.devices_per_host if whole else None,
@@ -207,7 +218,7 @@ def _check_plan_options(args: argparse.Namespace, folder: Path) -> None:
             raise ConfigError(f"--method: {shown(args.method)} (with --sharding column only cost_greedy, "
                               "split-then-place on the cost model, places column shards)")
         args.method = GREEDY
-    if args.sharding in ("row", "auto") or args.constraints is not None:  # the sharded placement
+    if args.sharding in ("row", "auto") or args.constraints is not None or args.cluster is not None:  # sharded
         if args.method is None:
             args.method = GREEDY if has_models(folder) or args.cost_model else FIRST_RUN
             if args.method == FIRST_RUN:
@@ -236,15 +247,43 @@ def _check_plan_options(args: argparse.Namespace, folder: Path) -> None:
         args.best_of = study_defaults()["rl.best_of"]
 
 
+def _topology(args: argparse.Namespace) -> None:
+    """`args.cluster`: the --topology file's devices, which then stand for --devices,
+    --memory-per-device and --devices-per-host (refused beside them); else those three, alike."""
+    args.cluster = None
+    if args.topology is None:
+        for option, value in (("--devices", args.devices), ("--memory-per-device", args.memory_per_device)):
+            if value is None:
+                raise ConfigError(f"{option}: required (or --topology FILE)")
+        return
+    given = [o for o, v in (("--devices", args.devices), ("--memory-per-device", args.memory_per_device),
+                            ("--devices-per-host", args.devices_per_host)) if v is not None]
+    if given:
+        raise ConfigError(f"{given[0]}: --topology {args.topology} gives the devices (one or the other)")
+    if args.method not in (*COST_METHODS, None):
+        raise ConfigError(f"--method: {shown(args.method)} places on devices alike; with --topology, "
+                          f"{' or '.join(COST_METHODS)} (every piece's compute over its device's speed, each "
+                          "device's own memory)")
+    if args.sharding == "column":
+        raise ConfigError("--sharding: column places on devices alike; with --topology, table, row or auto")
+    args.cluster = read_topology(args.topology)
+    args.devices, args.memory_per_device = args.cluster.devices, str(int(args.cluster.memories.max()))
+    args.devices_per_host = args.cluster.local
+    if args.torchrec is not None and args.cluster.local is None:
+        raise ConfigError(f"--torchrec: TorchRec's topology has one number of devices per host, and "
+                          f"{args.topology} has hosts of {', '.join(map(str, sorted(set(args.cluster.hosts))))}")
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
 
+    _topology(args)
     check_arguments(args)
     folder = planning.models_folder(args.models)
     _check_plan_options(args, folder)
     memory = parse_memory(args.memory_per_device)
     check_outputs({"--out": args.out, "--torchrec": args.torchrec},
                   [args.tables, args.policy, args.cost_model, args.constraints, *planning.default_files(folder)])
-    sharded = args.sharding in ("row", "auto") or args.constraints is not None
+    sharded = args.sharding in ("row", "auto") or args.constraints is not None or args.cluster is not None
     estimated = sharded and args.backend == "analytic" and args.method not in (GREEDY, TORCHREC)
     tables = read_tables(args.tables, args.weight_bytes, reuse=not estimated)  # TorchRec's estimate reads no reuse
     if sharded:
@@ -329,6 +368,7 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
     TorchRec's planner (`cli.torchrec_method`)."""
 
     local = args.devices_per_host or args.devices
+    topology = args.cluster or Topology.uniform(args.devices, memory, local)
     constraints = (read_constraints(args.constraints, tables, args.devices, local, args.sharding,
                                     tables.memory(args.batch_size), memory)
                    if args.constraints is not None else Constraints())
@@ -356,12 +396,12 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
 
             costs = sharding_plan.measured(tables, _backend_config(tables, args, training=True),
                                            cache_folder(args.cache), progress=not args.json and sys.stderr.isatty())
-        result = sharding_plan.plan(tables, args.sharding, args.devices, local, memory, args.batch_size, ways,
-                                    costs, args.links, constraints)
+        result = sharding_plan.plan(tables, args.sharding, topology, args.batch_size, ways, costs, args.links,
+                                    constraints)
     options = {"sharding": args.sharding, "devices_per_host": local, "batch_size": args.batch_size,
                "column_ways": list(ways), "bandwidths_gib_per_s": list(args.links.gib_per_s),
                "constraints": None if args.constraints is None else str(args.constraints)}
-    doc = sharding_plan.document(args.method, options, tables, args.devices, memory, result, models.files,
+    doc = sharding_plan.document(args.method, options, tables, topology, result, models.files,
                                  models.engine)
     _note_range(doc, tables, models)
     outputs = {args.out: json.dumps(doc, indent=1, default=_plain, allow_nan=False)}

@@ -46,6 +46,7 @@ from autoshard.data.traces import from_lengths
 from autoshard.methods.registry import GREEDY
 from autoshard.placement.column_split import ALIGN
 from autoshard.placement.sharding import Layout, Piece, Placed, host_split, place
+from autoshard.placement.topology import Topology
 from autoshard.placement.traffic import TORCHREC_GIB_PER_S, Links, gradient_bytes, piece_bytes
 
 COST_METHODS = (FIRST_RUN, GREEDY)  # piece costs measured here, or predicted by the cost model
@@ -187,13 +188,16 @@ def parse_bandwidths(value: str | None) -> Links:
     return Links.from_gib_per_s(intra, cross)
 
 
-def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_bytes: int, batch: int,
+def plan(tables: UserTables, sharding: str, topology: Topology, batch: int,
          column_ways: tuple[int, ...], piece_costs, links: Links, constraints: Constraints | None = None) -> Result:
-    """The tables' layouts and devices. `piece_costs(distinct)` gives each distinct piece's cost
-    (ms) and the plan file's `costs` entry (`measured`, `estimated` or `predicted` below); each
-    piece's communication is charged at `links`; `constraints` pin, group and restrict tables."""
+    """The tables' layouts and devices on `topology`. `piece_costs(distinct)` gives each distinct
+    piece's cost (ms, on a device of speed 1) and the plan file's `costs` entry (`measured`,
+    `estimated` or `predicted` below); each piece's communication is charged at `links`;
+    `constraints` pin, group and restrict tables. Table-row-wise shards are offered where every
+    host has as many devices (TorchRec's), and comm is charged as if every host were the smallest."""
     constraints = constraints or Constraints()
-    candidates = shapes(tables, sharding, devices, local, column_ways)
+    devices, local = topology.devices, topology.local or min(topology.hosts)
+    candidates = shapes(tables, sharding, devices, topology.local or 1, column_ways)
     for t, kinds in constraints.kinds.items():
         candidates[t] = [o for o in candidates[t] if o[0] in kinds]
         if not candidates[t]:
@@ -234,13 +238,14 @@ def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_byt
             each_piece = [made[n, first.width] for n in pieces.sizes()]
             found.append(Layout(kind, loads=np.array([c + m for c, _, m in each_piece]),
                                 memories=np.array([b for _, b, _ in each_piece], dtype=np.int64),
+                                comms=np.array([m for _, _, m in each_piece]),
                                 build=partial(_pieces, pieces, made)))
         if not found:
             raise ConfigError(f"{tables.source}: table {tables.names[t]}: too large to measure on this machine, "
                               f"whole or split (use --method {GREEDY})")
         layouts.append(found)
     start = time.perf_counter()
-    placed = _grouped_place(layouts, devices, local, memory_bytes, tables.names, constraints)
+    placed = _grouped_place(layouts, topology, tables.names, constraints)
     return Result(placed, time.perf_counter() - start,
                   {"objective": "the busiest device's costs plus its comm (placement.sharding)", **source})
 
@@ -259,7 +264,7 @@ def footprint(s: Shape, weight_bytes: int, batch: int, pooling: float, sequence:
     return int(table_bytes(s.rows, s.width, weight_bytes)) + inputs + outputs
 
 
-def _grouped_place(layouts: list[list[Layout]], devices: int, local: int, memory_bytes: int, names: list[str],
+def _grouped_place(layouts: list[list[Layout]], topology: Topology, names: list[str],
                    constraints: Constraints) -> list[Placed]:
     """`placement.sharding.place` with each group of tables placed as one whole table (its costs,
     comm and memory summed) and pinned tables on their devices; then each member on its group's device."""
@@ -274,7 +279,7 @@ def _grouped_place(layouts: list[list[Layout]], devices: int, local: int, memory
                                                   sum(p.memory for p in whole), sum(p.comm for p in whole)),))])
         labels.append(f"group of {', '.join(names[t] for t in members)}")
         fixed.append(device)
-    placed = place(items, devices, local, memory_bytes, labels, fixed)
+    placed = place(items, topology, labels, fixed)
     out: list[Placed | None] = [None] * len(layouts)
     for t, p in zip(alone, placed[:len(alone)], strict=True):
         out[t] = p
@@ -356,12 +361,14 @@ def blocks(tables: UserTables, placed: list[Placed]) -> tuple[dict[str, list[Blo
     return out, kinds
 
 
-def document(method: str, options: dict, tables: UserTables, devices: int, memory_bytes: int, result: Result,
+def document(method: str, options: dict, tables: UserTables, topology: Topology, result: Result,
              models_files: dict, engine: str) -> dict:
     """The plan file: whole tables in `assignment`, split ones in `columns` or `rows` (with their
     TorchRec sharding type), data-parallel ones in `replicated` (where there are any), and per
     device its pieces, their memory while training and the sum of the costs the plan placed on
-    (`costs` says whether measured alone or predicted)."""
+    (`costs` says whether measured alone or predicted); on a topology of unlike devices, each
+    device's speed and memory, and its busy time (its costs over its speed, plus its comm)."""
+    devices, memory_bytes = topology.devices, int(topology.memories.max())
     kind = result.costs["kind"]
     column = {"predicted": "predicted_ms", "measured": "measured_alone_ms", "estimated": "estimated_ms"}[kind]
     load, used, count = np.zeros(devices), np.zeros(devices, dtype=np.int64), np.zeros(devices, dtype=np.int64)
@@ -388,12 +395,17 @@ def document(method: str, options: dict, tables: UserTables, devices: int, memor
         else:
             rows[name] = {"kind": p.layout.kind, "shards": [{"start": q.row, "rows": q.rows, "device": int(d)}
                                                             for q, d in zip(p.layout.pieces, p.devices, strict=True)]}
+    unlike = not topology.alike
     per_device = [{"device": d, "shards": int(count[d]), "memory_bytes": int(used[d]),
-                   "memory_share": float(used[d] / memory_bytes), column: float(load[d]),
-                   "comm_modelled_ms": float(comm[d]), "names": names[d]}
+                   "memory_share": float(used[d] / topology.memories[d]), column: float(load[d]),
+                   "comm_modelled_ms": float(comm[d]),
+                   **({"speed": float(topology.speeds[d]), "capacity_bytes": int(topology.memories[d]),
+                       "busy_ms": float(load[d] / topology.speeds[d] + comm[d])} if unlike else {}),
+                   "names": names[d]}
                   for d in range(devices)]
     return {"format": PLAN_FORMAT, "method": method, "options": options, "tables_file": tables.source,
-            "devices": devices, "memory_per_device_bytes": memory_bytes, "sharding": options["sharding"],
+            "devices": devices, "memory_per_device_bytes": memory_bytes,
+            **({"topology": topology.document()} if unlike else {}), "sharding": options["sharding"],
             "assignment": assignment, "columns": columns, "rows": rows,
             **({"replicated": replicated} if replicated else {}), "per_device": per_device,
             "predicted_bottleneck_ms": float(load.max()) if kind == "predicted" else None,

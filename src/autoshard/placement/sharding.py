@@ -28,6 +28,7 @@ from typing import NamedTuple
 import numpy as np
 
 from autoshard.core.errors import ConfigError
+from autoshard.placement.topology import Topology
 
 KINDS = ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel")
 
@@ -65,13 +66,16 @@ class Layout:
     split of 2,000 tables would otherwise make hundreds of thousands that are never placed."""
 
     def __init__(self, kind: str, pieces: tuple[Piece, ...] | None = None, *, loads: np.ndarray | None = None,
-                 memories: np.ndarray | None = None, build: Callable[[], tuple[Piece, ...]] | None = None):
+                 memories: np.ndarray | None = None, comms: np.ndarray | None = None,
+                 build: Callable[[], tuple[Piece, ...]] | None = None):
         if pieces is None and (build is None or loads is None or memories is None):
             raise ValueError("a layout needs its pieces, or their loads, memories and a builder")
         self.kind, self._pieces, self._build = kind, pieces, build
         self.loads = np.array([p.load for p in pieces]) if loads is None else np.asarray(loads, dtype=float)
         self.memories = (np.array([p.memory for p in pieces], dtype=np.int64) if memories is None else
                          np.asarray(memories, dtype=np.int64))
+        self.comms = (np.array([p.comm for p in pieces]) if pieces is not None else
+                      np.zeros(len(self.loads)) if comms is None else np.asarray(comms, dtype=float))
 
     @property
     def pieces(self) -> tuple[Piece, ...]:
@@ -103,82 +107,98 @@ class Placed:
     devices: tuple[int, ...]
 
 
-def place(candidates: Sequence[Sequence[Layout]], devices: int, local_size: int, memory_bytes: int,
-          names: Sequence[str], fixed: Sequence[int | None] | None = None) -> list[Placed]:
-    """Every table's layout and devices (see the module); a table no layout of which fits what
-    is left is refused by name. `fixed` pins a table (its one whole layout) to a device: pinned
-    tables are placed first, where they are pinned."""
-    if devices % local_size:
-        raise ConfigError(f"--devices-per-host: {local_size} (must divide --devices {devices})")
+def place(candidates: Sequence[Sequence[Layout]], topology: Topology, names: Sequence[str],
+          fixed: Sequence[int | None] | None = None) -> list[Placed]:
+    """Every table's layout and devices (see the module) on `topology`'s devices: a piece's
+    compute divided by its device's speed, each device's memory its own; a table no layout of
+    which fits what is left is refused by name. `fixed` pins a table (its one whole layout) to a
+    device: pinned tables are placed first, where they are pinned."""
+    devices, speeds, caps = topology.devices, topology.speeds, topology.memories
     loads, used = np.zeros(devices), np.zeros(devices, dtype=np.int64)
     cheapest = np.array([min(layout.load for layout in c) for c in candidates])
     # tables that fit no device whole go first, largest first: they need the room the others would take
     need = [min(int(layout.memories.max()) for layout in c) for c in candidates]
-    forced = [not any(len(layout) == 1 and layout.memories[0] <= memory_bytes for layout in c)
+    forced = [not any(len(layout) == 1 and layout.memories[0] <= caps.max() for layout in c)
               for c in candidates]
     pinned = list(fixed) if fixed is not None else [None] * len(candidates)
     order = sorted(range(len(candidates)), key=lambda t: (pinned[t] is None, not forced[t],
                                                           -need[t] if forced[t] else -cheapest[t], t))
     remaining = float(cheapest.sum())
+    unit, capacity = bool((speeds == 1).all()), float(speeds.sum())
+    done = 0.0  # the work placed so far, at speed 1
     out: list[Placed | None] = [None] * len(candidates)
     for t in order:
         remaining -= cheapest[t]
-        best, best_key = None, None
+        best, best_key, best_time = None, None, None
         for layout in candidates[t]:
-            spots = _fit(layout, loads, used, memory_bytes, local_size, pinned[t])
+            spots = _fit(layout, loads, used, topology, pinned[t])
             if spots is None:
                 continue
             new = loads.copy()
+            time = _time(layout.loads, layout.comms, speeds[list(spots)])
             if layout.contiguous:
-                new[spots[0]:spots[0] + len(spots)] += layout.loads
+                new[spots[0]:spots[0] + len(spots)] += time
             else:
-                np.add.at(new, list(spots), layout.loads)
-            key = (max(new.max(), (new.sum() + remaining) / devices), len(layout), spots)
+                np.add.at(new, list(spots), time)
+            average = ((new.sum() + remaining) / devices if unit else  # the work over the devices' capacity
+                       (done + layout.load + remaining) / capacity)
+            key = (max(new.max(), average), len(layout), spots)
             if best_key is None or key < best_key:
-                best, best_key = Placed(layout, spots), key
+                best, best_key, best_time = Placed(layout, spots), key, time
         if best is None and pinned[t] is not None:
             raise ConfigError(f"table {names[t]}: pinned to device {pinned[t]}, which has "
-                              f"{int(memory_bytes - used[pinned[t]])} bytes left of the "
+                              f"{int(caps[pinned[t]] - used[pinned[t]])} bytes left of the "
                               f"{candidates[t][0].memories[0]} it needs")
         if best is None:
+            free = caps - used
             whole = min(int(layout.memories[0]) for layout in candidates[t] if len(layout) == 1)
             split = [int(layout.memories.max()) for layout in candidates[t] if len(layout) > 1]
             rows = (f"; split, its largest piece needs {min(split)} (the fullest device has "
-                    f"{int(memory_bytes - used.max())} left)") if split else ""
+                    f"{int(free.min())} left)") if split else ""
             raise ConfigError(f"table {names[t]}: no sharding of it fits what the devices have left (whole it needs "
-                              f"{whole} bytes, the freest device has {int(memory_bytes - used.min())}{rows}; more "
+                              f"{whole} bytes, the freest device has {int(free.max())}{rows}; more "
                               "memory or devices)")
-        np.add.at(loads, list(best.devices), best.layout.loads)
+        np.add.at(loads, list(best.devices), best_time)
         np.add.at(used, list(best.devices), best.layout.memories)
+        done += best.layout.load
         out[t] = best
     return [p for p in out if p is not None]
 
 
-def _fit(layout: Layout, loads: np.ndarray, used: np.ndarray, cap: int, local: int,
+def _time(loads: np.ndarray | float, comms: np.ndarray | float, speeds: np.ndarray) -> np.ndarray:
+    """Pieces' times on devices of `speeds`: compute over the speed, comm as it is (at speed 1
+    exactly the load, so that a cluster of one generation places as it always did)."""
+    return np.where(speeds == 1, loads, (np.asarray(loads) - comms) / speeds + comms)
+
+
+def _fit(layout: Layout, loads: np.ndarray, used: np.ndarray, topology: Topology,
          pinned: int | None = None) -> tuple[int, ...] | None:
     """The devices `layout`'s pieces go to, the least loaded that fit (`pinned`: that device, for
     a whole table); None if they do not fit."""
-    free = cap - used
+    free = topology.memories - used
     if pinned is not None:
         return (pinned,) if len(layout) == 1 and free[pinned] >= layout.memories[0] else None
+    speeds = topology.speeds
     if layout.kind in ("table_wise", "column_wise"):
         spots, load, room = [], loads.copy(), free.copy()
         for p in layout.pieces:
             fits = np.flatnonzero(room >= p.memory)
             if not len(fits):
                 return None
-            d = int(fits[np.argmin(load[fits] + p.load)])
+            d = int(fits[np.argmin(load[fits] + _time(p.load, p.comm, speeds[fits]))])
             spots.append(d)
-            load[d] += p.load
+            load[d] += _time(p.load, p.comm, speeds[d])
             room[d] -= p.memory
         return tuple(spots)
-    hosts = [0] if layout.kind in ("row_wise", "data_parallel") else range(len(loads) // local)
     n = len(layout)
+    if layout.kind in ("row_wise", "data_parallel"):
+        starts = [0]
+    else:  # table-row-wise: the hosts of its size
+        starts = [int(s) for s, size in zip(topology.host_starts, topology.hosts, strict=True) if size == n]
     best, best_load = None, None
-    for h in hosts:
-        first = h * local
-        if (free[first:first + n] >= layout.memories).all():
-            peak = float((loads[first:first + n] + layout.loads).max())
+    for first in starts:
+        if first + n <= len(loads) and (free[first:first + n] >= layout.memories).all():
+            peak = float((loads[first:first + n] + _time(layout.loads, layout.comms, speeds[first:first + n])).max())
             if best_load is None or peak < best_load:
                 best, best_load = first, peak
     return None if best is None else tuple(range(best, best + n))

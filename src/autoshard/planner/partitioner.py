@@ -16,6 +16,10 @@ i on the host's rank i; then the user's constraints, tables pinned to a rank (`p
 table's name as TorchRec has it) and groups of tables kept on one rank (`groups`, each on the
 rank where it fits that is least busy); our method places the rest on what is left. Placed shards
 are charged to the topology's devices. (Sharding types are TorchRec's own `ParameterConstraints`.)
+Given our `topology` (`placement.topology`, what `autoshard plan --topology` reads), whose devices
+may differ in speed, `lpt_measured` places the rest on it (`placement.sharding.place`): each
+shard's compute over its rank's speed, each rank's own storage as TorchRec's topology has it
+(`torchrec_topology` makes that from ours).
 
     planner = EmbeddingShardingPlanner(topology=topology, enumerator=enumerator,
                                        partitioner=AutoShardPartitioner(method=...))  # any id of `cli.service.METHODS`
@@ -34,6 +38,8 @@ from torchrec.distributed.planner.types import Partitioner, PlannerError, Planne
 from autoshard.cli import service
 from autoshard.core.errors import ConfigError
 from autoshard.data.tasks import Task
+from autoshard.placement.sharding import Layout, Piece, place
+from autoshard.placement.topology import Topology
 from autoshard.planner.options import as_tables, items
 
 
@@ -44,9 +50,14 @@ class AutoShardPartitioner(Partitioner):
     bottleneck (the largest per-device sum of perf totals) and memory kind."""
 
     def __init__(self, method: str = service.FIRST_RUN, models: Path | None = None, seed: int = 0,
-                 pins: dict[str, int] | None = None, groups: list[list[str]] | None = None) -> None:
+                 pins: dict[str, int] | None = None, groups: list[list[str]] | None = None,
+                 topology: Topology | None = None) -> None:
         if method not in service.METHODS:
             raise ConfigError(f"method: {method!r} (expected one of {', '.join(service.METHODS)})")
+        if topology is not None and method != service.FIRST_RUN:
+            raise ConfigError(f"method: {method!r} places on devices alike; with a topology, {service.FIRST_RUN} "
+                              "(each shard's compute over its rank's speed, each rank's own storage)")
+        self.topology = topology
         twice = [n for n, c in Counter(n for g in groups or [] for n in g).items() if c > 1]
         if twice:
             raise ConfigError(f"groups: table {twice[0]!r} is in two groups")
@@ -73,6 +84,8 @@ class AutoShardPartitioner(Partitioner):
         kind = "hbm" if any(proposal[s.option].shards[s.shard].storage.hbm > 0 for s in shards) else "ddr"
         need = np.array([getattr(proposal[s.option].shards[s.shard].storage, kind) for s in shards], dtype=np.int64)
         cap = min(getattr(d.storage, kind) for d in devices)
+        if self.topology is not None:
+            return self._on_topology(proposal, shards, devices, kind)
         tables = as_tables(shards, 4, max(int(o.batch_size) for o in proposal))
         tables.features["size_bytes"] = need  # TorchRec's storage estimate, not ours: its constraint is honoured
         costs = np.array([proposal[s.option].shards[s.shard].perf.total for s in shards], dtype=float)
@@ -91,6 +104,35 @@ class AutoShardPartitioner(Partitioner):
             self._charge(proposal[s.option].shards[s.shard], int(rank), devices, s.name)
         loads = np.bincount(placement, weights=costs, minlength=len(devices))
         self.last = {"method": self.method, "bottleneck": float(loads.max()), "memory": kind, "shards": len(shards)}
+        return proposal
+
+    def _on_topology(self, proposal: list, shards: list, devices: list, kind: str) -> list:
+        """The shards placed by `placement.sharding.place` on the topology's speeds and on what
+        each rank has left of its own storage: TorchRec's perf estimate, its compute over the
+        rank's speed and its comm as it is."""
+        if self.topology.devices != len(devices):
+            raise ConfigError(f"topology: {self.topology.devices} devices, TorchRec's topology {len(devices)} ranks")
+        layouts = []
+        for s in shards:
+            shard = proposal[s.option].shards[s.shard]
+            perf = shard.perf
+            compute = perf.fwd_compute + perf.bwd_compute + perf.prefetch_compute
+            layouts.append([Layout("table_wise", (Piece(0, None, 0, None, compute, int(getattr(shard.storage, kind)),
+                                                        perf.fwd_comms + perf.bwd_comms),))])  # as in its total
+        free = np.array([getattr(d.storage, kind) for d in devices], dtype=np.int64)
+        left = Topology(self.topology.speeds, free, self.topology.hosts)
+        try:
+            placed = place(layouts, left, [s.name for s in shards])
+        except ConfigError as exc:
+            raise PlannerError(error_type=PlannerErrorType.PARTITION, message=f"{self.method}: {exc}") from None
+        busy = np.zeros(len(devices))
+        for s, p in zip(shards, placed, strict=True):
+            rank = p.devices[0]
+            self._charge(proposal[s.option].shards[s.shard], rank, devices, s.name)
+            piece = p.layout.pieces[0]
+            busy[rank] += piece.cost / self.topology.speeds[rank] + piece.comm
+        self.last = {"method": self.method, "bottleneck": float(busy.max()), "memory": kind, "shards": len(shards),
+                     "topology": self.topology.document()}
         return proposal
 
     def _constrained(self, proposal: list, devices: list) -> set[int]:
@@ -152,3 +194,19 @@ class AutoShardPartitioner(Partitioner):
         shard.rank = rank
         devices[rank].storage -= shard.storage
         devices[rank].perf += shard.perf
+
+
+def torchrec_topology(topology: Topology, compute_device: str = "cuda"):
+    """TorchRec's `Topology` of ours: its ranks in hosts of one size, each rank's own memory (HBM,
+    or DDR on CPU); TorchRec has no speed per device, which `AutoShardPartitioner(topology=...)` adds."""
+    from torchrec.distributed.planner import Topology as TorchRecTopology
+
+    if topology.local is None:
+        raise ConfigError(f"topology: hosts of {sorted(set(topology.hosts))} devices (TorchRec's ranks fill hosts "
+                          "of one size)")
+    kind = "ddr" if compute_device == "cpu" else "hbm"
+    out = TorchRecTopology(world_size=topology.devices, local_world_size=topology.local,
+                           compute_device=compute_device, **{f"{kind}_cap": int(topology.memories.max())})
+    for device, memory in zip(out.devices, topology.memories, strict=True):
+        setattr(device.storage, kind, int(memory))
+    return out
