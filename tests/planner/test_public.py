@@ -1,0 +1,31 @@
+"""The public-shapes benchmark: its models as published, and its page records a run that did
+not finish as a result, not a gap."""
+
+import argparse
+
+from autoshard.planner import public
+
+
+def test_the_criteo_models_have_their_published_shapes():
+    kaggle, terabyte = public.model("criteo_kaggle", 0), public.model("criteo_terabyte", 0)
+    assert len(kaggle) == len(terabyte) == 26
+    assert kaggle["rows"].max() == 10131227 and set(kaggle["dim"]) == {16}
+    assert terabyte["rows"].max() == 40_000_000 and set(terabyte["dim"]) == {128}
+    assert terabyte["pooling_factor"].max() == 100
+    assert len(public.model("production_240", 0)) == 240
+
+
+def test_the_page_scores_against_the_defaults_and_keeps_what_did_not_finish():
+    scored = {"finished": True, "command_seconds": 0.5, "peak_gib": 0.1, "split": {"replicated": 2, "rows": 1,
+                                                                                     "columns": 0},
+              "score": {"finished": True, "perf_max_ms": 9.0}}
+    cell = {"model": "m", "tables": 3, "ranks": 8, "ours": scored,
+            "torchrec_defaults": {"finished": True, "seconds": 4.0, "perf_max_ms": 10.0},
+            "torchrec_our_accounting": {"finished": False, "why": "not finished in 90 s"}}
+    args = argparse.Namespace(ranks=[8], bound_s=90.0, hbm=80 * 2**30, batch_per_rank=2048)
+    text = public.page([cell], args)
+    rows = [line for line in text.splitlines() if line.startswith("| m |")]
+    assert rows[0].split(" | ")[4:6] == ["9", "0.900"]
+    assert rows[1].split(" | ")[4:6] == ["10", "1.000"]
+    assert "not finished in 90 s" in rows[2] and rows[2].split(" | ")[5] == "-"
+    assert public.estimate(cell["torchrec_our_accounting"]) is None and public.estimate(scored) == 9.0
