@@ -29,3 +29,9 @@ def test_the_page_scores_against_the_defaults_and_keeps_what_did_not_finish():
     assert rows[1].split(" | ")[4:6] == ["10", "1.000"]
     assert "not finished in 90 s" in rows[2] and rows[2].split(" | ")[5] == "-"
     assert public.estimate(cell["torchrec_our_accounting"]) is None and public.estimate(scored) == 9.0
+
+
+def test_the_synthetic_keeps_ten_thousand_tables_and_shrinks_their_rows():
+    big = public.model("synthetic_10000", 0)
+    assert len(big) == 10_000 and big["rows"].min() >= 100
+    assert (big["rows"] * big["dim"] * 4).sum() < 0.6 * 8 * 80 * 2**30, "its weights fit 8 ranks of 80 GiB"

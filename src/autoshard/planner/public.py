@@ -1,7 +1,7 @@
 """Our planner beside TorchRec's on public model shapes, scored by TorchRec's own estimate (a
 benchmark, not a stage), written into docs/ by one command:
 
-  python -m autoshard.planner.public [--ranks 8 64] [--bound-s 120] [--out docs/planner-benchmark.md]
+  python -m autoshard.planner.public [--ranks 8 32 128] [--bound-s 120] [--out docs/planner-benchmark.md]
 
 The models:
 - `criteo_kaggle`: DLRM on Criteo Kaggle, its 26 categorical features at their published
@@ -9,7 +9,9 @@ The models:
 - `criteo_terabyte`: Criteo Terabyte as MLPerf's DLRM-DCNv2 uses it, the 26 features hashed to at
   most 40 million rows, dim 128, MLPerf's multi-hot sizes as lookups;
 - `production_240`, `production_1900`: the production-shaped generator (`cli.bench.production_tables`);
-- `synthetic_10000`: the same generator at 10,000 tables.
+- `synthetic_10000`: the same generator's shapes at 10,000 tables, each table's rows divided by 32
+  (at least 100), so that its weights (0.3 TiB, not 10) fit the ranks compared; the production
+  shapes keep their rows and do not fit the fewest ranks, which the page records.
 
 On each number of ranks (hosts of 8 GPUs of `--memory-per-device`, `--batch-per-rank` samples a
 rank), three plans:
@@ -46,6 +48,7 @@ TERABYTE = (40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 30
             155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36)  # MLPerf DLRM-DCNv2, capped 40M
 MULTI_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)  # its lookups
 PLANS = ("ours", "torchrec_defaults", "torchrec_our_accounting")
+SYNTHETIC_SHRINK = 32  # the 10,000-table synthetic's rows over the generator's: 10 TiB of weights to 0.3
 
 
 def criteo(cardinalities: tuple[int, ...], dim: int, lookups: tuple[int, ...]) -> pd.DataFrame:
@@ -61,6 +64,8 @@ def model(name: str, seed: int) -> pd.DataFrame:
         return criteo(KAGGLE, 16, (1,) * len(KAGGLE))
     if name == "criteo_terabyte":
         return criteo(TERABYTE, 128, MULTI_HOT)
+    if name == "synthetic_10000":
+        return production_tables(seed, 10_000).assign(rows=lambda t: (t["rows"] // SYNTHETIC_SHRINK).clip(lower=100))
     return production_tables(seed, int(name.rsplit("_", 1)[1]))
 
 
@@ -182,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m autoshard.planner.public", description=__doc__.split("\n")[0])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
-    p.add_argument("--ranks", nargs="+", type=int, default=[8, 64])
+    p.add_argument("--ranks", nargs="+", type=int, default=[8, 32, 128])
     p.add_argument("--memory-per-device", default="80GiB")
     p.add_argument("--batch-per-rank", type=int, default=2048)
     p.add_argument("--bound-s", type=float, default=120.0)
