@@ -13,6 +13,7 @@ import nbformat
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from autoshard.core.errors import ConfigError
@@ -265,6 +266,9 @@ def test_missing_notebook_fails_cleanly(tmp_path, capsys):
 def test_stage_times_are_set_against_the_budget(built):
     text = (built / "run.md").read_text()
     assert "**all notebook stages**" in text and "the study's budget of" in text and "fbgemm_gpu" in text
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    share = params["budget_shares"]["evaluate"] * params["budget_minutes"] * 60
+    assert f"| evaluate | 12 | {share:.0f} | yes |" in text, "each stage against its share of the budget"
 
 
 def test_notebook_stages_follow_dvc_yaml():

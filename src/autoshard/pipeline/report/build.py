@@ -17,6 +17,7 @@ import yaml
 from autoshard.core.atomic import atomic_dir, atomic_file
 from autoshard.core.errors import ConfigError
 from autoshard.core.params import Fields, load_params
+from autoshard.pipeline.budget import shares
 from autoshard.pipeline.report import (
     ablation,
     columns,
@@ -117,15 +118,17 @@ def write_pages(results: Results) -> None:
 def build(reports: str | Path, data_dir: str | Path, dvc_file: str | Path,
           params_file: str | Path | None = None) -> None:
     """Render the HTML, the plot files and the pages under `reports` (each written whole);
-    `params_file` gives the study's time budget (`budget_minutes`)."""
+    `params_file` gives the study's time budget (`budget_minutes`) and each stage's share of it
+    (`budget_shares`)."""
     reports = Path(reports)
-    budget = (Fields("", load_params(params_file)).number("budget_minutes", lo=0, lo_open=True)
-              if params_file is not None else None)
+    params = load_params(params_file) if params_file is not None else None
+    budget = Fields("", params).number("budget_minutes", lo=0, lo_open=True) if params is not None else None
+    stage_shares = shares(params) if params is not None and "budget_shares" in params else None
     stages = notebook_stages(dvc_file)
     missing = [stem for _, stem in stages if not (reports / "notebooks" / f"{stem}.ipynb").exists()]
     if missing:
         raise ConfigError(f"reports/notebooks: {missing[0]}.ipynb is missing (run its stage first)")
-    results = read_results(reports, tuple(stages), budget)  # checked before anything is written
+    results = read_results(reports, tuple(stages), budget, stage_shares)  # checked before anything is written
     with atomic_dir(reports / "html") as html:
         for _, stem in stages:
             render_html(reports / "notebooks" / f"{stem}.ipynb", html / f"{stem}.html")
@@ -139,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reports", type=Path, default=Path("reports"))
     parser.add_argument("--data", type=Path, default=Path("data"))
     parser.add_argument("--dvc-file", type=Path, default=Path("dvc.yaml"))
-    parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="for `budget_minutes`")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"),
+                        help="for `budget_minutes` and `budget_shares`")
     args = parser.parse_args(argv)
     try:
         build(args.reports, args.data, args.dvc_file, args.params)

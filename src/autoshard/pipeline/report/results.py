@@ -31,6 +31,7 @@ class Results:
     ablation: Ablation | None = None
     columns: Columns | None = None
     budget_minutes: float | None = None
+    budget_shares: dict[str, float] | None = None  # each stage's share of budget_minutes
 
 
 CONTRACTS: dict[str, type] = {"synthesize": Synthesis, "profile": Profile, "cost_model": CostModelScores,
@@ -38,11 +39,13 @@ CONTRACTS: dict[str, type] = {"synthesize": Synthesis, "profile": Profile, "cost
                               "ablation": Ablation, "columns": Columns}
 
 
-def read_results(reports: Path, stages: tuple[tuple[str, str], ...], budget_minutes: float | None = None) -> Results:
+def read_results(reports: Path, stages: tuple[tuple[str, str], ...], budget_minutes: float | None = None,
+                 budget_shares: dict[str, float] | None = None) -> Results:
     """Each stage's `reports/metrics/<stage>.json` that exists, checked against its contract."""
     found = {}
     for stage, contract in CONTRACTS.items():
         path = reports / "metrics" / f"{stage}.json"
         if path.exists():
             found[stage] = read_checked(path, contract)
-    return Results(reports=reports, stages=stages, budget_minutes=budget_minutes, **found)
+    return Results(reports=reports, stages=stages, budget_minutes=budget_minutes, budget_shares=budget_shares,
+                   **found)

@@ -12,16 +12,25 @@ TITLE = "The run: wall time and environment"
 
 
 def stage_times(results: Results) -> str:
-    """The wall time each notebook stage recorded, and their sum against `budget_minutes`."""
+    """The wall time each notebook stage recorded against its share of `budget_minutes`
+    (`budget_shares`), and their sum against the whole."""
     rows = []
     for stage, _ in results.stages:
         path = results.reports / "metrics" / f"{stage}.json"
         if path.exists():
             rows.append((stage, read_checked(path, StageTime)["seconds"]))
     total = sum(seconds for _, seconds in rows)
-    shown = table([{"stage": s, "wall time (s)": f"{t:.0f}"} for s, t in [*rows, ("**all notebook stages**", total)]]
+    budget, held = results.budget_minutes, results.budget_shares
+
+    def row(stage: str, seconds: float, share: float | None) -> dict:
+        out = {"stage": stage, "wall time (s)": f"{seconds:.0f}"}
+        if budget is not None and held:
+            out["its share (s)"] = "-" if share is None else f"{share * budget * 60:.0f}"
+            out["within"] = "-" if share is None else "yes" if seconds <= share * budget * 60 else "**no**"
+        return out
+
+    shown = table([*(row(s, t, (held or {}).get(s)) for s, t in rows), row("**all notebook stages**", total, 1.0)]
                   if rows else [])
-    budget = results.budget_minutes
     if budget is None or not rows:
         return shown
     within = total <= budget * 60
