@@ -35,3 +35,13 @@ def test_the_synthetic_keeps_ten_thousand_tables_and_shrinks_their_rows():
     big = public.model("synthetic_10000", 0)
     assert len(big) == 10_000 and big["rows"].min() >= 100
     assert (big["rows"] * big["dim"] * 4).sum() < 0.6 * 8 * 80 * 2**30, "its weights fit 8 ranks of 80 GiB"
+
+
+def test_a_run_past_its_bound_or_failing_is_a_result_with_its_reason():
+    import sys
+
+    assert public._bounded([sys.executable, "-c", "import time; time.sleep(5)"], 0.5) == "not finished in 0.5 s"
+    said = public._bounded([sys.executable, "-c", "import sys; print('no room', file=sys.stderr); sys.exit(2)"], 30)
+    assert said == "no room"
+    out, seconds, _ = public._bounded([sys.executable, "-c", "print(7)"], 30)
+    assert out.strip() == "7" and seconds > 0

@@ -72,13 +72,16 @@ def model(name: str, seed: int) -> pd.DataFrame:
 MODELS = ("criteo_kaggle", "criteo_terabyte", "production_240", "production_1900", "synthetic_10000")
 
 
-def _bounded(argv: list[str], bound_s: float) -> tuple[str, float, str]:
-    """(stdout, seconds, stderr) of a child process, or raises TimeoutExpired past `bound_s`."""
+def _bounded(argv: list[str], bound_s: float) -> tuple[str, float, str] | str:
+    """(stdout, seconds, stderr) of a child process, or why it did not finish within `bound_s`."""
     start = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=bound_s)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=bound_s)
+    except subprocess.TimeoutExpired:
+        return f"not finished in {bound_s:g} s"
     if done.returncode != 0:
         said = [line for line in done.stderr.strip().splitlines() if not line.startswith("peak_kib ")]
-        raise RuntimeError(said[-1] if said else f"exit {done.returncode}")
+        return (said[-1] if said else f"exit {done.returncode}")[:200]
     return done.stdout, time.perf_counter() - start, done.stderr
 
 
@@ -87,12 +90,10 @@ def score(tables_csv: Path, ranks: int, hbm: int, batch: int, plan: Path | None,
     defaults), in a bounded process: per-rank stats and planning seconds, or why not."""
     argv = [sys.executable, "-m", "autoshard.planner.public", "--worker", str(tables_csv), str(ranks), str(hbm),
             str(batch), str(plan or "")]
-    try:
-        out, seconds, _ = _bounded(argv, bound_s)
-    except subprocess.TimeoutExpired:
-        return {"finished": False, "why": f"not finished in {bound_s:g} s"}
-    except RuntimeError as exc:
-        return {"finished": False, "why": str(exc)[:200]}
+    got = _bounded(argv, bound_s)
+    if isinstance(got, str):
+        return {"finished": False, "why": got}
+    out, seconds, _ = got
     return {"finished": True, "seconds": seconds, **json.loads(out.strip().splitlines()[-1])}
 
 
@@ -103,12 +104,10 @@ def ours(tables_csv: Path, ranks: int, hbm: int, batch: int, folder: Path, metho
             "--devices-per-host", str(min(8, ranks)), "--memory-per-device", str(hbm), "--sharding", "auto",
             "--method", method, "--batch-size", str(batch * ranks), "--out", str(out), "--torchrec", str(exported)]
     argv += ["--backend", "analytic"] if method != TORCHREC else []
-    try:
-        _, seconds, err = _bounded(argv, bound_s)
-    except subprocess.TimeoutExpired:
-        return {"finished": False, "why": f"not finished in {bound_s:g} s"}
-    except RuntimeError as exc:
-        return {"finished": False, "why": str(exc)[:200]}
+    got = _bounded(argv, bound_s)
+    if isinstance(got, str):
+        return {"finished": False, "why": got}
+    _, seconds, err = got
     peak = [int(line.split()[1]) for line in err.splitlines() if line.startswith("peak_kib ")]
     doc = json.loads(out.read_text())
     kinds = {"replicated": len(doc.get("replicated", [])), "rows": len(doc.get("rows", {})),
