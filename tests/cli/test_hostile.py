@@ -502,7 +502,7 @@ def test_numbers_and_sizes_are_exact_ints_in_range_or_one_clean_error(text, unit
 def test_torchrec_check_refuses_bad_plans_in_one_line(corpus, argv, message):
     import re
 
-    from autoshard.cli import torchrec_check
+    from autoshard.cli.torchrec import check as torchrec_check
 
     before = snapshot(corpus)
     err = io.StringIO()

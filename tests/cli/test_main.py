@@ -151,7 +151,7 @@ def test_compare_runs_every_method(files, capsys):
 
 
 def test_exported_plan_runs_in_torchrec_with_two_processes(files, tmp_path):
-    from autoshard.cli.torchrec_check import check
+    from autoshard.cli.torchrec.check import check
 
     out, exported = tmp_path / "plan.json", tmp_path / "plan.torchrec.json"
     assert plan(files, out, "--torchrec", str(exported), "--torchrec-device", "cpu", method="size_lookup_greedy") == 0
@@ -164,7 +164,7 @@ def test_exported_plan_runs_in_torchrec_with_two_processes(files, tmp_path):
 
 
 def test_torchrec_check_runs_one_process_per_rank_of_a_cpu_plan(files, tmp_path, capsys):
-    from autoshard.cli import torchrec_check
+    from autoshard.cli.torchrec import check as torchrec_check
 
     out, exported = tmp_path / "plan.json", tmp_path / "plan.torchrec.json"
     assert plan(files, out, "--torchrec", str(exported), "--torchrec-device", "cpu", method="size_greedy") == 0
@@ -443,7 +443,7 @@ def test_a_column_wise_plan_lists_each_split_tables_columns(files, tmp_path):
 
 
 def test_a_column_wise_plan_runs_in_torchrec_and_computes_what_the_unsharded_module_does(files, tmp_path):
-    from autoshard.cli.torchrec_check import check
+    from autoshard.cli.torchrec.check import check
 
     out, exported = tmp_path / "plan.json", tmp_path / "plan.torchrec.json"
     assert column_plan(files, out, "--torchrec", str(exported), "--torchrec-device", "cpu") == 0

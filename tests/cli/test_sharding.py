@@ -91,7 +91,7 @@ def test_torchrecs_own_planner_plans_the_model_with_the_same_accounting(model, t
 
 
 def test_the_exported_row_wise_plan_runs_in_torchrec_and_computes_what_the_unsharded_model_does(model, tmp_path):
-    from autoshard.cli.torchrec_check import check
+    from autoshard.cli.torchrec.check import check
 
     out, exported = tmp_path / "plan.json", tmp_path / "plan.torchrec.json"
     model.write_text(SMALL)
@@ -293,7 +293,7 @@ def test_small_busy_tables_go_data_parallel_and_pay_for_their_gradient_all_reduc
 
 
 def test_a_replicated_plan_runs_in_torchrec_and_computes_what_the_unsharded_model_does(tmp_path):
-    from autoshard.cli.torchrec_check import check
+    from autoshard.cli.torchrec.check import check
 
     model = tmp_path / "model.csv"
     model.write_text(REPLICABLE.replace("2000000", "20000").replace("seq,sequence", "sparse,pooled"))

@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from autoshard.cli.torchrec_method import _placed
+from autoshard.cli.torchrec.method import _placed
 from autoshard.cli.user_tables import read_tables
 from autoshard.placement.traffic import Links
 

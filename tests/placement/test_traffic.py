@@ -37,7 +37,7 @@ def test_per_piece_comm_ranks_the_shardings_as_torchrecs_estimator_does(pooling,
     from torchrec.distributed.planner import ParameterConstraints
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 
-    from autoshard.cli.torchrec_method import sharders
+    from autoshard.cli.torchrec.method import sharders
     from autoshard.planner.production import model_and_topology
 
     logging.getLogger("torchrec").setLevel(logging.ERROR)

@@ -170,7 +170,7 @@ def test_the_plan_loader_hands_our_plan_file_to_torchrecs_planner(tmp_path):
 
 @pytest.mark.slow
 def test_the_planned_module_runs_sharded_with_gloo_and_computes_what_the_unsharded_one_does(tmp_path):
-    from autoshard.cli.torchrec_check import check
+    from autoshard.cli.torchrec.check import check
     from autoshard.placement.torchrec import plan_to_json
 
     topology = Topology(world_size=2, compute_device="cpu", ddr_cap=GIB)

@@ -298,7 +298,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     singles = _singles(tables, args) if args.method in MEASURED else None
     costs = None if singles is None else singles.source()
     if args.method == TORCHREC:  # TorchRec's planner on the user's modules, at the training batch
-        from autoshard.cli import torchrec_method
+        from autoshard.cli.torchrec import method as torchrec_method
 
         result = torchrec_method.plan(tables, "table", args.devices, args.devices, memory, args.batch_size,
                                       parse_bandwidths(None), args.torchrec_device)
@@ -365,7 +365,7 @@ def _write_and_show(args: argparse.Namespace, doc: dict, outputs: dict) -> int:
 def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -> int:
     """`plan --sharding row|auto`: every table's sharding chosen with its placement
     (`cli.sharding_plan`), on piece costs measured here or predicted by the cost model, or by
-    TorchRec's planner (`cli.torchrec_method`)."""
+    TorchRec's planner (`cli.torchrec.method`)."""
 
     local = args.devices_per_host or args.devices
     topology = args.cluster or Topology.uniform(args.devices, memory, local)
@@ -381,7 +381,7 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
             if args.sharding == "auto" and args.method != TORCHREC else ())
     models = planning.Models(cost_model=None, policy=None, files={})
     if args.method == TORCHREC:
-        from autoshard.cli import torchrec_method
+        from autoshard.cli.torchrec import method as torchrec_method
 
         result = torchrec_method.plan(tables, args.sharding, args.devices, local, memory, args.batch_size, args.links,
                                       args.torchrec_device, constraints.kinds)

@@ -19,7 +19,7 @@ from autoshard.core.inputs import shown
 from autoshard.core.seeding import rng
 from autoshard.data.features import feature_matrix
 from autoshard.data.tasks import Task
-from autoshard.methods.registry import METHODS_LIST, REGISTRY, check, ids
+from autoshard.methods.registry import METHODS_LIST, REGISTRY, TORCHREC, check, ids
 from autoshard.rl import numpy_planner
 
 if TYPE_CHECKING:  # torch is imported only when a method needs it
@@ -31,7 +31,6 @@ MEASURED = tuple(m.id for m in METHODS_LIST if m.needs == (("single_costs",),))
 METHODS = tuple(dict.fromkeys((*ids("command"), *MEASURED)))  # the registry's ids the command offers
 LEARNED = ids("learned")
 FIRST_RUN = MEASURED[0]  # without trained models (a fresh clone): LPT on costs measured here, instant at any size
-TORCHREC = "torchrec"  # TorchRec's planner: the command runs it on the user's own model (cli.torchrec_method)
 
 MODELS_ENV = "AUTOSHARD_MODELS"
 POLICY_FILE, COST_MODEL_FILE = "policy.pt", "cost_model.pt"

@@ -5,7 +5,7 @@ planner with its defaults, side by side (a benchmark, not a stage).
       [--memory-per-device 138GiB] [--batch-per-rank 2048] [--methods cost_greedy lpt_measured torchrec]
       [--no-defaults] [--out bench.json]
 
-`--methods torchrec` is TorchRec's planner through the command (`cli.torchrec_method`: the
+`--methods torchrec` is TorchRec's planner through the command (`cli.torchrec.method`: the
 fused kernel, storage at the training batch, no reservation); "defaults" is TorchRec's planner as
 it comes (every kernel and sharding type it proposes, its heuristical storage reservation).
 
@@ -36,14 +36,14 @@ import pandas as pd
 
 from autoshard.cli.bench import production_tables
 from autoshard.cli.service import FIRST_RUN, TORCHREC
-from autoshard.cli.torchrec_method import sharders
+from autoshard.cli.torchrec.method import sharders
 from autoshard.methods.registry import GREEDY
 
 
 def model_and_topology(tables: pd.DataFrame, devices: int, local: int, hbm: int):
-    """The meta-device model of the tables, TorchRec's GPU topology (`cli.torchrec_method`)
+    """The meta-device model of the tables, TorchRec's GPU topology (`cli.torchrec.method`)
     and the tables as the command reads them."""
-    from autoshard.cli.torchrec_method import model_and_topology as planned
+    from autoshard.cli.torchrec.method import model_and_topology as planned
     from autoshard.cli.user_tables import tables_from_records
 
     user = tables_from_records(tables.to_dict("records"), "the production-shaped model")
@@ -90,14 +90,11 @@ def torchrec_plan(tables: pd.DataFrame, devices: int, local: int, hbm: int, batc
     """TorchRec's planner with its defaults, told each table's pooling factor (or, with
     `loader_plan`, our plan read through `AutoShardPlanLoader`): per-rank stats, planning seconds
     and the TorchRec plan."""
-    import logging
-
     from torchrec.distributed.planner import EmbeddingShardingPlanner
 
     from autoshard.planner.loader import AutoShardPlanLoader
 
-    for name in ("torchrec", "torchrec.distributed.planner"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    quiet()
     model, topology, _ = model_and_topology(tables, devices, local, hbm)
     told = constraints(tables, loader_plan)
     loader = (AutoShardPlanLoader(loader_plan, model, sharders(), topology, batch_per_rank, told)
@@ -108,6 +105,14 @@ def torchrec_plan(tables: pd.DataFrame, devices: int, local: int, hbm: int, batc
     plan = planner.plan(model, sharders())
     seconds = time.perf_counter() - start
     return per_rank(planner._best_plan, devices), seconds, plan  # noqa: SLF001 - the options TorchRec chose
+
+
+def quiet() -> None:
+    """TorchRec's planner logs only its errors (its stats tables run to thousands of lines)."""
+    import logging
+
+    for name in ("torchrec", "torchrec.distributed.planner"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def predicted_load(user, plan, devices: int, models) -> float:

@@ -10,7 +10,7 @@ of it on `--ranks` CPU ranks of one host:
 - `ours`: `autoshard plan --sharding auto --method lpt_measured --backend analytic --torchrec-device cpu`,
   its sharding types those TorchRec's sharders offer CPU ranks (table-wise, column-wise,
   data-parallel: row-wise ones are for GPUs), so that both planners choose among the same;
-- `torchrec`: TorchRec's `EmbeddingShardingPlanner` as it comes, told each table's pooling factor, on
+- `torchrec_defaults`: TorchRec's `EmbeddingShardingPlanner` as it comes, told each table's pooling factor, on
   TorchRec's CPU topology of the same ranks and memory.
 
 A training step is one forward (input distribution included: the local batch's ids go to the
@@ -43,7 +43,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-PLANS = ("ours", "torchrec")
+from autoshard.methods.registry import LPT
+
+PLANS = ("ours", "torchrec_defaults")
 CPU_KINDS = ("table_wise", "column_wise", "data_parallel")  # what TorchRec's sharders offer CPU ranks
 SIZES = (8, 12, 16, 20, 24, 32, 40, 48, 56, 64)  # tables per model, one model each
 
@@ -71,7 +73,7 @@ def our_plan(csv: Path, folder: Path, ranks: int, memory: str, batch: int) -> tu
     said = io.StringIO()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(said):
         code = command(["plan", "--tables", str(csv), "--devices", str(ranks), "--memory-per-device", memory,
-                        "--sharding", "auto", "--method", "lpt_measured", "--backend", "analytic",
+                        "--sharding", "auto", "--method", LPT, "--backend", "analytic",
                         "--torchrec-device", "cpu", "--batch-size", str(batch * ranks), "--out", str(out),
                         "--torchrec", str(export), "--constraints", str(kinds)])
     if code != 0:
@@ -82,19 +84,16 @@ def our_plan(csv: Path, folder: Path, ranks: int, memory: str, batch: int) -> tu
 def torchrec_side(tables: pd.DataFrame, ranks: int, memory: int, batch: int, ours: Path, folder: Path) -> dict:
     """TorchRec's plan as it comes (written as a TorchRec export) and TorchRec's estimate of both
     plans, on its CPU topology of `ranks` ranks of `memory` bytes."""
-    import logging
-
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
 
-    from autoshard.cli.torchrec_method import model_and_topology, sharders
+    from autoshard.cli.torchrec.method import model_and_topology, sharders
     from autoshard.cli.user_tables import tables_from_records
     from autoshard.core.inputs import read_json, torchrec_blocks
     from autoshard.placement.torchrec import plan_to_json
     from autoshard.planner.loader import AutoShardPlanLoader
-    from autoshard.planner.production import per_rank
+    from autoshard.planner.production import per_rank, quiet
 
-    for name in ("torchrec", "torchrec.distributed.planner"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    quiet()
     user = tables_from_records(tables.to_dict("records"), "the benchmark model")
     pooling = {n: ParameterConstraints(pooling_factors=[float(p)]) for n, p in
                zip(tables["name"], tables["pooling_factor"], strict=True)}
@@ -105,7 +104,7 @@ def torchrec_side(tables: pd.DataFrame, ranks: int, memory: int, batch: int, our
     seconds = time.perf_counter() - start
     theirs = folder / "torchrec.torchrec.json"
     theirs.write_text(json.dumps(plan_to_json(plan, ranks, "cpu")))
-    estimates = {"torchrec": per_rank(planner._best_plan, ranks)}  # noqa: SLF001 - the options TorchRec chose
+    estimates = {"torchrec_defaults": per_rank(planner._best_plan, ranks)}  # noqa: SLF001 - the options TorchRec chose
     chosen = torchrec_blocks(read_json(ours, "TorchRec plan"), ours)
     told = {n: ParameterConstraints(pooling_factors=[float(p)], sharding_types=[chosen.kinds[n]],
                                     compute_kernels=["dense" if chosen.kinds[n] == "data_parallel" else "fused"],
@@ -180,7 +179,7 @@ def _worker(spec_path: str) -> None:
     from torchrec.optim import RowWiseAdagrad
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    from autoshard.cli.torchrec_check import embedding_model
+    from autoshard.cli.torchrec.check import embedding_model
     from autoshard.cli.user_tables import read_tables
     from autoshard.placement.torchrec import load_sharding_plan, modules_of
 
@@ -248,7 +247,7 @@ def run_model(k: int, seed: int, args: argparse.Namespace) -> dict:
         tables.to_csv(csv, index=False)
         ours, doc = our_plan(csv, folder, args.ranks, args.memory_per_device, args.batch_per_rank)
         side = torchrec_side(tables, args.ranks, memory, args.batch_per_rank, ours, folder)
-        exports = {"ours": ours, "torchrec": side["export"]}
+        exports = {"ours": ours, "torchrec_defaults": side["export"]}
         measured = measure(csv, exports, args.ranks, args.batch_per_rank, args.steps, args.rounds, seed + k,
                            args.timeout_s)
         rank0 = measured["ranks"][0]
@@ -257,7 +256,7 @@ def run_model(k: int, seed: int, args: argparse.Namespace) -> dict:
                 "plans": {p: {**summary(rank0[p]), "torchrec_estimate_ms": side["torchrec_estimate"][p]["perf_max_ms"],
                               "our_estimate_ms": our_estimate(tables, exports[p], args.ranks, args.batch_per_rank),
                               "sharding_types": kinds[p]} for p in PLANS},
-                "paired_ratio": float(np.median(np.array(rank0["ours"]) / np.array(rank0["torchrec"]))),
+                "paired_ratio": float(np.median(np.array(rank0["ours"]) / np.array(rank0["torchrec_defaults"]))),
                 "torchrec_planning_seconds": side["planning_seconds"], "our_planning_seconds": doc["sharding_seconds"]}
 
 
@@ -279,8 +278,8 @@ def agreement(rows: list[dict]) -> dict:
     out = {}
     for key in ("torchrec_estimate_ms", "our_estimate_ms"):
         predicted = [r["plans"][p][key] for r in rows for p in PLANS]
-        picks = [(r["plans"]["ours"][key] <= r["plans"]["torchrec"][key]) ==
-                 (r["plans"]["ours"]["median_ms"] <= r["plans"]["torchrec"]["median_ms"]) for r in rows]
+        picks = [(r["plans"]["ours"][key] <= r["plans"]["torchrec_defaults"][key]) ==
+                 (r["plans"]["ours"]["median_ms"] <= r["plans"]["torchrec_defaults"]["median_ms"]) for r in rows]
         out[key] = {"kendall_tau": float(kendalltau(predicted, measured).statistic),
                     "picks_faster_share": float(np.mean(picks)),
                     "median_measured_over_predicted": float(statistics.median(m / p for m, p in

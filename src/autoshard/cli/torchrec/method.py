@@ -1,7 +1,7 @@
 """`autoshard plan --method torchrec --sharding row|auto`: TorchRec's own planner on the user's
 model, with the accounting every other method of the command has.
 
-TorchRec plans the model the export writes (`cli.torchrec_check.embedding_model`: an
+TorchRec plans the model the export writes (`cli.torchrec.check.embedding_model`: an
 EmbeddingBagCollection per module path, an EmbeddingCollection for the sequence tables, row-wise
 Adagrad fused into the backward) on a topology of `--torchrec-device` devices (GPUs by default;
 on CPU TorchRec's planner finds no fused option for sequence tables) in hosts of
@@ -76,14 +76,14 @@ def plan(tables: UserTables, sharding: str, devices: int, local: int, memory_byt
 
 
 def model_and_topology(tables: UserTables, devices: int, local: int, memory_bytes: int, compute_device: str):
-    """The meta-device model the export writes (`cli.torchrec_check.embedding_model`, row-wise
+    """The meta-device model the export writes (`cli.torchrec.check.embedding_model`, row-wise
     Adagrad attached) and TorchRec's topology of the devices (`memory_bytes` each as HBM, or as
     DDR on CPU)."""
     from torch.distributed.optim import _apply_optimizer_in_backward
     from torchrec.distributed.planner import Topology
     from torchrec.optim import RowWiseAdagrad
 
-    from autoshard.cli.torchrec_check import embedding_model
+    from autoshard.cli.torchrec.check import embedding_model
     from autoshard.placement.torchrec import modules_of
 
     model = embedding_model(tables, modules_of(tables.features, tables.names), "meta")

@@ -5,7 +5,7 @@ output must equal the unsharded one's on the same weights. Proves the plan file 
 accepts (table-, column-, row- and table-row-wise), that it computes the same, and where each
 table went.
 
-  python -m autoshard.cli.torchrec_check TABLES PLAN.torchrec.json   (a plan for CPU ranks: --torchrec-device cpu)
+  python -m autoshard.cli.torchrec.check TABLES PLAN.torchrec.json   (a plan for CPU ranks: --torchrec-device cpu)
 """
 
 import argparse
@@ -49,7 +49,7 @@ def check(tables: str | Path, plan: str | Path, processes: int | None = None, ti
     with tempfile.TemporaryDirectory(prefix="autoshard-torchrec-") as tmp:
         out = Path(tmp) / "out.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
-               "-m", "autoshard.cli.torchrec_check", "--worker", str(tables), str(plan), str(out)]
+               "-m", "autoshard.cli.torchrec.check", "--worker", str(tables), str(plan), str(out)]
         done = subprocess.run(cmd, capture_output=True, text=True, env=os.environ | {"OMP_NUM_THREADS": "1"},
                               timeout=timeout_s)
         if done.returncode != 0 or not out.exists():
@@ -179,7 +179,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = _Parser(prog="python -m autoshard.cli.torchrec_check", description=__doc__.split("\n")[0])
+    p = _Parser(prog="python -m autoshard.cli.torchrec.check", description=__doc__.split("\n")[0])
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("tables", type=Path)
     p.add_argument("plan", type=Path)
@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = p.parse_args(argv)
     except ConfigError as exc:
-        print(f"torchrec_check: error: {exc}", file=sys.stderr)
+        print(f"torchrec.check: error: {exc}", file=sys.stderr)
         return 2
     if args.worker:
         _worker(str(args.tables), str(args.plan), str(args.out))
@@ -196,13 +196,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = check(args.tables, args.plan, args.processes)
     except (ConfigError, RuntimeError) as exc:
-        print(f"torchrec_check: error: {' '.join(str(exc).splitlines())}", file=sys.stderr)
+        print(f"torchrec.check: error: {' '.join(str(exc).splitlines())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("torchrec_check: interrupted", file=sys.stderr)
+        print("torchrec.check: interrupted", file=sys.stderr)
         return 130
     except subprocess.TimeoutExpired as exc:
-        print(f"torchrec_check: error: the processes ran past {exc.timeout} s", file=sys.stderr)
+        print(f"torchrec.check: error: the processes ran past {exc.timeout} s", file=sys.stderr)
         return 2
     print(json.dumps(result, indent=1))
     return 0
