@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import NamedTuple
 
 import numpy as np
@@ -98,6 +98,9 @@ class Spread(NamedTuple):
     def distinct(self) -> dict[int, Shape]:
         """The last piece of each distinct size, by its rows, in the order the sizes first come
         (a piece's cost depends on its size, `piece_key`; measured, on its own slice of the trace)."""
+        return _distinct(self)
+
+    def _distinct(self) -> dict[int, Shape]:
         if self.replicas > 1:
             return {self.rows: Shape(self.table, 0, self.rows, 0, self.dim, 1, self.replicas)}
         out, start = {}, 0
@@ -105,6 +108,12 @@ class Spread(NamedTuple):
             out[n] = Shape(self.table, start, n, 0, self.dim, self.ways)
             start += n
         return out
+
+
+@lru_cache(maxsize=65_536)
+def _distinct(spread: Spread) -> dict[int, Shape]:
+    """`Spread.distinct`, once per spread (the placement asks for it several times a table)."""
+    return spread._distinct()  # noqa: SLF001
 
 
 def shapes(tables: UserTables, sharding: str, devices: int, local: int,

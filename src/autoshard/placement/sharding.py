@@ -131,11 +131,11 @@ def place(candidates: Sequence[Sequence[Layout]], topology: Topology, names: Seq
         remaining -= cheapest[t]
         best, best_key, best_time = None, None, None
         for layout in candidates[t]:
-            spots = _fit(layout, loads, used, topology, pinned[t])
+            spots = _fit(layout, loads, used, topology, pinned[t], unit)
             if spots is None:
                 continue
             new = loads.copy()
-            time = _time(layout.loads, layout.comms, speeds[list(spots)])
+            time = _time(layout.loads, layout.comms, speeds[list(spots)], unit)
             if layout.contiguous:
                 new[spots[0]:spots[0] + len(spots)] += time
             else:
@@ -165,14 +165,17 @@ def place(candidates: Sequence[Sequence[Layout]], topology: Topology, names: Seq
     return [p for p in out if p is not None]
 
 
-def _time(loads: np.ndarray | float, comms: np.ndarray | float, speeds: np.ndarray) -> np.ndarray:
+def _time(loads: np.ndarray | float, comms: np.ndarray | float, speeds: np.ndarray, unit: bool = False) -> np.ndarray:
     """Pieces' times on devices of `speeds`: compute over the speed, comm as it is (at speed 1
-    exactly the load, so that a cluster of one generation places as it always did)."""
+    exactly the load, so that a cluster of one generation places as it always did; `unit`:
+    every speed is 1)."""
+    if unit:
+        return loads
     return np.where(speeds == 1, loads, (np.asarray(loads) - comms) / speeds + comms)
 
 
 def _fit(layout: Layout, loads: np.ndarray, used: np.ndarray, topology: Topology,
-         pinned: int | None = None) -> tuple[int, ...] | None:
+         pinned: int | None = None, unit: bool = False) -> tuple[int, ...] | None:
     """The devices `layout`'s pieces go to, the least loaded that fit (`pinned`: that device, for
     a whole table); None if they do not fit."""
     free = topology.memories - used
@@ -185,9 +188,9 @@ def _fit(layout: Layout, loads: np.ndarray, used: np.ndarray, topology: Topology
             fits = np.flatnonzero(room >= p.memory)
             if not len(fits):
                 return None
-            d = int(fits[np.argmin(load[fits] + _time(p.load, p.comm, speeds[fits]))])
+            d = int(fits[np.argmin(load[fits] + _time(p.load, p.comm, speeds[fits], unit))])
             spots.append(d)
-            load[d] += _time(p.load, p.comm, speeds[d])
+            load[d] += _time(p.load, p.comm, speeds[d], unit)
             room[d] -= p.memory
         return tuple(spots)
     n = len(layout)
@@ -198,7 +201,8 @@ def _fit(layout: Layout, loads: np.ndarray, used: np.ndarray, topology: Topology
     best, best_load = None, None
     for first in starts:
         if first + n <= len(loads) and (free[first:first + n] >= layout.memories).all():
-            peak = float((loads[first:first + n] + _time(layout.loads, layout.comms, speeds[first:first + n])).max())
+            peak = float((loads[first:first + n] + _time(layout.loads, layout.comms, speeds[first:first + n],
+                                                         unit)).max())
             if best_load is None or peak < best_load:
                 best, best_load = first, peak
     return None if best is None else tuple(range(best, best + n))
