@@ -4,7 +4,7 @@ metrics hold (a wrong key, cell or word breaks these), exploratory ones without 
 import json
 from pathlib import Path
 
-from autoshard.pipeline.report import ablation, columns, comm, cost_model, evaluate, paired, transfer
+from autoshard.pipeline.report import ablation, alltoall, columns, cost_model, evaluate, exploratory, transfer
 from autoshard.pipeline.report.format import Figures, table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,12 +25,12 @@ def test_a_table_has_no_padding_and_escapes_a_bar():
 
 
 def test_the_comm_model_is_judged_on_the_honest_counts_and_the_oversubscribed_one_says_so():
-    text = "\n".join(comm.comm_model_lines({"device": "cpu", "comm": COMM}))
+    text = "\n".join(alltoall.comm_model_lines({"device": "cpu", "comm": COMM}))
     assert "Honest device counts: 2. This machine lets the stage use 2 cores" in text
     assert "Held-out MAPE over the honest counts 8.5% (target 10%): met." in text
     assert ("Oversubscribed, 4 devices: held-out MAPE 11.8% (measured across 4 processes on 2 cores: "
             "oversubscribed, mostly scheduling") in text
-    floored = "\n".join(comm.comm_model_lines({"device": "cuda", "comm": COMM | {
+    floored = "\n".join(alltoall.comm_model_lines({"device": "cuda", "comm": COMM | {
         "mape_floor_honest": 0.041, "rounds": 3, "mape_noise_free_honest": 0.022}}))
     assert "scores 4.1%, so a noise-free model would score about 2.2% against the median of 3 rounds" in floored
     assert "use 2 GPUs" in floored
@@ -38,10 +38,10 @@ def test_the_comm_model_is_judged_on_the_honest_counts_and_the_oversubscribed_on
 
 def test_each_protocols_all_to_all_source_is_named():
     evaluate_ = {"comm_source": {"dreamshard": "measured-oversubscribed", "tight": "measured"}}
-    assert comm.comm_sources(evaluate_, {"device": "cpu", "comm": COMM}) == (
+    assert alltoall.comm_sources(evaluate_, {"device": "cpu", "comm": COMM}) == (
         "the all-to-all measured across 4 processes on 2 cores: oversubscribed, mostly scheduling (dreamshard); "
         "the all-to-all measured across one process per device (tight)")
-    assert comm.comm_sources({}) == "the all-to-all (source not recorded)"
+    assert alltoall.comm_sources({}) == "the all-to-all (source not recorded)"
 
 
 def test_the_device_error_line_names_both_models_and_the_target():
@@ -56,14 +56,14 @@ def test_the_device_error_line_names_both_models_and_the_target():
 def test_a_baseline_that_placed_as_another_on_most_tasks_is_shown_once():
     entries = {"sync_milp__vs__sync_local_search": {"identical_share": 0.7},
                "sync_local_search__vs__sync_greedy": {"identical_share": 0.1}}
-    kept, notes = paired.shown_once(("sync_greedy", "sync_local_search", "sync_milp"), entries)
+    kept, notes = exploratory.shown_once(("sync_greedy", "sync_local_search", "sync_milp"), entries)
     assert kept == ["sync_greedy", "sync_local_search"]
     assert notes == ["`sync_milp` placed exactly as `sync_local_search` on 70% of the tasks: shown once, as "
                      "`sync_local_search`."]
 
 
 def test_the_failed_placements_name_the_methods_that_failed():
-    text = paired.failed_table({"failed": {"tight": {"cost_greedy": 0, "torchrec": 3}, "dreamshard": {"x": 0}}})
+    text = exploratory.failed_table({"failed": {"tight": {"cost_greedy": 0, "torchrec": 3}, "dreamshard": {"x": 0}}})
     assert "| tight | torchrec: 3 |" in text and "| dreamshard | none: every method placed every task |" in text
 
 
@@ -139,13 +139,13 @@ def test_every_methods_results_and_the_targets_come_from_the_metrics():
                              "rl_greedy": {"plans": 4, "ratio_median": 0.8312, "ratio_lo": 0.75, "ratio_hi": 0.9,
                                            "win_rate": 0.75, "mean_ms": 8.3, "predicted_ratio_median": 0.8,
                                            "seconds_median": 0.02}}}
-    text = paired.results_table({"results": results, "objective": {"autoshard": "synchronized_stages"}})
+    text = exploratory.results_table({"results": results, "objective": {"autoshard": "synchronized_stages"}})
     assert "**autoshard** (4 tasks; bottleneck: synchronized_stages)" in text
     assert "| rl_greedy | 4 | 0.831 [0.750, 0.900] | 75% | 8.30 | 0.800 | 0.0200 |" in text
     targets = [{"protocol": "autoshard", "method": "rl_greedy", "statistic": "measured median ratio", "value": 0.8312,
                 "target": "<= 0.9", "met": True},
                {"protocol": "small", "method": "rl_greedy", "statistic": "predicted gap", "value": 0.0123,
                 "target": "<= 0.01", "met": False}]
-    measured, predicted = paired.targets_table({"targets": targets}).split("Predicted (cost model):")
+    measured, predicted = exploratory.targets_table({"targets": targets}).split("Predicted (cost model):")
     assert "| autoshard | rl_greedy | measured median ratio | 0.831 | <= 0.9 | met |" in measured
     assert "0.012" not in measured and "| **not met** |" in predicted
