@@ -31,6 +31,7 @@ def top_configs(params: dict = PARAMS) -> dict[str, Any]:
     from autoshard.measure.collect import ProfileConfig
     from autoshard.methods.registry import METHODS
     from autoshard.pipeline.budget import Shares
+    from autoshard.pipeline.effort import EffortConfig
     from autoshard.rl.ppo import RLStageConfig
     from autoshard.studies.ablation import AblationConfig
     from autoshard.studies.columns import ColumnsConfig
@@ -42,6 +43,7 @@ def top_configs(params: dict = PARAMS) -> dict[str, Any]:
     return {
         "compute": ComputeConfig.from_params(params["compute"]),
         "budget_shares": Shares.from_params(params["budget_shares"]),
+        "effort": EffortConfig.from_params(params["effort"]),
         "dataset": DatasetConfig.from_params(params["dataset"]),
         "pool": PoolConfig.from_params(params["pool"]),
         "wide": WideConfig.from_params(params["wide"]),

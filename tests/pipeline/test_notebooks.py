@@ -26,6 +26,7 @@ from autoshard.measure.analysis import Profile, repeatability, rounds_needed
 from autoshard.measure.collect import load_profile
 from autoshard.measure.commmodel import CommModel, mape
 from autoshard.methods import registry
+from autoshard.pipeline import effort as efforts
 from autoshard.pipeline.stage import main, select, stage_spec
 from autoshard.rl.infer import policy_plans
 from autoshard.rl.ppo import load_policy
@@ -121,6 +122,12 @@ def test_profile_notebook(repro, smoke_params):
     assert metrics["cv_target"] == cv_target and metrics["cv_target_met"] == (metrics["median_cv"] <= cv_target)
     assert metrics["rounds_for_cv_target"] == rounds_needed(metrics["median_cv"], cv_target)
     assert metrics["harness_check"]["forward"]["fbgemm_harness_ms"] > 0
+    effort = efforts.load(tmp_path / "data" / "profile" / "effort.json")  # what every later stage measures with
+    assert metrics["effort"] == pytest.approx(effort.summary(), abs=written)
+    speed = metrics["calibration"]["default"][efforts.SPEED]
+    assert effort.speed_ms == pytest.approx(speed, abs=written)
+    assert effort.level == efforts.decide({efforts.SPEED: speed}, efforts.EffortConfig.from_params(
+        smoke_params["effort"])).level
     assert metrics["comm_measured_processes"] == 2
     assert metrics["comm"]["device_counts"] == [2]
     assert {"honest_device_counts", "mape_heldout_honest"} <= set(metrics["comm"]), "the target's counts recorded"

@@ -37,6 +37,11 @@ class Paths:
         return self.data / "profile"
 
     @property
+    def effort(self) -> Path:
+        """The measuring effort the profile decided for this machine (`pipeline.effort`)."""
+        return self.data / "profile" / "effort.json"
+
+    @property
     def comm_rows(self) -> Path:
         """The measured all-to-alls the comm model is fitted on (profile stage)."""
         return self.data / "profile" / "comm.parquet"

@@ -42,6 +42,7 @@ class Profile(StageTime):
     peak_rss_gib: float
     machine: NotRequired[dict[str, Any]]  # measure.harness.MachineFacts: CPU, flags, FBGEMM's ISA path
     calibration: NotRequired[dict[str, dict[str, Any]]]  # measure.harness.calibration: default and kept heap
+    effort: NotRequired[dict[str, Any]]  # pipeline.effort.Effort.summary: the rounds this machine measures with
 
 
 def measured(table: pd.DataFrame) -> pd.DataFrame:
@@ -108,7 +109,7 @@ def profile_metrics(table: pd.DataFrame, versus: pd.DataFrame, fused_versus: pd.
                     cv_target: float, comm_processes: int, torch_threads: int, seconds: float, peak_gib: float,
                     comm: dict | None = None, protocol_check: dict | None = None,
                     feeds_check: dict | None = None, machine: dict | None = None,
-                    calibration: dict | None = None) -> Profile:
+                    calibration: dict | None = None, effort: dict | None = None) -> Profile:
     """The profile stage's metrics: what was measured and how, repeatability against the CV
     target (across separate passes: `median_cv`; across a chunk's interleaved rounds: `noise`),
     the fusion gap, and the cross-checks (`versus`: the torch backend against the profile's;
@@ -117,7 +118,8 @@ def profile_metrics(table: pd.DataFrame, versus: pd.DataFrame, fused_versus: pd.
     fit, from `measure.commmodel.profile_comm`, with its MAPE target; `protocol_check`: the timing
     protocols compared, from `measure.protocols.protocol_scores`; `feeds_check`: the same for the
     inputs and cache of each run, `measure.protocols.compare_feeds`; `machine` and `calibration`:
-    this machine's facts and FBGEMM's harness figures, `measure.harness`)."""
+    this machine's facts and FBGEMM's harness figures, `measure.harness`; `effort`: the rounds
+    decided from them, `pipeline.effort`)."""
     rep = repeatability(table)
     median_cv = float(rep["cv"].median()) if len(rep) else float("nan")
     gap = fusion_gap(table)
@@ -150,6 +152,7 @@ def profile_metrics(table: pd.DataFrame, versus: pd.DataFrame, fused_versus: pd.
         **({"feeds_check": feeds_check} if feeds_check is not None else {}),
         **({"machine": machine} if machine is not None else {}),
         **({"calibration": calibration} if calibration is not None else {}),
+        **({"effort": effort} if effort is not None else {}),
         "torch_threads": torch_threads,
         "seconds": seconds,
         "peak_rss_gib": peak_gib,

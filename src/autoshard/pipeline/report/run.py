@@ -46,7 +46,8 @@ def measured_on(results: Results) -> dict[str, str]:
     """The machine the profile measured on, as it recorded it (`measure.harness`): CPU model, the
     flags FBGEMM can use, the ISA it chose and the path its row-wise Adagrad backward took, and
     FBGEMM's harness forward and backward in a fresh process (default heap, and the heap kept):
-    what tells a fast machine of this kind from a slow one (issue 49)."""
+    what tells a fast machine of this kind from a slow one (issue 49); and the measuring effort
+    decided from them (`pipeline.effort`) with the precision it reached."""
     profile = results.profile or {}
     machine, calibration = profile.get("machine") or {}, profile.get("calibration") or {}
     out = {}
@@ -55,6 +56,14 @@ def measured_on(results: Results) -> dict[str, str]:
         out |= {"cpu model": str(machine.get("cpu_model", "?")), "cpu flags FBGEMM can use": ", ".join(flags) or "none",
                 "FBGEMM ISA": str(machine.get("fbgemm_isa", "?")),
                 "row-wise Adagrad backward path": str(machine.get("adagrad_backward_path", "?"))}
+    effort = profile.get("effort")
+    if effort:
+        out["measuring effort"] = (f"level {effort['level']}: every measurement's rounds divided by "
+                                   f"{2 ** effort['level']:g} (at least {effort['least']}, at most {effort['most']:g} "
+                                   f"times as written), from the harness backward {effort['speed_ms']:.1f} ms against "
+                                   f"the {effort['reference_ms']:.1f} ms of the machine the rounds were sized for; "
+                                   f"precision reached: median CV {profile.get('median_cv', float('nan')):.1%} "
+                                   f"across passes")
     for heap, facts in calibration.items():
         out[f"harness, {heap} heap (ms)"] = (f"forward {facts['forward_ms']:.1f}, backward (row-wise Adagrad) "
                                              f"{facts['backward_rowwise_adagrad_ms']:.1f}, backward (SGD) "
