@@ -21,6 +21,7 @@ from autoshard.core.metrics import write_metrics
 from autoshard.core.schema import check
 from autoshard.pipeline.report.build import PAGES, build, main, notebook_stages
 from autoshard.pipeline.report.summary import MAX_LINES
+from autoshard.studies.endpoints import RECORD_KEYS
 from autoshard.studies.evaluate import Evaluation
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -139,11 +140,17 @@ def test_the_summary_answers_on_its_first_screen(built):
     sentences = re.findall(r"Across [^.]*(?:\.\d+[^.]*)*\.(?=\s|$)", " ".join(lines[:15]))
     assert [s.split(" tasks,")[0] for s in sentences] == ["Across 5 trained chains and 40 autoshard",
                                                           "Across 5 trained chains and 20 tight"], "one per protocol"
-    said = " ".join(lines[:15])
+    said = " ".join(lines[2:15])
     assert "rl_greedy is equivalent to cost_greedy (median ratio 0.99 [0.98, 1.00])" in said
     assert "rl_greedy is better than torchrec (0.95 [0.93, 0.97])" in said
     assert "rl_greedy is inconclusive against cost_greedy (median ratio 0.98 [0.93, 1.03])" in said
     assert said.index("forest plot") < said.index("| method / reference |"), "the plot, then the table"
+    assert said.startswith("**Better than its reference: rl_greedy over torchrec ("), "the bottom line first"
+    counts = re.search(r"Of (\d+) endpoints over 5 trained chains: (\d+) better, (\d+) worse, (\d+) equivalent "
+                       r"\(within the margin\), (\d+) inconclusive\.", said)
+    entries = [e for k, e in EVALUATE["primary"].items() if k not in RECORD_KEYS]
+    assert counts and [int(c) for c in counts.groups()] == [len(entries), *(
+        sum(e["verdict"] == w for e in entries) for w in ("better", "worse", "equivalent", "inconclusive"))]
 
 
 def test_the_primary_table_has_at_most_seven_columns_and_each_verdict_its_spread(built):

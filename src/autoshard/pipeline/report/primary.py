@@ -47,6 +47,26 @@ def verdict_cell(e: PrimaryEndpoint) -> str:
     return f"{word}, mostly on identical plans" if mostly_identical(e) else word
 
 
+def bottom_line(evaluate: Evaluation) -> str:
+    """The answer in one sentence: how many endpoints, over how many chains, and how they came out."""
+    decided = list(endpoints(evaluate).values())
+    counts = {word: sum(e["verdict"] == word for e in decided) for word in ("better", "worse", "equivalent",
+                                                                            "inconclusive")}
+    chained = sorted({e["replicates"] for e in decided})
+    over = chains(chained[0]) if len(chained) == 1 else f"{chained[0]} to {chained[-1]} trained chains"
+    better = [f"{e['method']} over {e['reference']} ({e['protocol']})" for e in decided if e["verdict"] == "better"]
+    head = (f"**Better than its reference: {', '.join(better)}.**" if better else
+            "**No learned method is better than its reference on any pre-registered endpoint.**")
+    return (f"{head} Of {len(decided)} endpoints over {over}: {counts['better']} better, {counts['worse']} worse, "
+            f"{counts['equivalent']} equivalent (within the margin), {counts['inconclusive']} inconclusive.")
+
+
+def p_cell(p: float | None) -> str:
+    """A Holm-adjusted p-value as the table shows it: the metrics file keeps 6 decimals, so 0 there
+    is below 1e-6, not nought."""
+    return "n/a" if p is None else "< 1e-6" if p == 0 else f"{p:.3g}"
+
+
 def sentences(evaluate: Evaluation) -> list[str]:
     """One sentence per protocol: over how many trained chains and tasks, each endpoint's verdict in
     words with its median ratio and interval."""
@@ -69,7 +89,7 @@ def short_rows(evaluate: Evaluation) -> list[dict]:
              "verdict": verdict_cell(e),
              "median ratio [interval]": interval(e["median_ratio"], e["ci_low"], e["ci_high"]),
              "chains' medians": f"{spread(e)} ({e['replicates']})",
-             "p (Holm)": "n/a" if e["p_holm"] is None else f"{e['p_holm']:.3g}",
+             "p (Holm)": p_cell(e["p_holm"]),
              "identical plans": percent(e["identical_share"], 0)} for e in endpoints(evaluate).values()]
 
 
@@ -78,7 +98,7 @@ def decision_rows(evaluate: Evaluation) -> list[dict]:
     return [{"method / reference": f"{e['method']} / {e['reference']}", "protocol": e["protocol"], "cost": e["cost"],
              "verdict": verdict_cell(e), "median ratio [interval]": interval(e["median_ratio"], e["ci_low"],
                                                                              e["ci_high"]),
-             "p (Holm)": "n/a" if e["p_holm"] is None else f"{e['p_holm']:.3g}", "sesoi": f"{e['sesoi']:g}",
+             "p (Holm)": p_cell(e["p_holm"]), "sesoi": f"{e['sesoi']:g}",
              "tasks": str(e["tasks"]), "failed": str(e["failed"])} for e in endpoints(evaluate).values()]
 
 

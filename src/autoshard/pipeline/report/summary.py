@@ -1,4 +1,4 @@
-"""reports/README.md, the summary: the answer first (a few sentences from the primary verdicts, the
+"""reports/README.md, the summary: the answer first (its bottom line, a sentence per protocol, the
 forest plot, a seven-column table with the registration's record under it), then the measurements'
 quality in brief, then one link per stage page. At most `MAX_LINES` lines."""
 
@@ -26,10 +26,12 @@ def answer(results: Results, figures: Figures) -> str:
         f"better. Verdicts over {len(decided)} pre-registered endpoints, every claim Holm-adjusted as one family at "
         f"{first['alpha']:g}, margin ±{first['sesoi']:.0%}: the per-task value is the mean over trained chains of the "
         "log ratio, its interval a bootstrap over chains and tasks. Chains' medians: the lowest and highest trained "
-        "chain's median ratio (how many chains). [Every column, the headroom and the exploratory comparisons]"
+        "chain's median ratio (how many chains). The interval is the endpoint's own 95%; the verdict is adjusted over "
+        "every claim of the family, so an interval inside the margin can still be inconclusive. "
+        "[Every column, the headroom and the exploratory comparisons]"
         "(evaluate.md).")
     room = [primary.bound_line(p, h) for p, h in evaluate["headroom"].items() if p in primary.protocols(evaluate)]
-    return join(paragraph(*primary.sentences(evaluate)),
+    return join(paragraph(primary.bottom_line(evaluate)), paragraph(*primary.sentences(evaluate)),
                 figures.inline("evaluate", "primary", "every task's ratio per primary endpoint (forest plot)"),
                 table(primary.short_rows(evaluate)), legend, "\n".join(primary.record(evaluate)),
                 "Headroom, predicted under the cost model (context beside the verdicts, not a gate):\n\n"
