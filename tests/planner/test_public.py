@@ -31,6 +31,21 @@ def test_the_page_scores_against_the_defaults_and_keeps_what_did_not_finish():
     assert public.estimate(cell["torchrec_our_accounting"]) is None and public.estimate(scored) == 9.0
 
 
+def test_a_plan_whose_scoring_did_not_finish_is_labelled_planned_with_its_own_times():
+    unscored = {"finished": True, "command_seconds": 8.5, "placing_seconds": 2.0, "peak_gib": 0.3,
+                "split": {"replicated": 5, "rows": 2, "columns": 2}, "score": {"finished": False,
+                                                                             "why": "not finished in 120 s"}}
+    cell = {"model": "m", "tables": 3, "ranks": 8, "ours": unscored,
+            "torchrec_defaults": {"finished": True, "seconds": 9.3, "planning_seconds": 3.0, "perf_max_ms": 10.0},
+            "torchrec_our_accounting": {"finished": False, "why": "not finished in 120 s"}}
+    args = argparse.Namespace(ranks=[8], bound_s=120.0, hbm=80 * 2**30, batch_per_rank=2048)
+    rows = [line.split(" | ") for line in public.page([cell], args).splitlines() if line.startswith("| m |")]
+    assert rows[0][4] == "- (planned; TorchRec's scoring of the plan: not finished in 120 s)"
+    assert rows[0][6:8] == ["8.5", "2.00"]   # our command's wall time and its placement
+    assert rows[1][6:8] == ["9.3", "3.00"]   # TorchRec's scoring process and its plan call
+    assert rows[2][4] == "- (not finished in 120 s)" and rows[2][6:8] == ["-", "-"]
+
+
 def test_the_synthetic_keeps_ten_thousand_tables_and_shrinks_their_rows():
     big = public.model("synthetic_10000", 0)
     assert len(big) == 10_000 and big["rows"].min() >= 100
