@@ -22,7 +22,7 @@ import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from autoshard.measure.harness import HarnessConfig, harness_figures, keep_freed_memory, machine_facts
+from autoshard.measure.harness import MALLOC_KEEP, HarnessConfig, harness_figures, keep_freed_memory, machine_facts
 
 SWITCHES = {"as it comes": {}, "FBGEMM_ENABLE_INSTRUCTIONS=AVX2": {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"},
             "FBGEMM_NO_ASMJIT=1": {"FBGEMM_NO_ASMJIT": "1"}}
@@ -39,9 +39,11 @@ def cpu_id() -> str:
 
 
 def switched(env: dict[str, str]) -> dict:
-    """The harness figures in a fresh process with `env` added."""
+    """The harness figures in a fresh process with the default heap (the kept heap's settings
+    taken out of the environment, as `harness.calibration` does) and `env` added."""
+    default_heap = {k: v for k, v in os.environ.items() if k not in MALLOC_KEEP}
     out = subprocess.run([sys.executable, "-m", "autoshard.measure.harness"], capture_output=True, text=True,
-                         check=True, env=os.environ | env).stdout
+                         check=True, env=default_heap | env).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
