@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import subprocess
-import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from autoshard.measure.harness import MALLOC_KEEP, HarnessConfig, harness_figures, keep_freed_memory, machine_facts
+from autoshard.measure import harness
+from autoshard.measure.harness import HarnessConfig, harness_figures, keep_freed_memory, machine_facts
 
 SWITCHES = {"as it comes": {}, "FBGEMM_ENABLE_INSTRUCTIONS=AVX2": {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"},
             "FBGEMM_NO_ASMJIT=1": {"FBGEMM_NO_ASMJIT": "1"}}
@@ -36,15 +34,6 @@ def cpu_id() -> str:
     text = Path("/proc/cpuinfo").read_text()
     found = [re.search(rf"^{name}\s*: (\S+)", text, re.MULTILINE) for name in ("cpu family", "model")]
     return "-".join(m.group(1) if m else "?" for m in found)
-
-
-def switched(env: dict[str, str]) -> dict:
-    """The harness figures in a fresh process with the default heap (the kept heap's settings
-    taken out of the environment, as `harness.calibration` does) and `env` added."""
-    default_heap = {k: v for k, v in os.environ.items() if k not in MALLOC_KEEP}
-    out = subprocess.run([sys.executable, "-m", "autoshard.measure.harness"], capture_output=True, text=True,
-                         check=True, env=default_heap | env).stdout
-    return json.loads(out.strip().splitlines()[-1])
 
 
 def page(doc: dict) -> str:
@@ -68,7 +57,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("docs/fbgemm-backward"))
     args = parser.parse_args()
-    switches = {name: switched(env)["harness"] for name, env in SWITCHES.items()}
+    switches = {name: harness.fresh(env)["harness"] for name, env in SWITCHES.items()}
     keep_freed_memory()
     shapes = [{"change": ", ".join(f"{k} {v:,}" for k, v in s.items()),
                "figures": asdict(harness_figures(replace(HarnessConfig(), **s)))} for s in SHAPES]

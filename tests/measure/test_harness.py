@@ -86,3 +86,14 @@ def test_kept_memory_stops_the_backward_faulting_in_its_buffers():
     faults = json.loads(done.stdout.strip().splitlines()[-1])
     assert csc_pages(SMALL) == 2 * 8 * 65_536 * 4 // harness.PAGE
     assert faults < csc_pages(SMALL) / 4
+
+
+def test_fresh_runs_the_default_heap_with_only_the_added_switches(monkeypatch):
+    for name, value in harness.measuring_environment().items():
+        monkeypatch.setenv(name, value)  # as a kept-heap parent (the profile stage) has them
+    line = harness.fresh({"FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"})
+    assert line["machine"]["malloc_kept"] is False
+    assert {k: v for k, v in line["machine"]["settings"].items() if k.startswith(("MALLOC", "FBGEMM"))} == \
+        {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
+    assert line["machine"]["fbgemm_isa"] == "avx2"
+    assert line["harness"]["backward_rowwise_adagrad_ms"] > 0

@@ -286,22 +286,29 @@ def harness_figures(config: HarnessConfig | None = None) -> HarnessFigures:
         config=config)
 
 
+def fresh(env: dict[str, str] | None = None) -> dict:
+    """`main`'s JSON line (the machine's facts and the harness figures) from a fresh process with
+    glibc's default heap: the kept heap's settings taken out of this environment, `env` added.
+    The one way a figure every machine can give is measured."""
+    import subprocess
+    import sys
+
+    default_heap = {k: v for k, v in os.environ.items() if k not in MALLOC_KEEP}
+    out = subprocess.run([sys.executable, "-m", "autoshard.measure.harness"], capture_output=True, text=True,
+                         check=True, env=default_heap | (env or {})).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def calibration() -> dict[str, HarnessFigures]:
     """The harness figures at the default configuration twice: in a fresh process with glibc's
     default heap (`default`, as a plain FBGEMM program runs) and in this one with freed memory
     kept (`kept`, as the study's fbgemm backend measures): the machine's speed, and what the heap
     does to it."""
-    import subprocess
-    import sys
-
     keep_freed_memory()
     kept = harness_figures()
-    env = {k: v for k, v in os.environ.items() if k not in MALLOC_KEEP}
-    out = subprocess.run([sys.executable, "-m", "autoshard.measure.harness"], capture_output=True, text=True,
-                         check=True, env=env).stdout
-    fresh = json.loads(out.strip().splitlines()[-1])["harness"]
-    fresh["config"] = HarnessConfig(**fresh["config"])
-    return {"default": HarnessFigures(**fresh), "kept": kept}
+    default = fresh()["harness"]
+    default["config"] = HarnessConfig(**default["config"])
+    return {"default": HarnessFigures(**default), "kept": kept}
 
 
 def main() -> None:

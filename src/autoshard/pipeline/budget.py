@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -25,6 +23,7 @@ from typing import ClassVar
 from autoshard.core.errors import ConfigError
 from autoshard.core.params import Section, bounded, load_params
 from autoshard.core.paths import Paths
+from autoshard.measure import harness
 
 STAGES = ("synthesize", "profile", "cost_model", "train_rl", "evaluate", "transfer", "ablation", "columns")
 SPEED = "backward_rowwise_adagrad_ms"  # the harness figure the estimate scales by
@@ -71,9 +70,7 @@ def committed(paths: Paths) -> tuple[dict[str, float], float | None]:
 
 def here() -> float:
     """This machine's harness backward (ms), in a fresh process with the default heap."""
-    out = subprocess.run([sys.executable, "-m", "autoshard.measure.harness"], capture_output=True, text=True,
-                         check=True).stdout
-    return float(json.loads(out.strip().splitlines()[-1])["harness"][SPEED])
+    return float(harness.fresh()["harness"][SPEED])
 
 
 def estimate(seconds: dict[str, float], speed_there: float | None, speed_here: float) -> dict[str, float]:
