@@ -61,7 +61,7 @@ def test_table_wise_plans_take_pins_and_groups_too(files):
             "--out", str(files / "plan.json")]
     assert main(argv) == 0
     doc = json.loads((files / "plan.json").read_text())
-    assert doc["sharding"] == "table" and not doc["rows"] and not doc["columns"]
+    assert doc["options"]["sharding"] == "table" and "rows" not in doc and "columns" not in doc
     assert doc["assignment"]["a"] == 1 and doc["assignment"]["b"] == doc["assignment"]["c"]
 
 

@@ -305,3 +305,31 @@ def test_the_partitioner_takes_our_topology_slow_ranks_get_less_work_and_small_o
         AutoShardPartitioner(method="milp", topology=cluster)
     with pytest.raises(ConfigError, match="hosts of \\[1, 3\\] devices"):
         torchrec_topology(Cluster(np.ones(4), np.full(4, GIB), (3, 1)))
+
+
+def test_on_gpus_the_partitioner_counts_a_cached_tables_ddr_apart_from_its_hbm():
+    """A table TorchRec's planner offers only with the UVM caching kernel: on our topology it goes
+    to the rank whose host memory holds it, though the other has as much HBM and is as fast."""
+    from torchrec.distributed.types import CacheParams
+
+    from autoshard.placement.topology import Topology as Cluster
+    from autoshard.planner.partitioner import torchrec_topology
+
+    told = {n: ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused_uvm_caching" if n == "t_item"
+                                                                                   else "fused"],
+                                    pooling_factors=[pf], cache_params=CacheParams(load_factor=0.2))
+            for n, _, _, pf in TABLES}
+    ddr_item = 20000 * 32 * 4  # its weights, all in host memory (no optimizer attached to `module()`)
+    for small, expected in ((ddr_item - 1, 1), (10 * GIB, None)):
+        cluster = Cluster(np.ones(2), np.full(2, GIB, dtype=np.int64), (2,), np.array([small, 10 * GIB]))
+        topology = torchrec_topology(cluster, "cuda")
+        assert [d.storage.ddr for d in topology.devices] == [small, 10 * GIB]
+        enumerator = EmbeddingEnumerator(topology=topology, batch_size=BATCH, constraints=told, estimator=[
+            EmbeddingPerfEstimator(topology, constraints=told), EmbeddingStorageEstimator(topology, constraints=told)])
+        planner = EmbeddingShardingPlanner(topology=topology, batch_size=BATCH, enumerator=enumerator,
+                                           constraints=told, storage_reservation=FixedPercentageStorageReservation(0),
+                                           partitioner=AutoShardPartitioner(method="lpt_measured", topology=cluster))
+        plan = planner.plan(module(), [EmbeddingBagCollectionSharder()]).plan[""]
+        assert plan["t_item"].compute_kernel == "fused_uvm_caching"
+        if expected is not None:
+            assert plan["t_item"].ranks == [expected]

@@ -17,6 +17,7 @@ SIGTERM stop it with one line, status 130 or 143, and no partial output.
 
 import argparse
 import json
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -38,7 +39,8 @@ from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import SHARDINGS, Block, check_arguments, shown
 from autoshard.measure.names import BACKENDS
 from autoshard.methods.registry import GREEDY, POLICY, SAMPLED
-from autoshard.placement.topology import Topology
+from autoshard.placement import caching
+from autoshard.placement.topology import DDR_BYTES, Topology
 
 
 class UsageError(ConfigError):
@@ -140,6 +142,13 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("--torchrec", type=Path, help="also write the plan as a TorchRec sharding plan (JSON)")
     plan.add_argument("--torchrec-device", default="cuda", choices=("cuda", "cpu"),
                       help="device type of the TorchRec plan's shards")
+    plan.add_argument("--cache-load-factor", type=float, default=None, metavar="F",
+                      help="sharded, on cuda: a table that fits no device's HBM whole may be kept in host memory by "
+                           "TorchRec's UVM caching kernel, F of it cached in HBM (above 0, at most 1; default "
+                           f"TorchRec's {caching.LOAD_FACTOR})")
+    plan.add_argument("--ddr-per-device", default=None, metavar="SIZE",
+                      help="sharded, on cuda: each device's share of its host's memory, which holds the cached "
+                           "tables (default TorchRec's 128GiB; a --topology file may give it per host)")
     score = sub.add_parser("score", help="measure a plan's device shards")
     _common(score)
     score.add_argument("--plan", required=True, type=Path, help="a plan of `autoshard plan` or its --torchrec file")
@@ -234,6 +243,8 @@ def _check_plan_options(args: argparse.Namespace, folder: Path) -> None:
                               "dividing it)")
 
         args.links = parse_bandwidths(args.bandwidths)
+    _check_caching(args, sharded=args.sharding in ("row", "auto") or args.constraints is not None
+                   or args.cluster is not None)
     if args.method is None:
         args.method = POLICY if has_models(folder) or args.policy or args.cost_model else FIRST_RUN
         if args.method == FIRST_RUN:
@@ -247,10 +258,27 @@ def _check_plan_options(args: argparse.Namespace, folder: Path) -> None:
         args.best_of = study_defaults()["rl.best_of"]
 
 
+def _check_caching(args: argparse.Namespace, sharded: bool) -> None:
+    """`args.load_factor`: the UVM caching kernel's cache load factor where a sharded plan for
+    GPUs by our methods may use it, else None; `--cache-load-factor` and `--ddr-per-device` are
+    refused where nothing uses them."""
+    used = sharded and args.torchrec_device == "cuda" and args.method != TORCHREC
+    for option, value in (("--cache-load-factor", args.cache_load_factor), ("--ddr-per-device", args.ddr_per_device)):
+        if value is not None and not used:
+            raise ConfigError(f"{option}: only a sharded plan (--sharding row or auto, --constraints or --topology) "
+                              "for --torchrec-device cuda by lpt_measured or cost_greedy keeps tables in host memory")
+    factor = caching.LOAD_FACTOR if args.cache_load_factor is None else args.cache_load_factor
+    if not (math.isfinite(factor) and 0 < factor <= 1):
+        raise ConfigError(f"--cache-load-factor: {shown(args.cache_load_factor)} (above 0, at most 1)")
+    args.load_factor = factor if used else None
+
+
 def _topology(args: argparse.Namespace) -> None:
     """`args.cluster`: the --topology file's devices, which then stand for --devices,
     --memory-per-device and --devices-per-host (refused beside them); else those three, alike."""
     args.cluster = None
+    args.ddr_bytes = (DDR_BYTES if getattr(args, "ddr_per_device", None) is None else
+                      parse_memory(args.ddr_per_device, "--ddr-per-device"))
     if args.topology is None:
         for option, value in (("--devices", args.devices), ("--memory-per-device", args.memory_per_device)):
             if value is None:
@@ -266,7 +294,7 @@ def _topology(args: argparse.Namespace) -> None:
                           "device's own memory)")
     if args.sharding == "column":
         raise ConfigError("--sharding: column places on devices alike; with --topology, table, row or auto")
-    args.cluster = read_topology(args.topology)
+    args.cluster = read_topology(args.topology, args.ddr_bytes)
     args.devices, args.memory_per_device = args.cluster.devices, str(int(args.cluster.memories.max()))
     args.devices_per_host = args.cluster.local
     if args.torchrec is not None and args.cluster.local is None:
@@ -321,13 +349,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return _write_and_show(args, doc, outputs)
 
 
-def _torchrec_export(tables, blocks: dict, kinds: dict, devices: int, args: argparse.Namespace) -> str:
+def _torchrec_export(tables, blocks: dict, kinds: dict, devices: int, args: argparse.Namespace,
+                     kernels: dict[str, str] | None = None) -> str:
     """The plan as TorchRec's `ShardingPlan` in JSON (`--torchrec`), for `--torchrec-device`,
-    written without torch (`placement.torchrec.plan_json`: the file TorchRec's generators give)."""
-    from autoshard.placement.torchrec import plan_json
+    written without torch (`placement.torchrec.plan_json`: the file TorchRec's generators give),
+    `kernels` naming the tables of another compute kernel than the fused one."""
+    from autoshard.placement.torchrec import plan_json, split_name
 
     doc = plan_json(tables.features, tables.names, blocks, kinds, devices, getattr(args, "devices_per_host", None),
                     args.torchrec_device)
+    for name, kernel in (kernels or {}).items():
+        module, table = split_name(name)
+        doc["modules"][module][table]["compute_kernel"] = kernel
     return json.dumps(doc, indent=1, allow_nan=False)
 
 
@@ -368,7 +401,7 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
     TorchRec's planner (`cli.torchrec.method`)."""
 
     local = args.devices_per_host or args.devices
-    topology = args.cluster or Topology.uniform(args.devices, memory, local)
+    topology = args.cluster or Topology.uniform(args.devices, memory, local, args.ddr_bytes)
     constraints = (read_constraints(args.constraints, tables, args.devices, local, args.sharding,
                                     tables.memory(args.batch_size), memory)
                    if args.constraints is not None else Constraints())
@@ -397,17 +430,19 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
             costs = sharding_plan.measured(tables, _backend_config(tables, args, training=True),
                                            cache_folder(args.cache), progress=not args.json and sys.stderr.isatty())
         result = sharding_plan.plan(tables, args.sharding, topology, args.batch_size, ways, costs, args.links,
-                                    constraints)
+                                    constraints, args.load_factor)
     options = {"sharding": args.sharding, "devices_per_host": local, "batch_size": args.batch_size,
                "column_ways": list(ways), "bandwidths_gib_per_s": list(args.links.gib_per_s),
-               "constraints": None if args.constraints is None else str(args.constraints)}
+               "constraints": None if args.constraints is None else str(args.constraints),
+               "cache_load_factor": args.load_factor}
     doc = sharding_plan.document(args.method, options, tables, topology, result, models.files,
                                  models.engine)
     _note_range(doc, tables, models)
     outputs = {args.out: json.dumps(doc, indent=1, default=_plain, allow_nan=False)}
     if args.torchrec is not None:
         blocks, kinds = sharding_plan.blocks(tables, result.placed)
-        outputs[args.torchrec] = _torchrec_export(tables, blocks, kinds, args.devices, args)
+        outputs[args.torchrec] = _torchrec_export(tables, blocks, kinds, args.devices, args,
+                                                  sharding_plan.kernels(tables, result.placed))
     return _write_and_show(args, doc, outputs)
 
 

@@ -13,16 +13,23 @@ from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import PlanBlocks, plan_blocks, read_json, shown
 from autoshard.placement.column_split import ColumnShard
 
+NOTES = {"costs": dict, "topology": dict, "cached": dict, "warnings": list}  # what the plan says beside its blocks
+
 
 def without_costs(doc: object, path: Path) -> object:
-    """A plan document without its `costs` entry (what the plan placed on: `service.plan_document`),
-    checked to be an object naming its kind; the rest is `core.inputs`' to check."""
-    if not isinstance(doc, dict) or "costs" not in doc:
+    """A plan document without what it says beside its blocks (`NOTES`: what the plan placed on,
+    `service.plan_document`; its topology of unlike devices; its tables cached in host memory;
+    its warnings), each checked for its type, `costs` to name its kind; the rest is
+    `core.inputs`' to check."""
+    if not isinstance(doc, dict):
         return doc
-    costs = doc["costs"]
-    if not isinstance(costs, dict) or not isinstance(costs.get("kind"), str):
-        raise ConfigError(f"{path}, field costs: {shown(costs)} (expected an object with a `kind`)")
-    return {k: v for k, v in doc.items() if k != "costs"}
+    for field, kind in NOTES.items():
+        if field in doc and not isinstance(doc[field], kind):
+            expected = "an object" if kind is dict else "a list"
+            raise ConfigError(f"{path}, field {field}: {shown(doc[field])} (expected {expected})")
+    if "costs" in doc and not isinstance(doc["costs"].get("kind"), str):
+        raise ConfigError(f"{path}, field costs: {shown(doc['costs'])} (expected an object with a `kind`)")
+    return {k: v for k, v in doc.items() if k not in NOTES}
 
 
 def read_blocks(path: str | Path, tables: UserTables) -> PlanBlocks:

@@ -44,6 +44,7 @@ from autoshard.data.footprint import io_bytes, row_split, shard_footprint
 from autoshard.data.sizes import table_bytes
 from autoshard.data.traces import from_lengths
 from autoshard.methods.registry import GREEDY
+from autoshard.placement import caching
 from autoshard.placement.column_split import ALIGN
 from autoshard.placement.sharding import Layout, Piece, Placed, host_split, place
 from autoshard.placement.topology import Topology
@@ -198,12 +199,16 @@ def parse_bandwidths(value: str | None) -> Links:
 
 
 def plan(tables: UserTables, sharding: str, topology: Topology, batch: int,
-         column_ways: tuple[int, ...], piece_costs, links: Links, constraints: Constraints | None = None) -> Result:
+         column_ways: tuple[int, ...], piece_costs, links: Links, constraints: Constraints | None = None,
+         load_factor: float | None = None) -> Result:
     """The tables' layouts and devices on `topology`. `piece_costs(distinct)` gives each distinct
     piece's cost (ms, on a device of speed 1) and the plan file's `costs` entry (`measured`,
     `estimated` or `predicted` below); each piece's communication is charged at `links`;
     `constraints` pin, group and restrict tables. Table-row-wise shards are offered where every
-    host has as many devices (TorchRec's), and comm is charged as if every host were the smallest."""
+    host has as many devices (TorchRec's), and comm is charged as if every host were the smallest.
+    With `load_factor` (GPUs), a table that fits no device's HBM whole is offered whole with
+    TorchRec's UVM caching kernel too (`placement.caching`): that share of it in HBM, all of it in
+    DDR, its cost the whole table's times TorchRec's slowdown for the kernel."""
     constraints = constraints or Constraints()
     devices, local = topology.devices, topology.local or min(topology.hosts)
     candidates = shapes(tables, sharding, devices, topology.local or 1, column_ways)
@@ -243,6 +248,8 @@ def plan(tables: UserTables, sharding: str, topology: Topology, batch: int,
                 continue  # too large to measure here: not offered
             if not spread:
                 found.append(Layout(kind, tuple(Piece(*s.block(dims[t]), *made[s.rows, s.width]) for s in pieces)))
+                if kind == "table_wise" and load_factor is not None and found[-1].memories[0] > topology.memories.max():
+                    found.append(_cached(found[-1].pieces[0], tables, t, batch, load_factor))
                 continue
             each_piece = [made[n, first.width] for n in pieces.sizes()]
             found.append(Layout(kind, loads=np.array([c + m for c, _, m in each_piece]),
@@ -257,6 +264,21 @@ def plan(tables: UserTables, sharding: str, topology: Topology, batch: int,
     placed = _grouped_place(layouts, topology, tables.names, constraints)
     return Result(placed, time.perf_counter() - start,
                   {"objective": "the busiest device's costs plus its comm (placement.sharding)", **source})
+
+
+def _cached(whole: Piece, tables: UserTables, t: int, batch: int, load_factor: float) -> Layout:
+    """Table `t` whole with TorchRec's UVM caching kernel, from its `whole` fused piece: its compute
+    slowed as TorchRec estimates, its comm as it is, its memory in HBM and DDR apart."""
+    f = tables.features
+    hbm, ddr = caching.memory(int(f["rows"].iloc[t]), int(f["dim"].iloc[t]), int(tables.weight_bytes[t]), batch,
+                              float(f["pooling_factor"].iloc[t]), bool(tables.sequence[t]), load_factor)
+    piece = whole._replace(cost=whole.cost * caching.slowdown(load_factor), memory=hbm)
+    return Layout("table_wise", (piece,), kernel=caching.KERNEL, ddrs=np.array([ddr]))
+
+
+def kernels(tables: UserTables, placed: list[Placed]) -> dict[str, str]:
+    """The tables placed with a kernel other than TorchRec's fused one, by name."""
+    return {name: p.layout.kernel for name, p in zip(tables.names, placed, strict=True) if p.layout.kernel != "fused"}
 
 
 def _pieces(spread: Spread, made: dict) -> tuple[Piece, ...]:
@@ -372,28 +394,34 @@ def blocks(tables: UserTables, placed: list[Placed]) -> tuple[dict[str, list[Blo
 
 def document(method: str, options: dict, tables: UserTables, topology: Topology, result: Result,
              models_files: dict, engine: str) -> dict:
-    """The plan file: whole tables in `assignment`, split ones in `columns` or `rows` (with their
-    TorchRec sharding type), data-parallel ones in `replicated` (where there are any), and per
-    device its pieces, their memory while training and the sum of the costs the plan placed on
+    """The plan file: whole tables in `assignment`, split ones (`--sharding` row or auto) in
+    `columns` or `rows` (with their
+    TorchRec sharding type), data-parallel ones in `replicated` and UVM-cached ones in `cached`
+    (where there are any), and per device its pieces, their memory while training (HBM; with a
+    cached table, its DDR apart) and the sum of the costs the plan placed on
     (`costs` says whether measured alone or predicted); on a topology of unlike devices, each
     device's speed and memory, and its busy time (its costs over its speed, plus its comm)."""
     devices, memory_bytes = topology.devices, int(topology.memories.max())
     kind = result.costs["kind"]
     column = {"predicted": "predicted_ms", "measured": "measured_alone_ms", "estimated": "estimated_ms"}[kind]
     load, used, count = np.zeros(devices), np.zeros(devices, dtype=np.int64), np.zeros(devices, dtype=np.int64)
-    comm = np.zeros(devices)
+    comm, host = np.zeros(devices), np.zeros(devices, dtype=np.int64)
     names: list[list[str]] = [[] for _ in range(devices)]
-    assignment, columns, rows, replicated = {}, {}, {}, []
+    assignment, columns, rows, replicated, cached = {}, {}, {}, [], {}
     for name, p in zip(tables.names, result.placed, strict=True):
-        for q, d in zip(p.layout.pieces, p.devices, strict=True):
+        for q, d, ddr in zip(p.layout.pieces, p.devices, p.layout.ddrs, strict=True):
             load[d] += q.cost
             comm[d] += q.comm
             used[d] += q.memory
+            host[d] += ddr
             count[d] += 1
             names[d].append(name if p.layout.kind == "table_wise" else f"{name} (replica)"
                             if p.layout.kind == "data_parallel" else
                             f"{name}[{q.row}:{q.row + q.rows}, :]" if q.rows is not None else
                             f"{name}[:, {q.column}:{q.column + q.width}]")
+        if p.layout.kernel != "fused":
+            cached[name] = {"kernel": p.layout.kernel, "cache_load_factor": options["cache_load_factor"],
+                            "hbm_bytes": int(p.layout.memories[0]), "ddr_bytes": int(p.layout.ddrs[0])}
         if p.layout.kind == "table_wise":
             assignment[name] = int(p.devices[0])
         elif p.layout.kind == "data_parallel":
@@ -408,22 +436,34 @@ def document(method: str, options: dict, tables: UserTables, topology: Topology,
     per_device = [{"device": d, "shards": int(count[d]), "memory_bytes": int(used[d]),
                    "memory_share": float(used[d] / topology.memories[d]), column: float(load[d]),
                    "comm_modelled_ms": float(comm[d]),
+                   **({"ddr_bytes": int(host[d]), "ddr_capacity_bytes": int(topology.ddrs[d])} if cached else {}),
                    **({"speed": float(topology.speeds[d]), "capacity_bytes": int(topology.memories[d]),
                        "busy_ms": float(load[d] / topology.speeds[d] + comm[d])} if unlike else {}),
                    "names": names[d]}
                   for d in range(devices)]
     return {"format": PLAN_FORMAT, "method": method, "options": options, "tables_file": tables.source,
             "devices": devices, "memory_per_device_bytes": memory_bytes,
-            **({"topology": topology.document()} if unlike else {}), "sharding": options["sharding"],
-            "assignment": assignment, "columns": columns, "rows": rows,
-            **({"replicated": replicated} if replicated else {}), "per_device": per_device,
+            **({"topology": topology.document()} if unlike else {}), "assignment": assignment,
+            **({} if options["sharding"] == "table" else  # every table whole: a plan of whole tables
+               {"sharding": options["sharding"], "columns": columns, "rows": rows}),
+            **({"replicated": replicated} if replicated else {}), **({"cached": cached} if cached else {}),
+            "per_device": per_device,
             "predicted_bottleneck_ms": float(load.max()) if kind == "predicted" else None,
             "predicted": "by the cost model, one piece at a time, summed per device, not measured (measure with "
                          "`autoshard score`)" if kind == "predicted" else f"nothing (the plan placed on costs {kind} "
                                                                           "piece by piece, summed per device)",
             "sharding_seconds": result.seconds, "model_files": models_files, "engine": engine,
-            "costs": {**result.costs, "comm": {
+            "costs": {**result.costs, **({"cached": _cached_costs(options["cache_load_factor"])} if cached else {}),
+                      "comm": {
                 "what": "each piece's output exchange, forward and backward (a data-parallel replica's gradient "
                         "all-reduce), charged on its device: bytes within its host and across hosts over the links' "
                         "bandwidths (placement.traffic), modelled, not measured",
                 "bandwidths_gib_per_s": options["bandwidths_gib_per_s"], "bottleneck_ms": float(comm.max())}}}
+
+
+def _cached_costs(load_factor: float) -> dict:
+    """The plan file's word on what a cached table's cost is."""
+    return {"what": f"a table kept in host memory by TorchRec's UVM caching kernel costs the whole table's cost times "
+                    f"TorchRec's slowdown for the kernel ({caching.slowdown(load_factor):.1f}x at a cache load factor "
+                    f"of {load_factor:g}: its bandwidth against HBM's, placement.caching), modelled, not measured",
+            "slowdown": caching.slowdown(load_factor)}

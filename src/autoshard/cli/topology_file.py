@@ -5,14 +5,16 @@ The file (YAML or JSON) lists the hosts in rank order; a host gives its number o
 their speed and memory, or each device's own:
 
     hosts:
-      - {devices: 8, speed: 1.0, memory: 80GiB}    # H100s
+      - {devices: 8, speed: 1.0, memory: 80GiB, ddr: 256GiB}   # H100s, 2 TiB of host memory
       - {devices: 8, speed: 0.45, memory: 40GiB}   # A100s of 40 GB
       - devices:                                    # a host whose device 1 is half taken by another job
           - {speed: 1.0, memory: 80GiB}
           - {speed: 0.5, memory: 40GiB}
 
 `speed` is relative (to the device the costs were measured or predicted on: 1), above 0 and at
-most 1,000; `memory` a size as `--memory-per-device` takes it. Anything else is refused in one
+most 1,000; `memory` (the device's HBM) a size as `--memory-per-device` takes it; `ddr`, if given,
+the device's share of its host's memory, which holds tables kept there by TorchRec's UVM caching
+kernel (as `--ddr-per-device`: TorchRec's 128 GiB unless given). Anything else is refused in one
 line naming the file, the field and the value.
 """
 
@@ -28,15 +30,16 @@ import yaml
 from autoshard.cli.user_tables import StrictLoader, parse_memory
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import MAX_DEVICES, read_text, shown
-from autoshard.placement.topology import Topology
+from autoshard.placement.topology import DDR_BYTES, Topology
 
-HOST_FIELDS = ("devices", "speed", "memory")
-DEVICE_FIELDS = ("speed", "memory")
+HOST_FIELDS = ("devices", "speed", "memory", "ddr")
+DEVICE_FIELDS = ("speed", "memory", "ddr")
+OPTIONAL = ("ddr",)
 MAX_SPEED = 1000.0
 
 
-def read_topology(path: str | Path) -> Topology:
-    """The topology of `path` (see the module)."""
+def read_topology(path: str | Path, ddr_bytes: int = DDR_BYTES) -> Topology:
+    """The topology of `path` (see the module); `ddr_bytes` a device's DDR where it gives none."""
     path = Path(path)
     text = read_text(path, "topology file")
     json_file = path.suffix.lower() == ".json"
@@ -54,21 +57,23 @@ def read_topology(path: str | Path) -> Topology:
         raise ConfigError(f"{path}, field hosts: {shown(hosts, 80)} (expected a list of hosts)")
     speeds: list[float] = []
     memories: list[int] = []
+    ddrs: list[int] = []
     sizes: list[int] = []
     for h, host in enumerate(hosts):
         at = f"{path}, hosts[{h}]"
         _fields(host, HOST_FIELDS, at)
         devices = host.get("devices")
         if isinstance(devices, list):
-            if "speed" in host or "memory" in host:
-                raise ConfigError(f"{at}: gives its devices one by one and speed or memory for them all (one or "
-                                  "the other)")
+            if "speed" in host or "memory" in host or "ddr" in host:
+                raise ConfigError(f"{at}: gives its devices one by one and speed, memory or ddr for them all (one "
+                                  "or the other)")
             if not devices:
                 raise ConfigError(f"{at}, field devices: [] (a host has at least one device)")
             for k, device in enumerate(devices):
                 _fields(device, DEVICE_FIELDS, f"{at}.devices[{k}]")
                 speeds.append(_speed(device, f"{at}.devices[{k}]"))
                 memories.append(_memory(device, f"{at}.devices[{k}]"))
+                ddrs.append(_memory(device, f"{at}.devices[{k}]", "ddr", ddr_bytes))
             sizes.append(len(devices))
         else:
             if isinstance(devices, bool) or not isinstance(devices, int) or not 1 <= devices <= MAX_DEVICES:
@@ -76,10 +81,12 @@ def read_topology(path: str | Path) -> Topology:
                                   "list of devices)")
             speeds += [_speed(host, at)] * devices
             memories += [_memory(host, at)] * devices
+            ddrs += [_memory(host, at, "ddr", ddr_bytes)] * devices
             sizes.append(devices)
         if len(speeds) > MAX_DEVICES:
             raise ConfigError(f"{path}, field hosts: more than {MAX_DEVICES} devices in all")
-    return Topology(np.array(speeds, dtype=float), np.array(memories, dtype=np.int64), tuple(sizes))
+    return Topology(np.array(speeds, dtype=float), np.array(memories, dtype=np.int64), tuple(sizes),
+                    np.array(ddrs, dtype=np.int64))
 
 
 def _fields(entry: object, allowed: tuple[str, ...], at: str) -> None:
@@ -88,8 +95,8 @@ def _fields(entry: object, allowed: tuple[str, ...], at: str) -> None:
     unknown = [k for k in entry if k not in allowed]
     if unknown:
         raise ConfigError(f"{at}, field {shown(unknown[0])} is unknown (expected {', '.join(allowed)})")
-    missing = [k for k in allowed if k not in entry and not (k != "devices" and isinstance(entry.get("devices"),
-                                                                                             list))]
+    missing = [k for k in allowed if k not in entry and k not in OPTIONAL
+               and not (k != "devices" and isinstance(entry.get("devices"), list))]
     if missing:
         raise ConfigError(f"{at}, field {missing[0]} is missing")
 
@@ -102,8 +109,10 @@ def _speed(entry: dict, at: str) -> float:
     return float(value)
 
 
-def _memory(entry: dict, at: str) -> int:
-    value = entry["memory"]
+def _memory(entry: dict, at: str, field: str = "memory", default: int | None = None) -> int:
+    if field not in entry:
+        return default
+    value = entry[field]
     if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise ConfigError(f"{at}, field memory: {shown(value)} (expected a size such as 80GiB)")
-    return parse_memory(str(value), f"{at}, field memory")
+        raise ConfigError(f"{at}, field {field}: {shown(value)} (expected a size such as 80GiB)")
+    return parse_memory(str(value), f"{at}, field {field}")

@@ -15,7 +15,9 @@ table is split where the balance gained outweighs that, or where it fits no devi
 A device's load is the sum of its pieces' costs (single-piece costs, as LPT's) and their
 communication (`placement.traffic`, charged on each piece's own device), so a split also pays for
 what it sends: a row-wise table moves D times its whole output, a data-parallel one all-reduces its
-whole gradient.
+whole gradient. A piece may hold host memory (DDR) too, a table kept there by TorchRec's UVM
+caching kernel (`placement.caching`): each device's HBM and DDR are counted apart, each against its
+own capacity.
 Torch-free and deterministic: ties go to fewer pieces, then to the lower device.
 """
 
@@ -63,19 +65,23 @@ class Layout:
     data-parallel ones to devices 0..D-1 in order; table-row-wise ones to the devices of one host,
     in order. The placement reads only each piece's load and memory (`loads`, `memories`); a
     layout given those may build its pieces when they are first asked for (`build`): a 96-way
-    split of 2,000 tables would otherwise make hundreds of thousands that are never placed."""
+    split of 2,000 tables would otherwise make hundreds of thousands that are never placed.
+    `kernel` is TorchRec's compute kernel for its pieces, `ddrs` the host memory each holds beside
+    its `memories` (HBM; none but with the UVM caching kernel)."""
 
     def __init__(self, kind: str, pieces: tuple[Piece, ...] | None = None, *, loads: np.ndarray | None = None,
                  memories: np.ndarray | None = None, comms: np.ndarray | None = None,
-                 build: Callable[[], tuple[Piece, ...]] | None = None):
+                 build: Callable[[], tuple[Piece, ...]] | None = None, kernel: str = "fused",
+                 ddrs: np.ndarray | None = None):
         if pieces is None and (build is None or loads is None or memories is None):
             raise ValueError("a layout needs its pieces, or their loads, memories and a builder")
-        self.kind, self._pieces, self._build = kind, pieces, build
+        self.kind, self._pieces, self._build, self.kernel = kind, pieces, build, kernel
         self.loads = np.array([p.load for p in pieces]) if loads is None else np.asarray(loads, dtype=float)
         self.memories = (np.array([p.memory for p in pieces], dtype=np.int64) if memories is None else
                          np.asarray(memories, dtype=np.int64))
         self.comms = (np.array([p.comm for p in pieces]) if pieces is not None else
                       np.zeros(len(self.loads)) if comms is None else np.asarray(comms, dtype=float))
+        self.ddrs = np.zeros(len(self.loads), dtype=np.int64) if ddrs is None else np.asarray(ddrs, dtype=np.int64)
 
     @property
     def pieces(self) -> tuple[Piece, ...]:
@@ -87,7 +93,7 @@ class Layout:
         return len(self.loads)
 
     def __repr__(self) -> str:
-        return f"Layout({self.kind!r}, {len(self)} pieces)"
+        return f"Layout({self.kind!r}, {len(self)} pieces{'' if self.kernel == 'fused' else ', ' + self.kernel})"
 
     @property
     def load(self) -> float:
@@ -115,6 +121,7 @@ def place(candidates: Sequence[Sequence[Layout]], topology: Topology, names: Seq
     device: pinned tables are placed first, where they are pinned."""
     devices, speeds, caps = topology.devices, topology.speeds, topology.memories
     loads, used = np.zeros(devices), np.zeros(devices, dtype=np.int64)
+    held = np.zeros(devices, dtype=np.int64)  # DDR
     cheapest = np.array([min(layout.load for layout in c) for c in candidates])
     # tables that fit no device whole go first, largest first: they need the room the others would take
     need = [min(int(layout.memories.max()) for layout in c) for c in candidates]
@@ -131,7 +138,7 @@ def place(candidates: Sequence[Sequence[Layout]], topology: Topology, names: Seq
         remaining -= cheapest[t]
         best, best_key, best_time = None, None, None
         for layout in candidates[t]:
-            spots = _fit(layout, loads, used, topology, pinned[t], unit)
+            spots = _fit(layout, loads, used, held, topology, pinned[t], unit)
             if spots is None:
                 continue
             new = loads.copy()
@@ -151,15 +158,21 @@ def place(candidates: Sequence[Sequence[Layout]], topology: Topology, names: Seq
                               f"{candidates[t][0].memories[0]} it needs")
         if best is None:
             free = caps - used
-            whole = min(int(layout.memories[0]) for layout in candidates[t] if len(layout) == 1)
+            whole = min((int(layout.memories[0]) for layout in candidates[t] if len(layout) == 1 and not
+                         layout.ddrs.any()), default=int(candidates[t][0].memories[0] + candidates[t][0].ddrs[0]))
             split = [int(layout.memories.max()) for layout in candidates[t] if len(layout) > 1]
             rows = (f"; split, its largest piece needs {min(split)} (the fullest device has "
                     f"{int(free.min())} left)") if split else ""
+            cached = [layout for layout in candidates[t] if layout.ddrs.any()]
+            host = (f"; cached in host memory, {int(cached[0].memories[0])} bytes of HBM and "
+                    f"{int(cached[0].ddrs[0])} of DDR (the freest device has {int((topology.ddrs - held).max())} "
+                    "of DDR left)") if cached else ""
             raise ConfigError(f"table {names[t]}: no sharding of it fits what the devices have left (whole it needs "
-                              f"{whole} bytes, the freest device has {int(free.max())}{rows}; more "
+                              f"{whole} bytes, the freest device has {int(free.max())}{rows}{host}; more "
                               "memory or devices)")
         np.add.at(loads, list(best.devices), best_time)
         np.add.at(used, list(best.devices), best.layout.memories)
+        np.add.at(held, list(best.devices), best.layout.ddrs)
         done += best.layout.load
         out[t] = best
     return [p for p in out if p is not None]
@@ -174,24 +187,26 @@ def _time(loads: np.ndarray | float, comms: np.ndarray | float, speeds: np.ndarr
     return np.where(speeds == 1, loads, (np.asarray(loads) - comms) / speeds + comms)
 
 
-def _fit(layout: Layout, loads: np.ndarray, used: np.ndarray, topology: Topology,
+def _fit(layout: Layout, loads: np.ndarray, used: np.ndarray, held: np.ndarray, topology: Topology,
          pinned: int | None = None, unit: bool = False) -> tuple[int, ...] | None:
-    """The devices `layout`'s pieces go to, the least loaded that fit (`pinned`: that device, for
-    a whole table); None if they do not fit."""
-    free = topology.memories - used
+    """The devices `layout`'s pieces go to, the least loaded that fit in HBM (`used`) and DDR
+    (`held`) (`pinned`: that device, for a whole table); None if they do not fit."""
+    free, host = topology.memories - used, topology.ddrs - held
     if pinned is not None:
-        return (pinned,) if len(layout) == 1 and free[pinned] >= layout.memories[0] else None
+        fits = len(layout) == 1 and free[pinned] >= layout.memories[0] and host[pinned] >= layout.ddrs[0]
+        return (pinned,) if fits else None
     speeds = topology.speeds
     if layout.kind in ("table_wise", "column_wise"):
-        spots, load, room = [], loads.copy(), free.copy()
-        for p in layout.pieces:
-            fits = np.flatnonzero(room >= p.memory)
+        spots, load, room, ddr = [], loads.copy(), free.copy(), host.copy()
+        for p, p_ddr in zip(layout.pieces, layout.ddrs, strict=True):
+            fits = np.flatnonzero((room >= p.memory) & (ddr >= p_ddr))
             if not len(fits):
                 return None
             d = int(fits[np.argmin(load[fits] + _time(p.load, p.comm, speeds[fits], unit))])
             spots.append(d)
             load[d] += _time(p.load, p.comm, speeds[d], unit)
             room[d] -= p.memory
+            ddr[d] -= p_ddr
         return tuple(spots)
     n = len(layout)
     if layout.kind in ("row_wise", "data_parallel"):
@@ -200,7 +215,8 @@ def _fit(layout: Layout, loads: np.ndarray, used: np.ndarray, topology: Topology
         starts = [int(s) for s, size in zip(topology.host_starts, topology.hosts, strict=True) if size == n]
     best, best_load = None, None
     for first in starts:
-        if first + n <= len(loads) and (free[first:first + n] >= layout.memories).all():
+        if first + n <= len(loads) and (free[first:first + n] >= layout.memories).all() and \
+                (host[first:first + n] >= layout.ddrs).all():
             peak = float((loads[first:first + n] + _time(layout.loads, layout.comms, speeds[first:first + n],
                                                          unit)).max())
             if best_load is None or peak < best_load:

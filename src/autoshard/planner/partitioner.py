@@ -117,10 +117,13 @@ class AutoShardPartitioner(Partitioner):
             shard = proposal[s.option].shards[s.shard]
             perf = shard.perf
             compute = perf.fwd_compute + perf.bwd_compute + perf.prefetch_compute
+            # on GPUs a UVM-cached shard holds DDR too, counted apart from the HBM
+            ddr = np.array([shard.storage.ddr if kind == "hbm" else 0], dtype=np.int64)
             layouts.append([Layout("table_wise", (Piece(0, None, 0, None, compute, int(getattr(shard.storage, kind)),
-                                                        perf.fwd_comms + perf.bwd_comms),))])  # as in its total
+                                                        perf.fwd_comms + perf.bwd_comms),), ddrs=ddr)])
         free = np.array([getattr(d.storage, kind) for d in devices], dtype=np.int64)
-        left = Topology(self.topology.speeds, free, self.topology.hosts)
+        ddr_free = np.array([d.storage.ddr if kind == "hbm" else 0 for d in devices], dtype=np.int64)
+        left = Topology(self.topology.speeds, free, self.topology.hosts, ddr_free)
         try:
             placed = place(layouts, left, [s.name for s in shards])
         except ConfigError as exc:
@@ -197,8 +200,9 @@ class AutoShardPartitioner(Partitioner):
 
 
 def torchrec_topology(topology: Topology, compute_device: str = "cuda"):
-    """TorchRec's `Topology` of ours: its ranks in hosts of one size, each rank's own memory (HBM,
-    or DDR on CPU); TorchRec has no speed per device, which `AutoShardPartitioner(topology=...)` adds."""
+    """TorchRec's `Topology` of ours: its ranks in hosts of one size, each rank's own memory (HBM
+    and DDR on GPUs, DDR on CPU); TorchRec has no speed per device, which
+    `AutoShardPartitioner(topology=...)` adds."""
     from torchrec.distributed.planner import Topology as TorchRecTopology
 
     if topology.local is None:
@@ -207,6 +211,8 @@ def torchrec_topology(topology: Topology, compute_device: str = "cuda"):
     kind = "ddr" if compute_device == "cpu" else "hbm"
     out = TorchRecTopology(world_size=topology.devices, local_world_size=topology.local,
                            compute_device=compute_device, **{f"{kind}_cap": int(topology.memories.max())})
-    for device, memory in zip(out.devices, topology.memories, strict=True):
+    for device, memory, ddr in zip(out.devices, topology.memories, topology.ddrs, strict=True):
         setattr(device.storage, kind, int(memory))
+        if kind == "hbm":
+            device.storage.ddr = int(ddr)
     return out

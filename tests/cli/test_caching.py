@@ -1,0 +1,115 @@
+"""`autoshard plan` with a table larger than every GPU's HBM, whole or split: kept in host memory
+by TorchRec's UVM caching kernel, its HBM and DDR counted apart, exported with that kernel; and
+the options that set it refused where nothing uses them."""
+
+import json
+
+import pytest
+
+from autoshard.cli.main import main
+from autoshard.placement import caching
+
+MODEL = """name,rows,dim,pooling_factor
+huge,5000000,128,2
+a,20000,64,1
+b,2000,32,3.5
+"""  # huge: 2.58 GB of weights and state, more than a device of 1 GiB holds whole or in halves
+BATCH = 512
+
+
+@pytest.fixture
+def model(tmp_path):
+    path = tmp_path / "model.csv"
+    path.write_text(MODEL)
+    return path
+
+
+def plan(model, tmp_path, *extra) -> int:
+    return main(["plan", "--tables", str(model), "--devices", "2", "--memory-per-device", "1GiB", "--backend",
+                 "analytic", "--method", "lpt_measured", "--sharding", "auto", "--batch-size", str(BATCH), "--out",
+                 str(tmp_path / "plan.json"), *extra])
+
+
+@pytest.mark.parametrize("load_factor", [None, "0.05"])
+def test_a_table_no_device_holds_is_cached_in_host_memory(model, tmp_path, load_factor):
+    exported = tmp_path / "plan.torchrec.json"
+    factor = caching.LOAD_FACTOR if load_factor is None else float(load_factor)
+    assert plan(model, tmp_path, "--torchrec", str(exported),
+                *(["--cache-load-factor", load_factor] if load_factor else [])) == 0
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    hbm, ddr = caching.memory(5_000_000, 128, 4, BATCH, 2.0, False, factor)
+    assert doc["cached"] == {"huge": {"kernel": caching.KERNEL, "cache_load_factor": factor, "hbm_bytes": hbm,
+                                      "ddr_bytes": ddr}}
+    device = doc["assignment"]["huge"]
+    held = doc["per_device"][device]
+    assert held["ddr_bytes"] == ddr and hbm <= held["memory_bytes"] <= 2**30 < ddr
+    assert sum(d["ddr_bytes"] for d in doc["per_device"]) == ddr, "the other tables hold no DDR"
+    assert doc["costs"]["cached"]["slowdown"] == pytest.approx(caching.slowdown(factor))
+    kernels = {name: p["compute_kernel"] for name, p in json.loads(exported.read_text())["modules"][""].items()}
+    assert kernels == {"huge": caching.KERNEL, "a": "fused", "b": "fused"}
+    for written in (tmp_path / "plan.json", exported):  # both read back, as `score` reads them
+        assert main(["score", "--plan", str(written), "--tables", str(model), "--backend", "analytic"]) == 0
+
+
+def test_cached_costs_are_the_fused_estimate_times_torchrecs_slowdown(model, tmp_path):
+    assert plan(model, tmp_path, "--devices-per-host", "1") == 0
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    device = doc["assignment"]["huge"]
+    alone = [d for d in doc["per_device"] if d["names"] == ["huge"]]
+    assert alone, "huge alone on its device (it costs more than the rest together)"
+    import numpy as np
+
+    from autoshard.cli.sharding_plan import lookup_scaled
+
+    fused = float(lookup_scaled(np.array([128]), np.array([2.0]), BATCH, "cuda")[0])
+    assert doc["per_device"][device]["estimated_ms"] == pytest.approx(fused * caching.slowdown(0.2), rel=1e-9)
+
+
+def test_too_little_host_memory_or_none_on_a_cpu_is_refused_by_name(model, tmp_path, capsys):
+    assert plan(model, tmp_path, "--ddr-per-device", "1GiB") == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "table huge:" in err and "of DDR" in err, err
+    assert plan(model, tmp_path, "--torchrec-device", "cpu") == 2
+    err = capsys.readouterr().err
+    assert "table huge:" in err and "DDR" not in err, err
+    assert not (tmp_path / "plan.json").exists()
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    (["--cache-load-factor", "0"], "--cache-load-factor: 0.0 (above 0, at most 1)"),
+    (["--cache-load-factor", "nan"], "--cache-load-factor: nan"),
+    (["--cache-load-factor", "1.5"], "--cache-load-factor: 1.5"),
+    (["--ddr-per-device", "lots"], "--ddr-per-device"),
+    (["--cache-load-factor", "0.2", "--torchrec-device", "cpu"], "--cache-load-factor: only a sharded plan"),
+    (["--ddr-per-device", "64GiB", "--method", "torchrec"], "--ddr-per-device: only a sharded plan"),
+])
+def test_caching_options_out_of_range_or_unused_are_refused(model, tmp_path, capsys, extra, said):
+    args = ["plan", "--tables", str(model), "--devices", "2", "--memory-per-device", "1GiB", "--backend", "analytic",
+            "--sharding", "auto", "--out", str(tmp_path / "plan.json"), *extra]
+    assert main(args if "--method" in extra else [*args, "--method", "lpt_measured"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and said in err, err
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_unsharded_plans_refuse_the_caching_options(model, tmp_path, capsys):
+    assert main(["plan", "--tables", str(model), "--devices", "2", "--memory-per-device", "4GiB", "--method",
+                 "size_greedy", "--cache-load-factor", "0.2", "--out", str(tmp_path / "plan.json")]) == 2
+    assert "--cache-load-factor: only a sharded plan" in capsys.readouterr().err
+
+
+def test_a_topology_file_gives_each_hosts_ddr(model, tmp_path, capsys):
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("hosts:\n  - {devices: 1, speed: 1, memory: 1GiB, ddr: 1GiB}\n"
+                       "  - devices: [{speed: 1, memory: 1GiB, ddr: 4GiB}]\n")
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--tables", str(model), "--topology", str(cluster), "--backend", "analytic", "--method",
+                 "lpt_measured", "--sharding", "table", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["assignment"]["huge"] == 1, "only device 1's DDR holds it"
+    assert doc["topology"]["ddrs_bytes"] == [2**30, 4 * 2**30]
+    assert main(["score", "--plan", str(out), "--tables", str(model), "--backend", "analytic"]) == 0
+    cluster.write_text("hosts:\n  - {devices: 2, speed: 1, memory: 1GiB, ddr: plenty}\n")
+    assert main(["plan", "--tables", str(model), "--topology", str(cluster), "--backend", "analytic", "--method",
+                 "lpt_measured", "--out", str(out)]) == 2
+    assert "hosts[0], field ddr: 'plenty'" in capsys.readouterr().err
