@@ -226,6 +226,7 @@ def plan(tables: UserTables, sharding: str, topology: Topology, batch: int,
     weight, pooling, sequence = tables.weight_bytes, f["pooling_factor"].to_numpy(), tables.sequence
     dims = f["dim"].tolist()
     layouts: list[list[Layout]] = []
+    biggest = int(topology.memories.max())  # a table whole above it may be cached (`load_factor`)
     for t, options in enumerate(candidates):
         found = []
         held = {}  # a row-wise table's shards come in two or three sizes: each computed once
@@ -248,7 +249,7 @@ def plan(tables: UserTables, sharding: str, topology: Topology, batch: int,
                 continue  # too large to measure here: not offered
             if not spread:
                 found.append(Layout(kind, tuple(Piece(*s.block(dims[t]), *made[s.rows, s.width]) for s in pieces)))
-                if kind == "table_wise" and load_factor is not None and found[-1].memories[0] > topology.memories.max():
+                if kind == "table_wise" and load_factor is not None and found[-1].memories[0] > biggest:
                     found.append(_cached(found[-1].pieces[0], tables, t, batch, load_factor))
                 continue
             each_piece = [made[n, first.width] for n in pieces.sizes()]
@@ -409,17 +410,18 @@ def document(method: str, options: dict, tables: UserTables, topology: Topology,
     names: list[list[str]] = [[] for _ in range(devices)]
     assignment, columns, rows, replicated, cached = {}, {}, {}, [], {}
     for name, p in zip(tables.names, result.placed, strict=True):
-        for q, d, ddr in zip(p.layout.pieces, p.devices, p.layout.ddrs, strict=True):
+        if p.layout.cached:
+            np.add.at(host, list(p.devices), p.layout.ddrs)
+        for q, d in zip(p.layout.pieces, p.devices, strict=True):
             load[d] += q.cost
             comm[d] += q.comm
             used[d] += q.memory
-            host[d] += ddr
             count[d] += 1
             names[d].append(name if p.layout.kind == "table_wise" else f"{name} (replica)"
                             if p.layout.kind == "data_parallel" else
                             f"{name}[{q.row}:{q.row + q.rows}, :]" if q.rows is not None else
                             f"{name}[:, {q.column}:{q.column + q.width}]")
-        if p.layout.kernel != "fused":
+        if p.layout.cached:
             cached[name] = {"kernel": p.layout.kernel, "cache_load_factor": options["cache_load_factor"],
                             "hbm_bytes": int(p.layout.memories[0]), "ddr_bytes": int(p.layout.ddrs[0])}
         if p.layout.kind == "table_wise":

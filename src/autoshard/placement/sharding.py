@@ -81,7 +81,13 @@ class Layout:
                          np.asarray(memories, dtype=np.int64))
         self.comms = (np.array([p.comm for p in pieces]) if pieces is not None else
                       np.zeros(len(self.loads)) if comms is None else np.asarray(comms, dtype=float))
-        self.ddrs = np.zeros(len(self.loads), dtype=np.int64) if ddrs is None else np.asarray(ddrs, dtype=np.int64)
+        self._ddrs = None if ddrs is None else np.asarray(ddrs, dtype=np.int64)
+        self.cached = self._ddrs is not None and bool(self._ddrs.any())  # its pieces hold host memory
+
+    @property
+    def ddrs(self) -> np.ndarray:
+        """Each piece's host memory (bytes): none but with TorchRec's UVM caching kernel."""
+        return np.zeros(len(self.loads), dtype=np.int64) if self._ddrs is None else self._ddrs
 
     @property
     def pieces(self) -> tuple[Piece, ...]:
@@ -124,8 +130,10 @@ def place(candidates: Sequence[Sequence[Layout]], topology: Topology, names: Seq
     held = np.zeros(devices, dtype=np.int64)  # DDR
     cheapest = np.array([min(layout.load for layout in c) for c in candidates])
     # tables that fit no device whole go first, largest first: they need the room the others would take
-    need = [min(int(layout.memories.max()) for layout in c) for c in candidates]
-    forced = [not any(len(layout) == 1 and layout.memories[0] <= caps.max() for layout in c)
+    # (kept in host memory by the caching kernel, a table still fits no device whole: it goes first)
+    need = [min((int(layout.memories.max()) for layout in c if not layout.cached),
+                default=int(c[0].memories.max())) for c in candidates]
+    forced = [not any(len(layout) == 1 and not layout.cached and layout.memories[0] <= caps.max() for layout in c)
               for c in candidates]
     pinned = list(fixed) if fixed is not None else [None] * len(candidates)
     order = sorted(range(len(candidates)), key=lambda t: (pinned[t] is None, not forced[t],
@@ -159,11 +167,11 @@ def place(candidates: Sequence[Sequence[Layout]], topology: Topology, names: Seq
         if best is None:
             free = caps - used
             whole = min((int(layout.memories[0]) for layout in candidates[t] if len(layout) == 1 and not
-                         layout.ddrs.any()), default=int(candidates[t][0].memories[0] + candidates[t][0].ddrs[0]))
+                         layout.cached), default=int(candidates[t][0].memories[0] + candidates[t][0].ddrs[0]))
             split = [int(layout.memories.max()) for layout in candidates[t] if len(layout) > 1]
             rows = (f"; split, its largest piece needs {min(split)} (the fullest device has "
                     f"{int(free.min())} left)") if split else ""
-            cached = [layout for layout in candidates[t] if layout.ddrs.any()]
+            cached = [layout for layout in candidates[t] if layout.cached]
             host = (f"; cached in host memory, {int(cached[0].memories[0])} bytes of HBM and "
                     f"{int(cached[0].ddrs[0])} of DDR (the freest device has {int((topology.ddrs - held).max())} "
                     "of DDR left)") if cached else ""
@@ -172,7 +180,8 @@ def place(candidates: Sequence[Sequence[Layout]], topology: Topology, names: Seq
                               "memory or devices)")
         np.add.at(loads, list(best.devices), best_time)
         np.add.at(used, list(best.devices), best.layout.memories)
-        np.add.at(held, list(best.devices), best.layout.ddrs)
+        if best.layout.cached:
+            np.add.at(held, list(best.devices), best.layout.ddrs)
         done += best.layout.load
         out[t] = best
     return [p for p in out if p is not None]
@@ -191,22 +200,25 @@ def _fit(layout: Layout, loads: np.ndarray, used: np.ndarray, held: np.ndarray, 
          pinned: int | None = None, unit: bool = False) -> tuple[int, ...] | None:
     """The devices `layout`'s pieces go to, the least loaded that fit in HBM (`used`) and DDR
     (`held`) (`pinned`: that device, for a whole table); None if they do not fit."""
-    free, host = topology.memories - used, topology.ddrs - held
+    free = topology.memories - used
+    host = topology.ddrs - held if layout.cached else None
     if pinned is not None:
-        fits = len(layout) == 1 and free[pinned] >= layout.memories[0] and host[pinned] >= layout.ddrs[0]
+        fits = len(layout) == 1 and free[pinned] >= layout.memories[0] and (host is None or
+                                                                           host[pinned] >= layout.ddrs[0])
         return (pinned,) if fits else None
     speeds = topology.speeds
     if layout.kind in ("table_wise", "column_wise"):
-        spots, load, room, ddr = [], loads.copy(), free.copy(), host.copy()
-        for p, p_ddr in zip(layout.pieces, layout.ddrs, strict=True):
-            fits = np.flatnonzero((room >= p.memory) & (ddr >= p_ddr))
+        spots, load, room = [], loads.copy(), free.copy()
+        for k, p in enumerate(layout.pieces):
+            fits = np.flatnonzero(room >= p.memory if host is None else (room >= p.memory) & (host >= layout.ddrs[k]))
             if not len(fits):
                 return None
             d = int(fits[np.argmin(load[fits] + _time(p.load, p.comm, speeds[fits], unit))])
             spots.append(d)
             load[d] += _time(p.load, p.comm, speeds[d], unit)
             room[d] -= p.memory
-            ddr[d] -= p_ddr
+            if host is not None:
+                host[d] -= layout.ddrs[k]
         return tuple(spots)
     n = len(layout)
     if layout.kind in ("row_wise", "data_parallel"):
@@ -216,7 +228,7 @@ def _fit(layout: Layout, loads: np.ndarray, used: np.ndarray, held: np.ndarray, 
     best, best_load = None, None
     for first in starts:
         if first + n <= len(loads) and (free[first:first + n] >= layout.memories).all() and \
-                (host[first:first + n] >= layout.ddrs).all():
+                (host is None or (host[first:first + n] >= layout.ddrs).all()):
             peak = float((loads[first:first + n] + _time(layout.loads, layout.comms, speeds[first:first + n],
                                                          unit)).max())
             if best_load is None or peak < best_load:
