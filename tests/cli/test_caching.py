@@ -47,8 +47,17 @@ def test_a_table_no_device_holds_is_cached_in_host_memory(model, tmp_path, load_
     assert doc["costs"]["cached"]["slowdown"] == pytest.approx(caching.slowdown(factor))
     kernels = {name: p["compute_kernel"] for name, p in json.loads(exported.read_text())["modules"][""].items()}
     assert kernels == {"huge": caching.KERNEL, "a": "fused", "b": "fused"}
-    for written in (tmp_path / "plan.json", exported):  # both read back, as `score` reads them
-        assert main(["score", "--plan", str(written), "--tables", str(model), "--backend", "analytic"]) == 0
+
+
+
+def test_score_refuses_a_cached_table_it_cannot_measure(model, tmp_path, capsys):
+    exported = tmp_path / "plan.torchrec.json"
+    assert plan(model, tmp_path, "--torchrec", str(exported)) == 0
+    capsys.readouterr()
+    for written in (tmp_path / "plan.json", exported):
+        assert main(["score", "--plan", str(written), "--tables", str(model), "--backend", "analytic"]) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and str(written) in err and "table 'huge'" in err, err
 
 
 def test_cached_costs_are_the_fused_estimate_times_torchrecs_slowdown(model, tmp_path):
@@ -108,7 +117,6 @@ def test_a_topology_file_gives_each_hosts_ddr(model, tmp_path, capsys):
     doc = json.loads(out.read_text())
     assert doc["assignment"]["huge"] == 1, "only device 1's DDR holds it"
     assert doc["topology"]["ddrs_bytes"] == [2**30, 4 * 2**30]
-    assert main(["score", "--plan", str(out), "--tables", str(model), "--backend", "analytic"]) == 0
     cluster.write_text("hosts:\n  - {devices: 2, speed: 1, memory: 1GiB, ddr: plenty}\n")
     assert main(["plan", "--tables", str(model), "--topology", str(cluster), "--backend", "analytic", "--method",
                  "lpt_measured", "--out", str(out)]) == 2

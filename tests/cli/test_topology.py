@@ -54,6 +54,9 @@ def test_told_the_speeds_it_beats_a_plan_that_thinks_the_devices_alike(model, tm
     file.write_text(cluster)
     topology = read_topology(file)
     told = plan(model, tmp_path / "told.json", "--topology", str(file), sharding=sharding)
+    if sharding == "table":  # `score` reads table- and column-wise plans
+        assert main(["score", "--plan", str(tmp_path / "told.json"), "--tables", str(model), "--backend",
+                     "analytic"]) == 0, "the plan file reads back, its topology set aside"
     alike = tmp_path / "alike.yaml"  # the same hosts, as TorchRec's Topology would see them: one speed, one memory
     alike.write_text("hosts:\n" + "".join(f"  - {{devices: {n}, speed: 1, memory: 1GiB}}\n" for n in topology.hosts))
     blind = plan(model, tmp_path / "blind.json", "--topology", str(alike), sharding=sharding)

@@ -320,16 +320,16 @@ def test_on_gpus_the_partitioner_counts_a_cached_tables_ddr_apart_from_its_hbm()
                                     pooling_factors=[pf], cache_params=CacheParams(load_factor=0.2))
             for n, _, _, pf in TABLES}
     ddr_item = 20000 * 32 * 4  # its weights, all in host memory (no optimizer attached to `module()`)
-    for small, expected in ((ddr_item - 1, 1), (10 * GIB, None)):
-        cluster = Cluster(np.ones(2), np.full(2, GIB, dtype=np.int64), (2,), np.array([small, 10 * GIB]))
+    for short in (0, 1):  # the rank a byte short of its host memory, in turn
+        ddrs = np.full(2, 10 * GIB, dtype=np.int64)
+        ddrs[short] = ddr_item - 1
+        cluster = Cluster(np.ones(2), np.full(2, GIB, dtype=np.int64), (2,), ddrs)
         topology = torchrec_topology(cluster, "cuda")
-        assert [d.storage.ddr for d in topology.devices] == [small, 10 * GIB]
+        assert [d.storage.ddr for d in topology.devices] == ddrs.tolist()
         enumerator = EmbeddingEnumerator(topology=topology, batch_size=BATCH, constraints=told, estimator=[
             EmbeddingPerfEstimator(topology, constraints=told), EmbeddingStorageEstimator(topology, constraints=told)])
         planner = EmbeddingShardingPlanner(topology=topology, batch_size=BATCH, enumerator=enumerator,
                                            constraints=told, storage_reservation=FixedPercentageStorageReservation(0),
                                            partitioner=AutoShardPartitioner(method="lpt_measured", topology=cluster))
         plan = planner.plan(module(), [EmbeddingBagCollectionSharder()]).plan[""]
-        assert plan["t_item"].compute_kernel == "fused_uvm_caching"
-        if expected is not None:
-            assert plan["t_item"].ranks == [expected]
+        assert plan["t_item"].compute_kernel == "fused_uvm_caching" and plan["t_item"].ranks == [1 - short]

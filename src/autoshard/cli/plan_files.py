@@ -11,6 +11,7 @@ import numpy as np
 from autoshard.cli.user_tables import UserTables
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import PlanBlocks, plan_blocks, read_json, shown
+from autoshard.placement import caching
 from autoshard.placement.column_split import ColumnShard
 
 NOTES = {"costs": dict, "topology": dict, "cached": dict, "warnings": list}  # what the plan says beside its blocks
@@ -32,11 +33,28 @@ def without_costs(doc: object, path: Path) -> object:
     return {k: v for k, v in doc.items() if k not in NOTES}
 
 
+def _cached(doc: object) -> list[str]:
+    """The tables a plan file (ours or its TorchRec export) keeps in host memory."""
+    if not isinstance(doc, dict):
+        return []
+    if isinstance(doc.get("cached"), dict):
+        return list(doc["cached"])
+    modules = doc.get("modules")
+    return [f"{m}.{n}" if m else n for m, params in (modules.items() if isinstance(modules, dict) else ())
+            if isinstance(params, dict) for n, p in params.items()
+            if isinstance(p, dict) and p.get("compute_kernel") == caching.KERNEL]
+
+
 def read_blocks(path: str | Path, tables: UserTables) -> PlanBlocks:
     """The blocks of any plan file (ours or its TorchRec export), checked against the tables: every
     table placed, none unknown, its shape as the file says, its columns or rows covered."""
     path = Path(path)
-    plan = plan_blocks(without_costs(read_json(path, "plan file"), path), path)
+    doc = read_json(path, "plan file")
+    cached = _cached(doc)
+    if cached:
+        raise ConfigError(f"{path}: table {shown(cached[0])} is kept in host memory by TorchRec's UVM caching kernel, "
+                          "which this machine cannot measure (its cost in the plan is TorchRec's model)")
+    plan = plan_blocks(without_costs(doc, path), path)
     names = tables.names
     unknown = sorted(set(plan.blocks) - set(names))
     if unknown:

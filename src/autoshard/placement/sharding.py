@@ -130,11 +130,10 @@ def place(candidates: Sequence[Sequence[Layout]], topology: Topology, names: Seq
     held = np.zeros(devices, dtype=np.int64)  # DDR
     cheapest = np.array([min(layout.load for layout in c) for c in candidates])
     # tables that fit no device whole go first, largest first: they need the room the others would take
-    # (kept in host memory by the caching kernel, a table still fits no device whole: it goes first)
-    need = [min((int(layout.memories.max()) for layout in c if not layout.cached),
-                default=int(c[0].memories.max())) for c in candidates]
-    forced = [not any(len(layout) == 1 and not layout.cached and layout.memories[0] <= caps.max() for layout in c)
-              for c in candidates]
+    # (a table offered in host memory as well still fits no device whole: its layouts without DDR decide)
+    plain = [[layout for layout in c if not layout.cached] or list(c) for c in candidates]
+    need = [min(int(layout.memories.max()) for layout in c) for c in plain]
+    forced = [not any(len(layout) == 1 and layout.memories[0] <= caps.max() for layout in c) for c in plain]
     pinned = list(fixed) if fixed is not None else [None] * len(candidates)
     order = sorted(range(len(candidates)), key=lambda t: (pinned[t] is None, not forced[t],
                                                           -need[t] if forced[t] else -cheapest[t], t))
