@@ -396,10 +396,9 @@ def blocks(tables: UserTables, placed: list[Placed]) -> tuple[dict[str, list[Blo
 def document(method: str, options: dict, tables: UserTables, topology: Topology, result: Result,
              models_files: dict, engine: str) -> dict:
     """The plan file: whole tables in `assignment`, split ones (`--sharding` row or auto) in
-    `columns` or `rows` (with their
-    TorchRec sharding type), data-parallel ones in `replicated` and UVM-cached ones in `cached`
-    (where there are any), and per device its pieces, their memory while training (HBM; with a
-    cached table, its DDR apart) and the sum of the costs the plan placed on
+    `columns` or `rows` (with their TorchRec sharding type), data-parallel ones in `replicated`
+    and UVM-cached ones in `cached` (where there are any), and per device its pieces, their memory
+    while training (HBM; with a cached table, its DDR apart) and the sum of the costs the plan placed on
     (`costs` says whether measured alone or predicted); on a topology of unlike devices, each
     device's speed and memory, and its busy time (its costs over its speed, plus its comm)."""
     devices, memory_bytes = topology.devices, int(topology.memories.max())
@@ -410,8 +409,6 @@ def document(method: str, options: dict, tables: UserTables, topology: Topology,
     names: list[list[str]] = [[] for _ in range(devices)]
     assignment, columns, rows, replicated, cached = {}, {}, {}, [], {}
     for name, p in zip(tables.names, result.placed, strict=True):
-        if p.layout.cached:
-            np.add.at(host, list(p.devices), p.layout.ddrs)
         for q, d in zip(p.layout.pieces, p.devices, strict=True):
             load[d] += q.cost
             comm[d] += q.comm
@@ -422,6 +419,7 @@ def document(method: str, options: dict, tables: UserTables, topology: Topology,
                             f"{name}[{q.row}:{q.row + q.rows}, :]" if q.rows is not None else
                             f"{name}[:, {q.column}:{q.column + q.width}]")
         if p.layout.cached:
+            np.add.at(host, list(p.devices), p.layout.ddrs)
             cached[name] = {"kernel": p.layout.kernel, "cache_load_factor": options["cache_load_factor"],
                             "hbm_bytes": int(p.layout.memories[0]), "ddr_bytes": int(p.layout.ddrs[0])}
         if p.layout.kind == "table_wise":

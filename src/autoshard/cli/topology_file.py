@@ -109,7 +109,8 @@ def _speed(entry: dict, at: str) -> float:
     return float(value)
 
 
-def _memory(entry: dict, at: str, field: str = "memory", default: int | None = None) -> int:
+def _memory(entry: dict, at: str, field: str = "memory", default: int | None = None) -> int | None:
+    """`entry[field]` as bytes (`default` where an optional field is absent; `_fields` has required the rest)."""
     if field not in entry:
         return default
     value = entry[field]

@@ -116,7 +116,7 @@ class AutoShardPartitioner(Partitioner):
         for s in shards:
             shard = proposal[s.option].shards[s.shard]
             perf = shard.perf
-            compute = perf.fwd_compute + perf.bwd_compute + perf.prefetch_compute
+            compute = perf.fwd_compute + perf.bwd_compute + perf.prefetch_compute  # as in its total
             # on GPUs a UVM-cached shard holds DDR too, counted apart from the HBM
             ddr = np.array([shard.storage.ddr if kind == "hbm" else 0], dtype=np.int64)
             layouts.append([Layout("table_wise", (Piece(0, None, 0, None, compute, int(getattr(shard.storage, kind)),
