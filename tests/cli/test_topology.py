@@ -112,7 +112,12 @@ def test_a_hostile_topology_file_is_refused_in_one_line(model, tmp_path, capsys,
 @pytest.mark.parametrize(("extra", "said"), [
     (["--devices", "4"], "--devices: --topology"),
     (["--devices-per-host", "2"], "--devices-per-host: --topology"),
-    (["--method", "rl_greedy"], "'rl_greedy' places on devices alike; with --topology, lpt_measured or cost_greedy"),
+    (["--method", "rl_greedy"], "rl_greedy places on devices alike (the policy was trained on devices alike"),
+    (["--method", "milp"], "milp places on devices alike (its MILP has one memory and one speed"),
+    (["--method", "torchrec"], "torchrec places on devices alike (TorchRec's Topology has one memory and no speed"),
+    (["--method", "cost_greedy_local_search"], "cost_greedy_local_search places on devices alike"),
+    (["--method", "size_greedy", "--sharding", "row"], "--sharding: row with --method size_greedy, which places "
+                                                       "every table whole"),
     (["--sharding", "column"], "--sharding: column places on devices alike"),
 ])
 def test_topology_beside_what_it_replaces_or_a_method_that_cannot_use_it(model, tmp_path, capsys, extra, said):

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from autoshard.cli import column_plan, sharding_plan
+from autoshard.cli import column_plan, sharding_plan, topology_plan
 from autoshard.cli import service as planning
 from autoshard.cli.constraints import Constraints, read_constraints
 from autoshard.cli.defaults import study_defaults, timed_runs
@@ -41,6 +41,15 @@ from autoshard.measure.names import BACKENDS
 from autoshard.methods.registry import GREEDY, POLICY, SAMPLED
 from autoshard.placement import caching
 from autoshard.placement.topology import DDR_BYTES, Topology
+
+TOPOLOGY_REFUSED = {  # the command's methods that cannot be told devices differ, and why
+    "rl_greedy": "the policy was trained on devices alike: nothing it reads says a device is slower",
+    "rl_best_of_n": "the policy was trained on devices alike: nothing it reads says a device is slower",
+    "rl_local_search": "the policy was trained on devices alike: nothing it reads says a device is slower",
+    "cost_greedy_local_search": "its search scores devices alike",
+    "milp": "its MILP has one memory and one speed for every device",
+    TORCHREC: "TorchRec's Topology has one memory and no speed for its devices",
+}
 
 
 class UsageError(ConfigError):
@@ -233,7 +242,8 @@ def _check_plan_options(args: argparse.Namespace, folder: Path) -> None:
             if args.method == FIRST_RUN:
                 print(f"no trained models in {folder}: each piece's cost measured alone on this machine (--method "
                       f"{GREEDY} to predict them)", file=sys.stderr)
-        if args.method not in (*COST_METHODS, TORCHREC):
+        on_topology = args.cluster is not None and args.sharding == "table" and args.method in topology_plan.METHODS
+        if args.method not in (*COST_METHODS, TORCHREC) and not on_topology:
             raise ConfigError(f"--method: {shown(args.method)} (with --sharding {args.sharding}: "
                               f"{', '.join(COST_METHODS)} (the costs of every piece measured here or predicted) or "
                               "torchrec (TorchRec's planner))")
@@ -262,7 +272,7 @@ def _check_caching(args: argparse.Namespace, sharded: bool) -> None:
     """`args.load_factor`: the UVM caching kernel's cache load factor where a sharded plan for
     GPUs by our methods may use it, else None; `--cache-load-factor` and `--ddr-per-device` are
     refused where nothing uses them."""
-    used = sharded and args.torchrec_device == "cuda" and args.method != TORCHREC
+    used = sharded and args.torchrec_device == "cuda" and args.method in COST_METHODS
     for option, value in (("--cache-load-factor", args.cache_load_factor), ("--ddr-per-device", args.ddr_per_device)):
         if value is not None and not used:
             raise ConfigError(f"{option}: only a sharded plan (--sharding row or auto, --constraints or --topology) "
@@ -288,12 +298,17 @@ def _topology(args: argparse.Namespace) -> None:
                             ("--devices-per-host", args.devices_per_host)) if v is not None]
     if given:
         raise ConfigError(f"{given[0]}: --topology {args.topology} gives the devices (one or the other)")
-    if args.method not in (*COST_METHODS, None):
-        raise ConfigError(f"--method: {shown(args.method)} places on devices alike; with --topology, "
-                          f"{' or '.join(COST_METHODS)} (every piece's compute over its device's speed, each "
-                          "device's own memory)")
+    if args.method in TOPOLOGY_REFUSED:
+        raise ConfigError(f"--method: {args.method} places on devices alike ({TOPOLOGY_REFUSED[args.method]}); with "
+                          f"--topology, {', '.join((*COST_METHODS, *topology_plan.METHODS))}")
+    if args.method not in (*COST_METHODS, *topology_plan.METHODS, None):
+        raise ConfigError(f"--method: {shown(args.method)} (with --topology, one of "
+                          f"{', '.join((*COST_METHODS, *topology_plan.METHODS))})")
     if args.sharding == "column":
         raise ConfigError("--sharding: column places on devices alike; with --topology, table, row or auto")
+    if args.method in topology_plan.METHODS and args.sharding != "table":
+        raise ConfigError(f"--sharding: {args.sharding} with --method {args.method}, which places every table whole "
+                          f"(its key prices no split; {' or '.join(COST_METHODS)} split tables on a topology)")
     args.cluster = read_topology(args.topology, args.ddr_bytes)
     args.devices, args.memory_per_device = args.cluster.devices, str(int(args.cluster.memories.max()))
     args.devices_per_host = args.cluster.local
@@ -418,6 +433,9 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
 
         result = torchrec_method.plan(tables, args.sharding, args.devices, local, memory, args.batch_size, args.links,
                                       args.torchrec_device, constraints.kinds)
+    elif args.method in topology_plan.METHODS:
+        result = topology_plan.plan(args.method, tables, topology, args.batch_size, constraints,
+                                    planning.seed_for(tables, args.seed))
     else:
         if args.method == GREEDY:
             models = planning.load_models(GREEDY, args.policy, args.cost_model, folder=folder)

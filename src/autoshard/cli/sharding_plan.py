@@ -51,6 +51,7 @@ from autoshard.placement.topology import Topology
 from autoshard.placement.traffic import TORCHREC_GIB_PER_S, Links, gradient_bytes, piece_bytes
 
 COST_METHODS = (FIRST_RUN, GREEDY)  # piece costs measured here, or predicted by the cost model
+COST_COLUMNS = {"predicted": "predicted_ms", "measured": "measured_alone_ms", "estimated": "estimated_ms"}
 
 
 class Shape(NamedTuple):
@@ -262,7 +263,7 @@ def plan(tables: UserTables, sharding: str, topology: Topology, batch: int,
                               f"whole or split (use --method {GREEDY})")
         layouts.append(found)
     start = time.perf_counter()
-    placed = _grouped_place(layouts, topology, tables.names, constraints)
+    placed = grouped_place(layouts, topology, tables.names, constraints)
     return Result(placed, time.perf_counter() - start,
                   {"objective": "the busiest device's costs plus its comm (placement.sharding)", **source})
 
@@ -296,7 +297,7 @@ def footprint(s: Shape, weight_bytes: int, batch: int, pooling: float, sequence:
     return int(table_bytes(s.rows, s.width, weight_bytes)) + inputs + outputs
 
 
-def _grouped_place(layouts: list[list[Layout]], topology: Topology, names: list[str],
+def grouped_place(layouts: list[list[Layout]], topology: Topology, names: list[str],
                    constraints: Constraints) -> list[Placed]:
     """`placement.sharding.place` with each group of tables placed as one whole table (its costs,
     comm and memory summed) and pinned tables on their devices; then each member on its group's device."""
@@ -403,7 +404,8 @@ def document(method: str, options: dict, tables: UserTables, topology: Topology,
     device's speed and memory, and its busy time (its costs over its speed, plus its comm)."""
     devices, memory_bytes = topology.devices, int(topology.memories.max())
     kind = result.costs["kind"]
-    column = {"predicted": "predicted_ms", "measured": "measured_alone_ms", "estimated": "estimated_ms"}[kind]
+    timed = kind in COST_COLUMNS  # else a heuristic's key (`cli.topology_plan`), or no cost at all
+    column = COST_COLUMNS[kind] if timed else f"{result.costs['key']}_key" if kind == "heuristic" else None
     load, used, count = np.zeros(devices), np.zeros(devices, dtype=np.int64), np.zeros(devices, dtype=np.int64)
     comm, host = np.zeros(devices), np.zeros(devices, dtype=np.int64)
     names: list[list[str]] = [[] for _ in range(devices)]
@@ -433,12 +435,15 @@ def document(method: str, options: dict, tables: UserTables, topology: Topology,
             rows[name] = {"kind": p.layout.kind, "shards": [{"start": q.row, "rows": q.rows, "device": int(d)}
                                                             for q, d in zip(p.layout.pieces, p.devices, strict=True)]}
     unlike = not topology.alike
+    busy = "busy_ms" if timed else "busy_key"
     per_device = [{"device": d, "shards": int(count[d]), "memory_bytes": int(used[d]),
-                   "memory_share": float(used[d] / topology.memories[d]), column: float(load[d]),
-                   "comm_modelled_ms": float(comm[d]),
+                   "memory_share": float(used[d] / topology.memories[d]),
+                   **({column: float(load[d])} if column else {}),
+                   **({"comm_modelled_ms": float(comm[d])} if timed else {}),
                    **({"ddr_bytes": int(host[d]), "ddr_capacity_bytes": int(topology.ddrs[d])} if cached else {}),
-                   **({"speed": float(topology.speeds[d]), "capacity_bytes": int(topology.memories[d]),
-                       "busy_ms": float(load[d] / topology.speeds[d] + comm[d])} if unlike else {}),
+                   **({"speed": float(topology.speeds[d]), "capacity_bytes": int(topology.memories[d])} if unlike
+                      else {}),
+                   **({busy: float(load[d] / topology.speeds[d] + comm[d])} if unlike and column else {}),
                    "names": names[d]}
                   for d in range(devices)]
     return {"format": PLAN_FORMAT, "method": method, "options": options, "tables_file": tables.source,
@@ -450,11 +455,12 @@ def document(method: str, options: dict, tables: UserTables, topology: Topology,
             "per_device": per_device,
             "predicted_bottleneck_ms": float(load.max()) if kind == "predicted" else None,
             "predicted": "by the cost model, one piece at a time, summed per device, not measured (measure with "
-                         "`autoshard score`)" if kind == "predicted" else f"nothing (the plan placed on costs {kind} "
-                                                                          "piece by piece, summed per device)",
+                         "`autoshard score`)" if kind == "predicted" else
+                         f"nothing (the plan placed on costs {kind} piece by piece, summed per device)" if timed else
+                         f"nothing (the plan placed on {result.costs['what']})",
             "sharding_seconds": result.seconds, "model_files": models_files, "engine": engine,
             "costs": {**result.costs, **({"cached": _cached_costs(options["cache_load_factor"])} if cached else {}),
-                      "comm": {
+                      "comm": {"what": "not charged: the plan placed on no time"} if not timed else {
                 "what": "each piece's output exchange, forward and backward (a data-parallel replica's gradient "
                         "all-reduce), charged on its device: bytes within its host and across hosts over the links' "
                         "bandwidths (placement.traffic), modelled, not measured",
