@@ -81,11 +81,17 @@ print(json.dumps(harness.harness_figures(config).minor_faults_per_backward))
 def test_kept_memory_stops_the_backward_faulting_in_its_buffers():
     # A backward's only lookup-sized allocations are its CSC buffers (csc_pages: 1,024 pages here);
     # kept in the heap, a warm backward reuses them and faults in only a few odd pages (64-97 on
-    # an AMD EPYC VM, against 286-325 with glibc's defaults): fewer than a quarter of them
-    done = subprocess.run([sys.executable, "-c", KEPT], capture_output=True, text=True, timeout=120, check=True)
-    faults = json.loads(done.stdout.strip().splitlines()[-1])
+    # an AMD EPYC VM, against 286-325 with glibc's defaults): fewer than a quarter of them. With
+    # the other core busy one run once counted 261, so the fewest of three runs is held to it: the
+    # default heap's count is above the bound in every run, a busy neighbour's only in some
     assert csc_pages(SMALL) == 2 * 8 * 65_536 * 4 // harness.PAGE
-    assert faults < csc_pages(SMALL) / 4
+    counts = []
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-c", KEPT], capture_output=True, text=True, timeout=120, check=True)
+        counts.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        if counts[-1] < csc_pages(SMALL) / 4:
+            break
+    assert min(counts) < csc_pages(SMALL) / 4, counts
 
 
 def test_fresh_runs_the_default_heap_with_only_the_added_switches(monkeypatch):
