@@ -142,3 +142,19 @@ def test_torchrec_export_needs_hosts_of_one_size(model, tmp_path, capsys):
 def test_without_topology_the_devices_are_required(model, tmp_path, capsys):
     assert main(["plan", "--tables", str(model), "--memory-per-device", "1GiB", "--out", str(tmp_path / "p")]) == 2
     assert "--devices: required (or --topology FILE)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra", [[], ["--torchrec-device", "cpu"]])
+def test_host_memory_a_plan_cannot_use_is_said_not_ignored(model, tmp_path, capsys, extra):
+    file = tmp_path / "cluster.yaml"
+    file.write_text("hosts:\n  - {devices: 2, speed: 1, memory: 1GiB, ddr: 64GiB}\n")
+    out = tmp_path / "p.json"
+    base = ["plan", "--tables", str(model), "--topology", str(file), "--method", "lpt_measured", "--backend",
+            "analytic", "--out", str(out)]
+    assert main([*base, *extra]) == 0
+    err = capsys.readouterr().err
+    said = f"{file}: field ddr: unused by this plan"
+    if extra:  # a CPU plan keeps nothing in host memory
+        assert said in err and said in json.loads(out.read_text())["warnings"][-1]
+    else:  # --torchrec-device cuda (the default) may cache a table there: nothing to say
+        assert said not in err and not any(said in w for w in json.loads(out.read_text()).get("warnings", []))

@@ -456,6 +456,7 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
     doc = sharding_plan.document(args.method, options, tables, topology, result, models.files,
                                  models.engine)
     _note_range(doc, tables, models)
+    _note_unused_ddr(doc, args)
     outputs = {args.out: json.dumps(doc, indent=1, default=_plain, allow_nan=False)}
     if args.torchrec is not None:
         blocks, kinds = sharding_plan.blocks(tables, result.placed)
@@ -506,6 +507,17 @@ def _note_range(doc: dict | None, tables, models) -> None:
     print(f"autoshard: {line}", file=sys.stderr)
     if doc is not None:
         doc["warnings"] = [*doc.get("warnings", []), line]
+
+
+def _note_unused_ddr(doc: dict, args: argparse.Namespace) -> None:
+    """Say on stderr, in one line (kept in the plan file's `warnings`), when a --topology file
+    gives host memory (`ddr`) that this plan cannot use: no table is kept there."""
+    if args.cluster is None or args.load_factor is not None or (args.cluster.ddrs == args.ddr_bytes).all():
+        return
+    line = (f"{args.topology}: field ddr: unused by this plan (only a plan for --torchrec-device cuda by "
+            f"{' or '.join(COST_METHODS)} keeps tables in host memory)")
+    print(f"autoshard: {line}", file=sys.stderr)
+    doc["warnings"] = [*doc.get("warnings", []), line]
 
 
 def _plain(value):
