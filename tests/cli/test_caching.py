@@ -90,7 +90,8 @@ def test_too_little_host_memory_or_none_on_a_cpu_is_refused_by_name(model, tmp_p
     (["--cache-load-factor", "1.5"], "--cache-load-factor: 1.5"),
     (["--ddr-per-device", "lots"], "--ddr-per-device"),
     (["--cache-load-factor", "0.2", "--torchrec-device", "cpu"], "--cache-load-factor: only a sharded plan"),
-    (["--ddr-per-device", "64GiB", "--method", "torchrec"], "--ddr-per-device: only a sharded plan"),
+    (["--ddr-per-device", "64GiB", "--method", "size_greedy", "--sharding", "table"],
+     "--ddr-per-device: only a sharded plan"),
 ])
 def test_caching_options_out_of_range_or_unused_are_refused(model, tmp_path, capsys, extra, said):
     args = ["plan", "--tables", str(model), "--devices", "2", "--memory-per-device", "1GiB", "--backend", "analytic",
@@ -121,3 +122,22 @@ def test_a_topology_file_gives_each_hosts_ddr(model, tmp_path, capsys):
     assert main(["plan", "--tables", str(model), "--topology", str(cluster), "--backend", "analytic", "--method",
                  "lpt_measured", "--out", str(out)]) == 2
     assert "hosts[0], field ddr: 'plenty'" in capsys.readouterr().err
+
+
+def test_torchrecs_planner_is_offered_the_caching_kernel_too(model, tmp_path):
+    # told only the fused kernel, TorchRec's planner found no plan for a table no device holds;
+    # offered ours, it keeps it in host memory, counted as ours are
+    exported = tmp_path / "plan.torchrec.json"
+    assert main(["plan", "--tables", str(model), "--devices", "2", "--memory-per-device", "1GiB", "--method",
+                 "torchrec", "--sharding", "auto", "--batch-size", str(BATCH), "--out", str(tmp_path / "plan.json"),
+                 "--torchrec", str(exported), "--cache-load-factor", "0.1"]) == 0
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    entry = doc["cached"]["huge"]
+    assert entry["kernel"] == caching.KERNEL and entry["cache_load_factor"] == 0.1
+    shards = doc["rows"]["huge"]["shards"] if "huge" in doc["rows"] else [{"rows": 5_000_000}]
+    counted = [caching.memory(s["rows"], 128, 4, BATCH, 2.0, False, 0.1) for s in shards]
+    assert entry["ddr_bytes"] == sum(d for _, d in counted) == sum(x.get("ddr_bytes", 0) for x in doc["per_device"])
+    assert entry["hbm_bytes"] == sum(h for h, _ in counted)
+    assert all(x["memory_bytes"] <= 1 << 30 for x in doc["per_device"])
+    modules = json.loads(exported.read_text())["modules"][""]
+    assert modules["huge"]["compute_kernel"] == caching.KERNEL and modules["a"]["compute_kernel"] == "fused"

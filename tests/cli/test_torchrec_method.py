@@ -10,7 +10,7 @@ from autoshard.placement.traffic import Links
 def _option(kind: str, rows: int, dim: int, rank: int) -> SimpleNamespace:
     shard = SimpleNamespace(offset=(0, 0), size=(rows, dim), rank=rank,
                             perf=SimpleNamespace(fwd_compute=0.25, bwd_compute=0.5))
-    return SimpleNamespace(sharding_type=kind, shards=[shard])
+    return SimpleNamespace(sharding_type=kind, compute_kernel="fused", shards=[shard])
 
 
 def test_one_column_shard_is_the_whole_table(tmp_path):

@@ -272,11 +272,12 @@ def _check_caching(args: argparse.Namespace, sharded: bool) -> None:
     """`args.load_factor`: the UVM caching kernel's cache load factor where a sharded plan for
     GPUs by our methods may use it, else None; `--cache-load-factor` and `--ddr-per-device` are
     refused where nothing uses them."""
-    used = sharded and args.torchrec_device == "cuda" and args.method in COST_METHODS
+    used = sharded and args.torchrec_device == "cuda" and args.method in (*COST_METHODS, TORCHREC)
     for option, value in (("--cache-load-factor", args.cache_load_factor), ("--ddr-per-device", args.ddr_per_device)):
         if value is not None and not used:
             raise ConfigError(f"{option}: only a sharded plan (--sharding row or auto, --constraints or --topology) "
-                              "for --torchrec-device cuda by lpt_measured or cost_greedy keeps tables in host memory")
+                              "for --torchrec-device cuda by lpt_measured, cost_greedy or torchrec keeps tables in "
+                              "host memory")
     factor = caching.LOAD_FACTOR if args.cache_load_factor is None else args.cache_load_factor
     if not (math.isfinite(factor) and 0 < factor <= 1):
         raise ConfigError(f"--cache-load-factor: {shown(args.cache_load_factor)} (above 0, at most 1)")
@@ -432,7 +433,7 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
         from autoshard.cli.torchrec import method as torchrec_method
 
         result = torchrec_method.plan(tables, args.sharding, args.devices, local, memory, args.batch_size, args.links,
-                                      args.torchrec_device, constraints.kinds)
+                                      args.torchrec_device, constraints.kinds, args.load_factor, args.ddr_bytes)
     elif args.method in topology_plan.METHODS:
         result = topology_plan.plan(args.method, tables, topology, args.batch_size, constraints,
                                     planning.seed_for(tables, args.seed))

@@ -423,7 +423,7 @@ def document(method: str, options: dict, tables: UserTables, topology: Topology,
         if p.layout.cached:
             np.add.at(host, list(p.devices), p.layout.ddrs)
             cached[name] = {"kernel": p.layout.kernel, "cache_load_factor": options["cache_load_factor"],
-                            "hbm_bytes": int(p.layout.memories[0]), "ddr_bytes": int(p.layout.ddrs[0])}
+                            "hbm_bytes": int(p.layout.memories.sum()), "ddr_bytes": int(p.layout.ddrs.sum())}
         if p.layout.kind == "table_wise":
             assignment[name] = int(p.devices[0])
         elif p.layout.kind == "data_parallel":
