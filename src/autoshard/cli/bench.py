@@ -4,7 +4,7 @@ with the process's peak memory.
 
   python -m autoshard.cli.bench [--sizes 856x128 10000x1024] [--repeats 3] [--method rl_greedy]
 (`--method rl_local_search` times the refinement too)
-  python -m autoshard.cli.bench --production [--sizes 2000x96] [--method cost_greedy]
+  python -m autoshard.cli.bench --production [--sizes 2000x96] [--method cost_greedy] [--backend analytic]
 (the production-shaped model, `production_tables`, planned with `--sharding auto` on hosts of 8
 devices of 138 GiB at a training batch of 2048 a device)
 
@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="any method of `autoshard plan` (rl_local_search: with the search)")
     p.add_argument("--pool", type=Path, default=Path("data/pool"))
     p.add_argument("--models", type=Path, default=Path("data/rl"), help="the command's --models")
+    p.add_argument("--backend", default=None, help="the command's --backend (analytic: TorchRec's estimate, "
+                                                   "nothing measured; default the command's)")
     p.add_argument("--production", action="store_true",
                    help="the production-shaped model (`production_tables`) with --sharding auto")
     args = p.parse_args(argv)
@@ -126,9 +128,10 @@ def main(argv: list[str] | None = None) -> int:
                 memory = int(sizes.max() + 2 * sizes.sum() / devices)
                 cmd = ["plan", "--tables", str(path), "--devices", str(devices), "--memory-per-device", str(memory),
                        "--method", args.method, "--out", str(out), "--models", str(args.models)]
+            cmd += ["--backend", args.backend] if args.backend else []
             runs = [run_once(cmd) for _ in range(args.repeats)]
             doc = json.loads(out.read_text())
-            rows.append({"tables": n, "devices": devices, "method": args.method,
+            rows.append({"tables": n, "devices": devices, "method": args.method, "backend": args.backend,
                          "sharding": "auto" if args.production else "table",
                          "engine": doc["engine"],
                          "command_seconds_median": statistics.median(r[0] for r in runs),

@@ -29,6 +29,7 @@ import math
 import time
 from dataclasses import dataclass
 from functools import lru_cache, partial
+from itertools import groupby
 from typing import NamedTuple
 
 import numpy as np
@@ -89,13 +90,13 @@ class Spread(NamedTuple):
         """Every piece, in device order."""
         if self.replicas > 1:
             return [Shape(self.table, 0, self.rows, 0, self.dim, 1, self.replicas)] * self.replicas
-        split = row_split(self.rows, self.ways)
+        split = _split(self.rows, self.ways)
         starts = np.concatenate([[0], np.cumsum(split)[:-1]]).tolist()
         return [Shape(self.table, int(s), int(n), 0, self.dim, self.ways) for s, n in zip(starts, split, strict=True)]
 
     def sizes(self) -> list[int]:
         """Each piece's rows, in device order."""
-        return [self.rows] * self.replicas if self.replicas > 1 else row_split(self.rows, self.ways)
+        return [self.rows] * self.replicas if self.replicas > 1 else _split(self.rows, self.ways)
 
     def distinct(self) -> dict[int, Shape]:
         """The last piece of each distinct size, by its rows, in the order the sizes first come
@@ -106,10 +107,17 @@ class Spread(NamedTuple):
         if self.replicas > 1:
             return {self.rows: Shape(self.table, 0, self.rows, 0, self.dim, 1, self.replicas)}
         out, start = {}, 0
-        for n in row_split(self.rows, self.ways):
-            out[n] = Shape(self.table, start, n, 0, self.dim, self.ways)
-            start += n
+        for n, run in groupby(_split(self.rows, self.ways)):  # a run of equal sizes: its last piece
+            count = sum(1 for _ in run)
+            out[n] = Shape(self.table, start + (count - 1) * n, n, 0, self.dim, self.ways)
+            start += count * n
         return out
+
+
+@lru_cache(maxsize=65_536)
+def _split(rows: int, ways: int) -> list[int]:
+    """`row_split`, once per (rows, ways): a spread asks for its sizes and its distinct pieces."""
+    return row_split(rows, ways)
 
 
 @lru_cache(maxsize=65_536)

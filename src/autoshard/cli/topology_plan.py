@@ -33,10 +33,10 @@ METHODS = (*UNKEYED, *KEYED)  # the command's heuristics, every one placing on a
 def memory(tables: UserTables, batch: int) -> np.ndarray:
     """Each table's bytes while training, whole (`data.footprint`, as every sharded plan counts)."""
     f = tables.features
-    return np.array([footprint(Shape(t, 0, int(rows), 0, int(dim), 1), int(tables.weight_bytes[t]), batch,
-                               float(f["pooling_factor"].iloc[t]), bool(tables.sequence[t]))
-                     for t, (rows, dim) in enumerate(zip(f["rows"].tolist(), f["dim"].tolist(), strict=True))],
-                    dtype=np.int64)
+    rows, dims, pooling = f["rows"].tolist(), f["dim"].tolist(), f["pooling_factor"].tolist()
+    weights, sequence = tables.weight_bytes.tolist(), tables.sequence.tolist()
+    return np.array([footprint(Shape(t, 0, int(rows[t]), 0, int(dims[t]), 1), weights[t], batch, pooling[t],
+                               sequence[t]) for t in range(len(rows))], dtype=np.int64)
 
 
 def plan(method: str, tables: UserTables, topology: Topology, batch: int, constraints: Constraints,

@@ -80,7 +80,8 @@ class UserTables:
     def weight_bytes(self) -> np.ndarray:
         """Bytes per weight of each table (`size_bytes` less the row state, per element)."""
         f = self.features
-        return np.rint((f["size_bytes"] - table_bytes(f["rows"], 0, 4)) / (f["rows"] * f["dim"])).astype(np.int64)
+        per_element = (f["size_bytes"] - table_bytes(f["rows"], 0, 4)) / (f["rows"] * f["dim"])
+        return np.rint(per_element.to_numpy(dtype=float)).astype(np.int64)
 
     @property
     def sequence(self) -> np.ndarray:
