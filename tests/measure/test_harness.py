@@ -103,3 +103,32 @@ def test_fresh_runs_the_default_heap_with_only_the_added_switches(monkeypatch):
         {"FBGEMM_ENABLE_INSTRUCTIONS": "AVX2"}
     assert line["machine"]["fbgemm_isa"] == "avx2"
     assert line["harness"]["backward_rowwise_adagrad_ms"] > 0
+
+
+X86_AVX2 = harness.os.uname().machine == "x86_64" and harness.cpu_flags(harness._cpuinfo()).get("avx2", False)
+
+
+@pytest.mark.skipif(not X86_AVX2, reason="the probe's machine code is x86-64 with AVX")
+def test_the_sse_loop_runs_as_many_iterations_as_asked():
+    # a wrong jump offset would run the body once (or never return): ten times the iterations
+    # must take several times as long, per iteration about the same
+    code = harness._sse_loop(clean=True)
+    assert code.endswith(harness.VZEROUPPER + harness.RET)
+    short, long = harness._loop_ns(code, 100_000), harness._loop_ns(code, 1_000_000)
+    assert 0.2 < long / short < 5  # ns per iteration: the same loop either way
+    assert short * 100_000 > 1e3  # 100,000 iterations take more than a microsecond
+
+
+@pytest.mark.skipif(not X86_AVX2, reason="the probe's machine code is x86-64 with AVX")
+def test_the_penalty_is_the_dirty_loop_over_the_clean_one():
+    dirty = harness._loop_ns(harness._sse_loop(clean=False), 200_000)
+    clean = harness._loop_ns(harness._sse_loop(clean=True), 200_000)
+    penalty = harness.sse_after_avx_ns()
+    assert isinstance(penalty, float)
+    assert dirty > 0.5 * clean  # the dirty loop does the clean one's work less a vzeroupper
+    assert penalty == pytest.approx(dirty - clean, abs=max(5.0, 0.3 * abs(dirty - clean)))
+
+
+def test_the_penalty_is_none_off_x86(monkeypatch):
+    monkeypatch.setattr(harness.os, "uname", lambda: harness.os.uname_result(("Linux", "h", "6", "1", "aarch64")))
+    assert harness.sse_after_avx_ns() is None

@@ -315,3 +315,21 @@ def test_the_environment_names_the_machine_the_profile_measured_and_its_harness_
     for heap, facts in profile["calibration"].items():
         assert (f"| harness, {heap} heap (ms) | forward {facts['forward_ms']:.1f}, backward (row-wise Adagrad) "
                 f"{facts['backward_rowwise_adagrad_ms']:.1f},") in text
+    penalty = profile["calibration"]["default"].get("sse_after_avx_ns")
+    if penalty is None:  # a profile from before the probe
+        assert "| legacy SSE after 256-bit AVX (ns) |" not in text
+    else:
+        assert f"| legacy SSE after 256-bit AVX (ns) | {penalty:.0f}: paid about three times" in text
+
+
+def test_the_environment_gives_the_sse_penalty_where_the_profile_measured_it():
+    from types import SimpleNamespace
+
+    from autoshard.pipeline.report.run import measured_on
+
+    figures = {"forward_ms": 8.6, "backward_rowwise_adagrad_ms": 149.8, "backward_sgd_ms": 28.6,
+               "adagrad_ns_per_touched_row": 389.4}
+    rows = measured_on(SimpleNamespace(profile={"calibration": {"default": figures | {"sse_after_avx_ns": 104.6}}}))
+    assert rows["legacy SSE after 256-bit AVX (ns)"].startswith("105: paid about three times per touched row")
+    assert "legacy SSE after 256-bit AVX (ns)" not in measured_on(
+        SimpleNamespace(profile={"calibration": {"default": figures | {"sse_after_avx_ns": None}}}))

@@ -16,6 +16,18 @@ What FBGEMM's CPU backward does (fbgemm_gpu 1.8, read from its source):
   generator, with scalar legacy-SSE `movss`/`addss`/`divss`/`sqrtss` per row and no
   `vzeroupper`); EXACT_SGD runs a compiled loop instead. Their cost follows the touched rows.
 
+The eightfold is that Adagrad kernel meeting a CPU that charges for legacy SSE after 256-bit AVX:
+each row mixes its 256-bit sums with about seven legacy-SSE scalar instructions while the
+registers' upper halves are dirty. `sse_after_avx_ns` times one such instruction against the
+same one after a `vzeroupper`. On the slow VMs (AMD EPYC Zen 3 under KVM) it is about 105 ns,
+and the kernel switches from AVX to legacy SSE three times per row (after its horizontal add,
+its extract and its broadcast): 3 x 105 = 315 ns, the row-wise Adagrad backward's excess over
+SGD's there ((150 - 29) ms over 384,597 touched rows; 390 ns per touched row in all). The fast
+VMs (AMD EPYC Zen 4) spend 48 ns per touched row in all (18 ms), which leaves no room for it;
+their figure is recorded by the next run there. It is real: training with FBGEMM's CPU row-wise
+Adagrad on such a machine pays it too, so the study measures it as it comes and records the
+figure beside the others.
+
 `python -m autoshard.measure.harness` prints both as one JSON line. Importing this module
 imports neither torch nor FBGEMM.
 """
@@ -91,6 +103,7 @@ class HarnessFigures:
     adagrad_ns_per_touched_row: float  # backward_rowwise_adagrad_ms per touched row
     copy_gb_s: float  # into a buffer already touched
     first_touch_gb_s: float  # writing freshly mapped memory: page faults included
+    sse_after_avx_ns: float | None = None  # `sse_after_avx_ns()`; None where it cannot run
     config: HarnessConfig = field(default_factory=HarnessConfig)
 
 
@@ -130,12 +143,16 @@ def adagrad_backward_path(isa: str, environ: dict[str, str]) -> str:
     return f"spmdm:{gather}+adagrad:avx2-jit"
 
 
+def _cpuinfo() -> str:
+    path = Path("/proc/cpuinfo")
+    return path.read_text() if path.exists() else ""
+
+
 def machine_facts() -> MachineFacts:
     """This machine's facts (reads /proc/cpuinfo; imports torch for its threads)."""
     import torch
 
-    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    flags = cpu_flags(text)
+    flags = cpu_flags(_cpuinfo())
     environ = dict(os.environ)
     isa = fbgemm_isa(flags, environ)
     kept = _kept or all(environ.get(k) == v for k, v in measuring_environment().items())
@@ -246,6 +263,43 @@ def first_touch_gb_s(mib: int) -> float:
     return size / best / 1e9
 
 
+# x86-64 machine code for `_sse_loop`: vaddps ymm3, ymm2, ymm2 (dirties ymm3's upper half),
+# vzeroupper, addss xmm4, xmm1 (legacy SSE), dec rdi, jnz (rel8), ret.
+VADDPS, VZEROUPPER, ADDSS = bytes.fromhex("c5ec58da"), bytes.fromhex("c5f877"), bytes.fromhex("f30f58e1")
+DEC_RDI, JNZ, RET = bytes.fromhex("48ffcf"), 0x75, b"\xc3"
+
+
+def _sse_loop(clean: bool) -> bytes:
+    """A loop of `rdi` iterations, each a 256-bit AVX add then a legacy-SSE scalar add (with a
+    `vzeroupper` between them where `clean`); it ends with a `vzeroupper` so the caller's state
+    is clean again."""
+    body = VADDPS + (VZEROUPPER if clean else b"") + ADDSS + DEC_RDI
+    return body + bytes([JNZ, -(len(body) + 2) & 0xFF]) + VZEROUPPER + RET
+
+
+def _loop_ns(code: bytes, iterations: int) -> float:
+    import ctypes
+
+    page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    page.write(code)
+    run = ctypes.CFUNCTYPE(None, ctypes.c_long)(ctypes.addressof(ctypes.c_char.from_buffer(page)))
+    best = min(_timed(lambda: run(iterations)) for _ in range(5))
+    return best / iterations * 1e9
+
+
+def sse_after_avx_ns(iterations: int = 200_000) -> float | None:
+    """What one legacy-SSE scalar instruction costs after a 256-bit AVX write with the upper
+    halves dirty, over the same after a `vzeroupper` (ns, best of five): the penalty FBGEMM's
+    row-wise Adagrad kernel pays several times per touched row. None off x86-64 Linux with AVX,
+    or where the system refuses an executable mapping."""
+    if os.uname().machine != "x86_64" or not cpu_flags(_cpuinfo()).get("avx2"):
+        return None
+    try:
+        return round(_loop_ns(_sse_loop(clean=False), iterations) - _loop_ns(_sse_loop(clean=True), iterations), 1)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def _ms(times: list[float]) -> float:
     return round(statistics.median(times), 3)
 
@@ -283,7 +337,7 @@ def harness_figures(config: HarnessConfig | None = None) -> HarnessFigures:
         adagrad_ns_per_touched_row=round(_ms(adagrad) * 1e6 / touched_rows(config), 1),
         copy_gb_s=round(copy_gb_s(config.memory_mib), 2),
         first_touch_gb_s=round(first_touch_gb_s(config.memory_mib), 2),
-        config=config)
+        sse_after_avx_ns=sse_after_avx_ns(), config=config)
 
 
 def fresh(env: dict[str, str] | None = None) -> dict:

@@ -47,7 +47,8 @@ def measured_on(results: Results) -> dict[str, str]:
     flags FBGEMM can use, the ISA it chose and the path its row-wise Adagrad backward took, and
     FBGEMM's harness forward and backward in a fresh process (default heap, and the heap kept):
     what tells a fast machine of this kind from a slow one (issue 49); and the measuring effort
-    decided from them (`pipeline.effort`) with the precision it reached."""
+    decided from them (`pipeline.effort`) with the precision it reached; and what one legacy-SSE
+    instruction after 256-bit AVX costs there, which decides that backward's speed."""
     profile = results.profile or {}
     machine, calibration = profile.get("machine") or {}, profile.get("calibration") or {}
     out = {}
@@ -69,6 +70,11 @@ def measured_on(results: Results) -> dict[str, str]:
                                              f"{facts['backward_rowwise_adagrad_ms']:.1f}, backward (SGD) "
                                              f"{facts['backward_sgd_ms']:.1f}; "
                                              f"{facts['adagrad_ns_per_touched_row']:.0f} ns per touched row")
+    penalty = (calibration.get("default") or {}).get("sse_after_avx_ns")
+    if penalty is not None:
+        out["legacy SSE after 256-bit AVX (ns)"] = (
+            f"{penalty:.0f}: paid about three times per touched row by FBGEMM's row-wise Adagrad kernel (a "
+            f"machine that charges it runs that backward several times slower; training there pays it too)")
     return out
 
 
