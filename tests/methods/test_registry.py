@@ -65,9 +65,10 @@ def test_tags_pick_the_studies_lists():
 def test_method_ids_are_spelt_only_in_the_registry_and_the_modules_that_implement_them():
     """A caller asks the registry (`ids`, its role names) instead of spelling an id: an id typed
     elsewhere is a list that can drift from the catalogue."""
-    # the heuristics' own table of sort keys; the column study's pairing of each column-wise method
-    # (a registry entry of kind `column`) with its table-wise twin
-    implementing = {"placement/heuristics.py", "studies/columns.py"}
+    # the heuristics' own table of sort keys, and their rules on a topology of unlike devices; the
+    # column study's pairing of each column-wise method (a registry entry of kind `column`) with its
+    # table-wise twin
+    implementing = {"placement/heuristics.py", "cli/topology_plan.py", "studies/columns.py"}
     spelt: dict[str, set[str]] = {}
     for file in PACKAGE.rglob("*.py"):
         rel = str(file.relative_to(PACKAGE))

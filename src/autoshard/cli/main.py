@@ -38,18 +38,20 @@ from autoshard.cli.user_tables import parse_memory, read_tables
 from autoshard.core.errors import ConfigError
 from autoshard.core.inputs import SHARDINGS, Block, check_arguments, shown
 from autoshard.measure.names import BACKENDS
-from autoshard.methods.registry import GREEDY, POLICY, SAMPLED
+from autoshard.methods.registry import GREEDY, POLICY, SAMPLED, ids
 from autoshard.placement import caching
 from autoshard.placement.topology import DDR_BYTES, Topology
 
-TOPOLOGY_REFUSED = {  # the command's methods that cannot be told devices differ, and why
-    "rl_greedy": "the policy was trained on devices alike: nothing it reads says a device is slower",
-    "rl_best_of_n": "the policy was trained on devices alike: nothing it reads says a device is slower",
-    "rl_local_search": "the policy was trained on devices alike: nothing it reads says a device is slower",
-    "cost_greedy_local_search": "its search scores devices alike",
-    "milp": "its MILP has one memory and one speed for every device",
-    TORCHREC: "TorchRec's Topology has one memory and no speed for its devices",
-}
+
+def _why_alike(method: str) -> str:
+    """Why a method of the command cannot be told that devices differ (by its registry kind)."""
+    if method == TORCHREC:
+        return "TorchRec's Topology has one memory and no speed for its devices"
+    if method in ids(kind="rl"):
+        return "the policy was trained on devices alike: nothing it reads says a device is slower"
+    if method in ids("solver"):
+        return "its MILP has one memory and one speed for every device"
+    return "its search scores devices alike"
 
 
 class UsageError(ConfigError):
@@ -299,12 +301,12 @@ def _topology(args: argparse.Namespace) -> None:
                             ("--devices-per-host", args.devices_per_host)) if v is not None]
     if given:
         raise ConfigError(f"{given[0]}: --topology {args.topology} gives the devices (one or the other)")
-    if args.method in TOPOLOGY_REFUSED:
-        raise ConfigError(f"--method: {args.method} places on devices alike ({TOPOLOGY_REFUSED[args.method]}); with "
-                          f"--topology, {', '.join((*COST_METHODS, *topology_plan.METHODS))}")
-    if args.method not in (*COST_METHODS, *topology_plan.METHODS, None):
-        raise ConfigError(f"--method: {shown(args.method)} (with --topology, one of "
-                          f"{', '.join((*COST_METHODS, *topology_plan.METHODS))})")
+    on_topology = (*COST_METHODS, *topology_plan.METHODS)
+    if args.method in METHODS and args.method not in on_topology:
+        raise ConfigError(f"--method: {args.method} places on devices alike ({_why_alike(args.method)}); with "
+                          f"--topology, {', '.join(on_topology)}")
+    if args.method not in (*on_topology, None):
+        raise ConfigError(f"--method: {shown(args.method)} (with --topology, one of {', '.join(on_topology)})")
     if args.sharding == "column":
         raise ConfigError("--sharding: column places on devices alike; with --topology, table, row or auto")
     if args.method in topology_plan.METHODS and args.sharding != "table":
