@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from autoshard.cli.constraints import Constraints
-from autoshard.cli.sharding_plan import Result, Shape, footprint, grouped_place
+from autoshard.cli.sharding_plan import Result, grouped_place
 from autoshard.cli.user_tables import UserTables
 from autoshard.core.errors import ConfigError
 from autoshard.core.seeding import rng
@@ -30,19 +30,10 @@ UNKEYED = ("naive", "random")
 METHODS = (*UNKEYED, *KEYED)  # the command's heuristics, every one placing on a topology
 
 
-def memory(tables: UserTables, batch: int) -> np.ndarray:
-    """Each table's bytes while training, whole (`data.footprint`, as every sharded plan counts)."""
-    f = tables.features
-    rows, dims, pooling = f["rows"].tolist(), f["dim"].tolist(), f["pooling_factor"].tolist()
-    weights, sequence = tables.weight_bytes.tolist(), tables.sequence.tolist()
-    return np.array([footprint(Shape(t, 0, int(rows[t]), 0, int(dims[t]), 1), weights[t], batch, pooling[t],
-                               sequence[t]) for t in range(len(rows))], dtype=np.int64)
-
-
 def plan(method: str, tables: UserTables, topology: Topology, batch: int, constraints: Constraints,
          seed: int) -> Result:
     """Every table whole on `topology` by the heuristic `method` (see the module)."""
-    held = memory(tables, batch)
+    held = tables.memory(batch)  # each table's bytes while training, whole, as every sharded plan counts
     start = time.perf_counter()
     if method in KEYED:
         for t, kinds in constraints.kinds.items():
