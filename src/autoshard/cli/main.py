@@ -368,17 +368,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _torchrec_export(tables, blocks: dict, kinds: dict, devices: int, args: argparse.Namespace,
-                     kernels: dict[str, str] | None = None) -> str:
+                     cached: caching.Cached | None = None) -> str:
     """The plan as TorchRec's `ShardingPlan` in JSON (`--torchrec`), for `--torchrec-device`,
     written without torch (`placement.torchrec.plan_json`: the file TorchRec's generators give),
-    `kernels` naming the tables of another compute kernel than the fused one."""
-    from autoshard.placement.torchrec import plan_json, split_name
+    the tables of `cached` on the UVM caching kernel with their `cache_params`."""
+    from autoshard.placement.torchrec import plan_json
 
     doc = plan_json(tables.features, tables.names, blocks, kinds, devices, getattr(args, "devices_per_host", None),
-                    args.torchrec_device)
-    for name, kernel in (kernels or {}).items():
-        module, table = split_name(name)
-        doc["modules"][module][table]["compute_kernel"] = kernel
+                    args.torchrec_device, cached)
     return json.dumps(doc, indent=1, allow_nan=False)
 
 
@@ -464,7 +461,7 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
     if args.torchrec is not None:
         blocks, kinds = sharding_plan.blocks(tables, result.placed)
         outputs[args.torchrec] = _torchrec_export(tables, blocks, kinds, args.devices, args,
-                                                  sharding_plan.kernels(tables, result.placed))
+                                                  sharding_plan.cached(tables, result.placed, args.load_factor))
     return _write_and_show(args, doc, outputs)
 
 

@@ -286,9 +286,11 @@ def _cached(whole: Piece, tables: UserTables, t: int, batch: int, load_factor: f
     return Layout("table_wise", (piece,), kernel=caching.KERNEL, ddrs=np.array([ddr]))
 
 
-def kernels(tables: UserTables, placed: list[Placed]) -> dict[str, str]:
-    """The tables placed with a kernel other than TorchRec's fused one, by name."""
-    return {name: p.layout.kernel for name, p in zip(tables.names, placed, strict=True) if p.layout.kernel != "fused"}
+def cached(tables: UserTables, placed: list[Placed], load_factor: float | None) -> caching.Cached | None:
+    """The tables placed on TorchRec's UVM caching kernel, by name, with the cache's load factor
+    (None where no table is)."""
+    names = frozenset(n for n, p in zip(tables.names, placed, strict=True) if p.layout.kernel == caching.KERNEL)
+    return caching.Cached(names, load_factor) if names and load_factor is not None else None
 
 
 def _pieces(spread: Spread, made: dict) -> tuple[Piece, ...]:
