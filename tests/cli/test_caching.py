@@ -54,7 +54,7 @@ def test_a_table_no_device_holds_is_cached_in_host_memory(model, tmp_path, load_
 
 def test_the_cache_load_factor_reaches_torchrec_as_its_generators_write_it(model, tmp_path):
     from autoshard.cli.user_tables import read_tables
-    from autoshard.core.inputs import read_json, torchrec_blocks
+    from autoshard.core.inputs import Cached, read_json, torchrec_blocks
     from autoshard.placement.torchrec import block_sharding_plan, load_sharding_plan, plan_to_json
 
     exported = tmp_path / "plan.torchrec.json"
@@ -63,7 +63,7 @@ def test_the_cache_load_factor_reaches_torchrec_as_its_generators_write_it(model
     blocks = torchrec_blocks(read_json(exported, "TorchRec plan"), exported)
     tables = read_tables(model)
     made = block_sharding_plan(tables.features, tables.names, blocks.blocks, blocks.kinds, 2, 2, "cuda",
-                               caching.Cached(frozenset({"huge"}), 0.3))
+                               Cached(frozenset({"huge"}), 0.3))
     assert written == json.loads(json.dumps(plan_to_json(made, 2, "cuda")))
     loaded = load_sharding_plan(exported).plan[""]
     assert loaded["huge"].compute_kernel == caching.KERNEL and loaded["huge"].cache_params.load_factor == 0.3

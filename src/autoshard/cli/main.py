@@ -36,7 +36,7 @@ from autoshard.cli.sharding_plan import COST_METHODS, parse_bandwidths
 from autoshard.cli.topology_file import read_topology
 from autoshard.cli.user_tables import parse_memory, read_tables
 from autoshard.core.errors import ConfigError
-from autoshard.core.inputs import SHARDINGS, Block, check_arguments, shown
+from autoshard.core.inputs import SHARDINGS, Block, Cached, check_arguments, shown
 from autoshard.measure.names import BACKENDS
 from autoshard.methods.registry import GREEDY, POLICY, SAMPLED, ids
 from autoshard.placement import caching
@@ -368,7 +368,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _torchrec_export(tables, blocks: dict, kinds: dict, devices: int, args: argparse.Namespace,
-                     cached: caching.Cached | None = None) -> str:
+                     cached: Cached | None = None) -> str:
     """The plan as TorchRec's `ShardingPlan` in JSON (`--torchrec`), for `--torchrec-device`,
     written without torch (`placement.torchrec.plan_json`: the file TorchRec's generators give),
     the tables of `cached` on the UVM caching kernel with their `cache_params`."""

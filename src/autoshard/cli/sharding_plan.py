@@ -39,7 +39,7 @@ from autoshard.cli.constraints import Constraints
 from autoshard.cli.service import FIRST_RUN, finite_predictions
 from autoshard.cli.user_tables import UserTables
 from autoshard.core.errors import ConfigError
-from autoshard.core.inputs import PLAN_FORMAT, Block, shown
+from autoshard.core.inputs import PLAN_FORMAT, Block, Cached, shown
 from autoshard.data.features import REUSE_COLUMNS, feature_matrix
 from autoshard.data.footprint import io_bytes, row_split, shard_footprint
 from autoshard.data.sizes import table_bytes
@@ -286,11 +286,11 @@ def _cached(whole: Piece, tables: UserTables, t: int, batch: int, load_factor: f
     return Layout("table_wise", (piece,), kernel=caching.KERNEL, ddrs=np.array([ddr]))
 
 
-def cached(tables: UserTables, placed: list[Placed], load_factor: float | None) -> caching.Cached | None:
+def cached(tables: UserTables, placed: list[Placed], load_factor: float | None) -> Cached | None:
     """The tables placed on TorchRec's UVM caching kernel, by name, with the cache's load factor
     (None where no table is)."""
     names = frozenset(n for n, p in zip(tables.names, placed, strict=True) if p.layout.kernel == caching.KERNEL)
-    return caching.Cached(names, load_factor) if names and load_factor is not None else None
+    return Cached(names, load_factor) if names and load_factor is not None else None
 
 
 def _pieces(spread: Spread, made: dict) -> tuple[Piece, ...]:

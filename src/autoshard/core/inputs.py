@@ -227,6 +227,14 @@ CACHING_KERNEL = "fused_uvm_caching"  # the one kernel a `cache_params` may come
 TORCHREC_KINDS = ("table_wise", "column_wise", *ROW_KINDS, "data_parallel")
 
 
+class Cached(NamedTuple):
+    """The tables of a plan on TorchRec's UVM caching kernel (CACHING_KERNEL; qualified names) and
+    their cache's load factor (TorchRec's `CacheParams.load_factor`)."""
+
+    tables: frozenset[str]
+    load_factor: float
+
+
 class Block(NamedTuple):
     """A table's piece on one device: rows [row, row + rows) and columns [column, column + width),
     `rows` or `width` None for all of them (a whole table is `Block(0, None, 0, None, device)`)."""

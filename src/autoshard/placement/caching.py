@@ -21,7 +21,6 @@ The facts, from torchrec 1.8.0 (`distributed/planner/constants.py`, `shard_estim
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 from autoshard.core.inputs import CACHING_KERNEL
 from autoshard.data.footprint import io_bytes
@@ -32,13 +31,6 @@ HBM_GIB_PER_S, HBM_TO_DDR_GIB_PER_S = 897.0, 32.0  # HBM_MEM_BW, HBM_TO_DDR_MEM_
 LOAD_FACTOR = 0.2  # UVM_CACHING_RATIO
 UVM_PENALTY = 10  # the bandwidth of UVM access, over its nominal one
 CACHE_INDEX_BYTES, CACHE_SLOT_BYTES = 4, 16  # a row's cache_index_table_map; a slot's lxu_cache_state + lru_state
-
-
-class Cached(NamedTuple):
-    """The tables of a plan on the caching kernel (qualified names) and their cache's load factor."""
-
-    tables: frozenset[str]
-    load_factor: float
 
 
 def slowdown(load_factor: float) -> float:

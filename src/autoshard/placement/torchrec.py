@@ -31,11 +31,10 @@ import numpy as np
 import pandas as pd
 
 from autoshard.core.errors import ConfigError
+from autoshard.core.inputs import CACHING_KERNEL, Cached
 from autoshard.data.footprint import row_split
 from autoshard.data.sizes import ROW_STATE_BYTES
 from autoshard.data.tasks import Task
-from autoshard.placement import caching
-from autoshard.placement.caching import Cached
 
 
 def table_name(table: int) -> str:
@@ -245,7 +244,7 @@ def block_sharding_plan(features: pd.DataFrame, names: list[str], blocks: dict, 
                 # table_row_wise takes no kernel: it would be dense (as a data-parallel table is)
                 module_plan[name] = dataclasses.replace(module_plan[name], compute_kernel=kernel)
             if cached is not None and names[i] in cached.tables:
-                module_plan[name] = dataclasses.replace(module_plan[name], compute_kernel=caching.KERNEL,
+                module_plan[name] = dataclasses.replace(module_plan[name], compute_kernel=CACHING_KERNEL,
                                                         cache_params=CacheParams(load_factor=cached.load_factor))
         plan[module] = module_plan
     return ShardingPlan(plan=plan)
@@ -314,7 +313,7 @@ def plan_json(features: pd.DataFrame, names: list[str], blocks: dict, kinds: dic
             cache = cached is not None and name in cached.tables
             params[split_name(name)[1]] = {
                 "sharding_type": kind,
-                "compute_kernel": caching.KERNEL if cache else "dense" if kind == "data_parallel" else "fused",
+                "compute_kernel": CACHING_KERNEL if cache else "dense" if kind == "data_parallel" else "fused",
                 "ranks": list(range(devices)) if kind == "data_parallel" else [r for _, _, r in shards],
                 "shards": [{"offsets": o, "sizes": z, "placement": placement(r)} for o, z, r in shards]}
             if cache:
