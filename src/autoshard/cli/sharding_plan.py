@@ -121,6 +121,12 @@ def _split(rows: int, ways: int) -> list[int]:
 
 
 @lru_cache(maxsize=65_536)
+def _sizes(spread: Spread) -> np.ndarray:
+    """`Spread.sizes` as an array, once per spread."""
+    return np.array(spread.sizes(), dtype=np.int64)
+
+
+@lru_cache(maxsize=65_536)
 def _distinct(spread: Spread) -> dict[int, Shape]:
     """`Spread.distinct`, once per spread (the placement asks for it several times a table)."""
     return spread._distinct()  # noqa: SLF001
@@ -261,10 +267,13 @@ def plan(tables: UserTables, sharding: str, topology: Topology, batch: int,
                 if kind == "table_wise" and load_factor is not None and found[-1].memories[0] > biggest:
                     found.append(_cached(found[-1].pieces[0], tables, t, batch, load_factor))
                 continue
-            each_piece = [made[n, first.width] for n in pieces.sizes()]
-            found.append(Layout(kind, loads=np.array([c + m for c, _, m in each_piece]),
-                                memories=np.array([b for _, b, _ in each_piece], dtype=np.int64),
-                                comms=np.array([m for _, _, m in each_piece]),
+            sizes = _sizes(pieces)
+            loads, memories, comms = np.empty(len(sizes)), np.empty(len(sizes), dtype=np.int64), np.empty(len(sizes))
+            for n in pieces.distinct():  # at most three sizes among up to hundreds of pieces
+                c, b, m = made[n, first.width]
+                at = sizes == n
+                loads[at], memories[at], comms[at] = c + m, b, m
+            found.append(Layout(kind, loads=loads, memories=memories, comms=comms,
                                 build=partial(_pieces, pieces, made)))
         if not found:
             raise ConfigError(f"{tables.source}: table {tables.names[t]}: too large to measure on this machine, "

@@ -22,7 +22,6 @@ from autoshard.cli.defaults import study_defaults
 from autoshard.cli.service import FIRST_RUN
 from autoshard.cli.sharding_plan import Result
 from autoshard.methods.registry import GREEDY
-from autoshard.placement import milp
 from autoshard.placement.objective import Linear, Speeds
 from autoshard.placement.search import local_search
 from autoshard.placement.sharding import Placed
@@ -43,6 +42,8 @@ def plan(method: str, start: Result, topology: Topology) -> Result:
     placement = np.array([p.devices[0] for p in start.placed], dtype=np.int64)
     began = time.perf_counter()
     if method == "milp":
+        from autoshard.placement import milp  # SciPy's optimize: half a second the other methods need not pay
+
         study = study_defaults()
         solved = milp.solve(Linear.max_device(costs), held, topology.devices, topology.memories, placement,
                             node_limit=study["evaluate.milp.node_limit"],
