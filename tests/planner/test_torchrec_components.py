@@ -294,15 +294,20 @@ def test_the_partitioner_takes_our_topology_slow_ranks_get_less_work_and_small_o
     ours = planned(told, cluster)
     blind = planned(AutoShardPartitioner(method="lpt_measured"), cluster)
     assert set(ours) == {n for n, *_ in TABLES} and told.last["topology"] == cluster.document()
-    busy = [busy(p) for p in (ours, blind)]
-    assert busy[0].max() < busy[1].max()
-    assert told.last["bottleneck"] == pytest.approx(busy[0].max(), rel=1e-6)
+    times = [busy(p) for p in (ours, blind)]
+    assert times[0].max() < times[1].max()
+    assert told.last["bottleneck"] == pytest.approx(times[0].max(), rel=1e-6)
     small = min(storage.values()) * 2  # rank 3 shared with another job: room for the two smallest tables at most
     cramped = Cluster(np.ones(4), np.array([GIB, GIB, GIB, small], dtype=np.int64), (2, 2))
     held = planned(AutoShardPartitioner(method="lpt_measured", topology=cramped), cramped)
     assert sum(storage[n] for n, p in held.items() if p.ranks[0] == 3) <= small
-    with pytest.raises(ConfigError, match="'milp' places on devices alike; with a topology, lpt_measured"):
-        AutoShardPartitioner(method="milp", topology=cluster)
+    solver = AutoShardPartitioner(method="milp", topology=cluster)
+    solved = planned(solver, cluster)
+    assert busy(solved).max() <= times[0].max() * (1 + 1e-9), "the MILP starts from LPT's placement"
+    assert solver.last["bottleneck"] == pytest.approx(busy(solved).max(), rel=1e-6)
+    with pytest.raises(ConfigError, match="'size_greedy' places on devices alike; with a topology, lpt_measured or "
+                                          "milp"):
+        AutoShardPartitioner(method="size_greedy", topology=cluster)
     with pytest.raises(ConfigError, match="hosts of \\[1, 3\\] devices"):
         torchrec_topology(Cluster(np.ones(4), np.full(4, GIB), (3, 1)))
 
@@ -333,3 +338,8 @@ def test_on_gpus_the_partitioner_counts_a_cached_tables_ddr_apart_from_its_hbm()
                                            partitioner=AutoShardPartitioner(method="lpt_measured", topology=cluster))
         plan = planner.plan(module(), [EmbeddingBagCollectionSharder()]).plan[""]
         assert plan["t_item"].compute_kernel == "fused_uvm_caching" and plan["t_item"].ranks == [1 - short]
+    solver = AutoShardPartitioner(method="milp", topology=cluster)
+    with pytest.raises(PlannerError, match="holds host memory"):  # the MILP counts no DDR: refused, not overfilled
+        EmbeddingShardingPlanner(topology=topology, batch_size=BATCH, enumerator=enumerator, constraints=told,
+                                 storage_reservation=FixedPercentageStorageReservation(0),
+                                 partitioner=solver).plan(module(), [EmbeddingBagCollectionSharder()])
