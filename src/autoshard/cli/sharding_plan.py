@@ -268,12 +268,13 @@ def plan(tables: UserTables, sharding: str, topology: Topology, batch: int,
                     found.append(_cached(found[-1].pieces[0], tables, t, batch, load_factor))
                 continue
             sizes = _sizes(pieces)
-            loads, memories, comms = np.empty(len(sizes)), np.empty(len(sizes), dtype=np.int64), np.empty(len(sizes))
+            loads, memories = np.empty(len(sizes)), np.empty(len(sizes), dtype=np.int64)
+            costs_of, comms = np.empty(len(sizes)), np.empty(len(sizes))
             for n in pieces.distinct():  # at most three sizes among up to hundreds of pieces
                 c, b, m = made[n, first.width]
                 at = sizes == n
-                loads[at], memories[at], comms[at] = c + m, b, m
-            found.append(Layout(kind, loads=loads, memories=memories, comms=comms,
+                loads[at], memories[at], costs_of[at], comms[at] = c + m, b, c, m
+            found.append(Layout(kind, loads=loads, memories=memories, comms=comms, costs=costs_of,
                                 build=partial(_pieces, pieces, made)))
         if not found:
             raise ConfigError(f"{tables.source}: table {tables.names[t]}: too large to measure on this machine, "
@@ -430,15 +431,19 @@ def document(method: str, options: dict, tables: UserTables, topology: Topology,
     names: list[list[str]] = [[] for _ in range(devices)]
     assignment, columns, rows, replicated, cached = {}, {}, {}, [], {}
     for name, p in zip(tables.names, result.placed, strict=True):
-        for q, d in zip(p.layout.pieces, p.devices, strict=True):
-            load[d] += q.cost
-            comm[d] += q.comm
-            used[d] += q.memory
-            count[d] += 1
-            names[d].append(name if p.layout.kind == "table_wise" else f"{name} (replica)"
-                            if p.layout.kind == "data_parallel" else
-                            f"{name}[{q.row}:{q.row + q.rows}, :]" if q.rows is not None else
-                            f"{name}[:, {q.column}:{q.column + q.width}]")
+        at = list(p.devices)  # each device's sums in table order, as adding piece by piece would make them
+        np.add.at(load, at, p.layout.costs)
+        np.add.at(comm, at, p.layout.comms)
+        np.add.at(used, at, p.layout.memories)
+        np.add.at(count, at, 1)
+        if p.layout.kind in ("table_wise", "data_parallel"):  # named without their pieces (a replica on every device)
+            shown_as = name if p.layout.kind == "table_wise" else f"{name} (replica)"
+            for d in p.devices:
+                names[d].append(shown_as)
+        else:
+            for q, d in zip(p.layout.pieces, p.devices, strict=True):
+                names[d].append(f"{name}[{q.row}:{q.row + q.rows}, :]" if q.rows is not None else
+                                f"{name}[:, {q.column}:{q.column + q.width}]")
         if p.layout.cached:
             np.add.at(host, list(p.devices), p.layout.ddrs)
             cached[name] = {"kernel": p.layout.kernel, "cache_load_factor": options["cache_load_factor"],

@@ -63,16 +63,17 @@ class Piece(NamedTuple):
 class Layout:
     """One way to shard a table. Table- and column-wise pieces go to any device; row-wise and
     data-parallel ones to devices 0..D-1 in order; table-row-wise ones to the devices of one host,
-    in order. The placement reads only each piece's load and memory (`loads`, `memories`); a
-    layout given those may build its pieces when they are first asked for (`build`): a 96-way
-    split of 2,000 tables would otherwise make hundreds of thousands that are never placed.
+    in order. The placement reads only each piece's load and memory (`loads`, `memories`), the
+    plan file each one's compute and comm apart (`costs`, `comms`); a layout given those may build
+    its pieces when they are first asked for (`build`): a 96-way split of 2,000 tables would
+    otherwise make hundreds of thousands that are never placed.
     `kernel` is TorchRec's compute kernel for its pieces, `ddrs` the host memory each holds beside
     its `memories` (HBM; none but with the UVM caching kernel)."""
 
     def __init__(self, kind: str, pieces: tuple[Piece, ...] | None = None, *, loads: np.ndarray | None = None,
                  memories: np.ndarray | None = None, comms: np.ndarray | None = None,
-                 build: Callable[[], tuple[Piece, ...]] | None = None, kernel: str = "fused",
-                 ddrs: np.ndarray | None = None):
+                 costs: np.ndarray | None = None, build: Callable[[], tuple[Piece, ...]] | None = None,
+                 kernel: str = "fused", ddrs: np.ndarray | None = None):
         if pieces is None and (build is None or loads is None or memories is None):
             raise ValueError("a layout needs its pieces, or their loads, memories and a builder")
         self.kind, self._pieces, self._build, self.kernel = kind, pieces, build, kernel
@@ -81,6 +82,8 @@ class Layout:
                          np.asarray(memories, dtype=np.int64))
         self.comms = (np.array([p.comm for p in pieces]) if pieces is not None else
                       np.zeros(len(self.loads)) if comms is None else np.asarray(comms, dtype=float))
+        self.costs = (np.array([p.cost for p in pieces]) if pieces is not None else  # each piece's compute
+                      self.loads - self.comms if costs is None else np.asarray(costs, dtype=float))
         self._ddrs = None if ddrs is None else np.asarray(ddrs, dtype=np.int64)
         self.cached = self._ddrs is not None and bool(self._ddrs.any())  # its pieces hold host memory
 
