@@ -10,17 +10,7 @@ from autoshard.cli.main import main
 from autoshard.cli.topology_file import read_topology
 from autoshard.core.errors import ConfigError
 
-TWO_GENERATIONS = """hosts:
-  - {devices: 2, speed: 1.0, memory: 2GiB}
-  - {devices: 2, speed: 0.4, memory: 1GiB}
-"""
-HALF_TAKEN = """hosts:
-  - devices:
-      - {speed: 1.0, memory: 2GiB}
-      - {speed: 1.0, memory: 2GiB}
-      - {speed: 0.5, memory: 1GiB}
-      - {speed: 1.0, memory: 2GiB}
-"""
+from helpers import HALF_TAKEN, TWO_GENERATIONS
 
 
 @pytest.fixture

@@ -11,17 +11,7 @@ import pytest
 from autoshard.cli.main import main
 from autoshard.cli.topology_file import read_topology
 
-TWO_GENERATIONS = """hosts:
-  - {devices: 2, speed: 1.0, memory: 2GiB}
-  - {devices: 2, speed: 0.4, memory: 1GiB}
-"""
-HALF_TAKEN = """hosts:
-  - devices:
-      - {speed: 1.0, memory: 2GiB}
-      - {speed: 1.0, memory: 2GiB}
-      - {speed: 0.5, memory: 1GiB}
-      - {speed: 1.0, memory: 2GiB}
-"""
+from helpers import HALF_TAKEN, TWO_GENERATIONS
 
 
 def tables(tmp_path, n: int = 24, seed: int = 0):
