@@ -141,3 +141,18 @@ def copy_project(dest: Path, params: dict) -> Path:
                 ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"]):
         assert sh(cmd, dest).returncode == 0
     return dest
+
+
+# Two mixed clusters as `autoshard plan --topology` reads them: two GPU generations, and a device half
+# taken by another job (tests/cli/test_topology.py, test_topology_search.py)
+TWO_GENERATIONS = """hosts:
+  - {devices: 2, speed: 1.0, memory: 2GiB}
+  - {devices: 2, speed: 0.4, memory: 1GiB}
+"""
+HALF_TAKEN = """hosts:
+  - devices:
+      - {speed: 1.0, memory: 2GiB}
+      - {speed: 1.0, memory: 2GiB}
+      - {speed: 0.5, memory: 1GiB}
+      - {speed: 1.0, memory: 2GiB}
+"""

@@ -45,8 +45,52 @@ def test_a_table_no_device_holds_is_cached_in_host_memory(model, tmp_path, load_
     assert held["ddr_bytes"] == ddr and hbm <= held["memory_bytes"] <= 2**30 < ddr
     assert sum(d["ddr_bytes"] for d in doc["per_device"]) == ddr, "the other tables hold no DDR"
     assert doc["costs"]["cached"]["slowdown"] == pytest.approx(caching.slowdown(factor))
-    kernels = {name: p["compute_kernel"] for name, p in json.loads(exported.read_text())["modules"][""].items()}
-    assert kernels == {"huge": caching.KERNEL, "a": "fused", "b": "fused"}
+    modules = json.loads(exported.read_text())["modules"][""]
+    assert {name: p["compute_kernel"] for name, p in modules.items()} == {"huge": caching.KERNEL, "a": "fused",
+                                                                          "b": "fused"}
+    assert modules["huge"]["cache_params"] == {"load_factor": factor}, "the factor planned for, not TorchRec's default"
+    assert "cache_params" not in modules["a"] and "cache_params" not in modules["b"]
+
+
+def test_the_cache_load_factor_reaches_torchrec_as_its_generators_write_it(model, tmp_path):
+    from autoshard.cli.user_tables import read_tables
+    from autoshard.core.inputs import Cached, read_json, torchrec_blocks
+    from autoshard.placement.torchrec import block_sharding_plan, load_sharding_plan, plan_to_json
+
+    exported = tmp_path / "plan.torchrec.json"
+    assert plan(model, tmp_path, "--torchrec", str(exported), "--cache-load-factor", "0.3") == 0
+    written = json.loads(exported.read_text())
+    blocks = torchrec_blocks(read_json(exported, "TorchRec plan"), exported)
+    tables = read_tables(model)
+    made = block_sharding_plan(tables.features, tables.names, blocks.blocks, blocks.kinds, 2, 2, "cuda",
+                               Cached(frozenset({"huge"}), 0.3))
+    assert written == json.loads(json.dumps(plan_to_json(made, 2, "cuda")))
+    loaded = load_sharding_plan(exported).plan[""]
+    assert loaded["huge"].compute_kernel == caching.KERNEL and loaded["huge"].cache_params.load_factor == 0.3
+    assert loaded["a"].cache_params is None
+
+
+@pytest.mark.parametrize(("change", "said"), [
+    (lambda m: m["a"].update(cache_params={"load_factor": 0.2}), "table 'a', field cache_params: given for "
+                                                                 "compute_kernel 'fused'"),
+    (lambda m: m["huge"].update(cache_params={"load_factor": 0}), "table 'huge', field load_factor: 0 (above 0"),
+    (lambda m: m["huge"].update(cache_params={"load_factor": "0.2"}), "table 'huge', field load_factor: '0.2'"),
+    (lambda m: m["huge"].update(cache_params={"load_factor": 0.2, "algorithm": "lru"}),
+     "table 'huge', field cache_params: field 'algorithm' is unknown"),
+    (lambda m: m["huge"].update(cache_params=[0.2]), "table 'huge', field cache_params: [0.2] (expected an object)"),
+])
+def test_a_hostile_cache_params_is_refused_by_name(model, tmp_path, change, said):
+    from autoshard.core.errors import ConfigError
+    from autoshard.placement.torchrec import load_sharding_plan
+
+    exported = tmp_path / "plan.torchrec.json"
+    assert plan(model, tmp_path, "--torchrec", str(exported)) == 0
+    doc = json.loads(exported.read_text())
+    change(doc["modules"][""])
+    exported.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError) as refused:
+        load_sharding_plan(exported)
+    assert str(refused.value).startswith(str(exported)) and said in str(refused.value), refused.value
 
 
 
@@ -141,3 +185,4 @@ def test_torchrecs_planner_is_offered_the_caching_kernel_too(model, tmp_path):
     assert all(x["memory_bytes"] <= 1 << 30 for x in doc["per_device"])
     modules = json.loads(exported.read_text())["modules"][""]
     assert modules["huge"]["compute_kernel"] == caching.KERNEL and modules["a"]["compute_kernel"] == "fused"
+    assert modules["huge"]["cache_params"] == {"load_factor": 0.1}

@@ -10,17 +10,7 @@ from autoshard.cli.main import main
 from autoshard.cli.topology_file import read_topology
 from autoshard.core.errors import ConfigError
 
-TWO_GENERATIONS = """hosts:
-  - {devices: 2, speed: 1.0, memory: 2GiB}
-  - {devices: 2, speed: 0.4, memory: 1GiB}
-"""
-HALF_TAKEN = """hosts:
-  - devices:
-      - {speed: 1.0, memory: 2GiB}
-      - {speed: 1.0, memory: 2GiB}
-      - {speed: 0.5, memory: 1GiB}
-      - {speed: 1.0, memory: 2GiB}
-"""
+from helpers import HALF_TAKEN, TWO_GENERATIONS
 
 
 @pytest.fixture
@@ -113,9 +103,8 @@ def test_a_hostile_topology_file_is_refused_in_one_line(model, tmp_path, capsys,
     (["--devices", "4"], "--devices: --topology"),
     (["--devices-per-host", "2"], "--devices-per-host: --topology"),
     (["--method", "rl_greedy"], "rl_greedy places on devices alike (the policy was trained on devices alike"),
-    (["--method", "milp"], "milp places on devices alike (its MILP has one memory and one speed"),
     (["--method", "torchrec"], "torchrec places on devices alike (TorchRec's Topology has one memory and no speed"),
-    (["--method", "cost_greedy_local_search"], "cost_greedy_local_search places on devices alike"),
+    (["--method", "rl_best_of_n"], "rl_best_of_n places on devices alike"),
     (["--method", "size_greedy", "--sharding", "row"], "--sharding: row with --method size_greedy, which places "
                                                        "every table whole"),
     (["--sharding", "column"], "--sharding: column places on devices alike"),

@@ -179,3 +179,59 @@ def test_milp_names_the_limit_that_stopped_it():
     assert res.status == "node_limit" and res.gap > 0 and res.seconds < 30
     assert stop_status(0, 100.0, 1.0) == "optimal"
     assert stop_status(1, 0.99, 1.0) == "time_limit" and stop_status(1, 0.2, 1.0) == "node_limit"
+
+
+def brute_force_mixed(costs: np.ndarray, sizes: np.ndarray, caps: np.ndarray, speeds: np.ndarray,
+                      comm: np.ndarray) -> float:
+    """The optimal bottleneck on devices of their own speed and memory, each table's comm added
+    to its device's busy time whatever the speed (inf if nothing fits)."""
+    devices = len(caps)
+    placements = np.array(list(itertools.product(range(devices), repeat=len(costs))))
+    onehot = placements[:, :, None] == np.arange(devices)
+    loads = ((onehot * costs[None, :, None]).sum(axis=1) / speeds + (onehot * comm[None, :, None]).sum(axis=1)
+             ).max(axis=1)
+    fits = ((onehot * sizes[None, :, None]).sum(axis=1) <= caps).all(axis=1)
+    return float(loads[fits].min()) if fits.any() else float("inf")
+
+
+@st.composite
+def mixed(draw):
+    costs, sizes, devices, capacity = instance(draw, max_tables=6, max_devices=4, slack=(0.9, 1.6))
+    kinds = draw(st.sampled_from(["generations", "shared"]))
+    half = devices // 2
+    speeds = (np.array([1.0] * (devices - half) + [0.5] * half) if kinds == "generations"
+              else np.array([1.0] * (devices - 1) + [0.5]))  # two GPU generations, or one device half taken
+    caps = np.array([capacity] * (devices - half) + [max(int(sizes.max()), capacity // 2)] * half)
+    comm = np.round(np.random.default_rng(len(costs)).uniform(0, 0.5, len(costs)), 3) * draw(st.sampled_from([0, 1]))
+    return costs, sizes, caps, speeds, comm
+
+
+@settings(max_examples=40, deadline=None)
+@given(mixed())
+def test_milp_on_a_mixed_cluster_equals_brute_force(case):
+    # devices alike only within their group: the mirror-image cut must not cut a device of another
+    from autoshard.placement.milp import solve
+    from autoshard.placement.objective import Linear
+
+    costs, sizes, caps, speeds, comm = case
+    best = brute_force_mixed(costs, sizes, caps, speeds, comm)
+    if not np.isfinite(best):
+        with pytest.raises(Infeasible):
+            solve(Linear.max_device(costs), sizes, len(caps), caps, speeds=speeds, comm=comm[:, None], time_limit=10)
+        return
+    res = solve(Linear.max_device(costs), sizes, len(caps), caps, speeds=speeds, comm=comm[:, None], time_limit=10,
+                rel_gap=0)
+    assert res.objective == pytest.approx(best, rel=1e-6)
+    assert (np.bincount(res.placement, weights=sizes, minlength=len(caps)) <= caps).all()
+    assert res.lower_bound <= res.objective * (1 + 1e-9) and res.status == "optimal"
+
+
+def test_a_slow_device_gets_less_work_and_the_bound_counts_its_speed():
+    from autoshard.placement.milp import solve
+    from autoshard.placement.objective import Linear
+
+    costs, sizes = np.array([4.0, 4.0, 2.0, 2.0]), np.ones(4, dtype=np.int64)
+    res = solve(Linear.max_device(costs), sizes, 2, 10, speeds=np.array([1.0, 0.5]), rel_gap=0)
+    on_slow = costs[res.placement == 1].sum()
+    assert on_slow == 4.0 and res.objective == 8.0, "a third of the work at half the speed: 8 ms on both"
+    assert res.lower_bound == pytest.approx(8.0), "12 ms of work over a summed speed of 1.5"

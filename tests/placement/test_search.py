@@ -178,3 +178,22 @@ def test_the_cost_models_objective_is_its_predicted_bottleneck_and_the_search_im
     assert memory_ok(task, refined, sizes)
     assert objective.cost(refined, devices) < objective.cost(start, devices)
     assert np.array_equal(model_search(model, x, task, refined), refined), "a local optimum"
+
+
+def test_on_a_mixed_cluster_it_keeps_each_devices_own_cap_and_finds_the_optimum_of_a_small_one():
+    import itertools
+
+    from autoshard.placement.objective import Linear, Speeds
+
+    g = np.random.default_rng(3)
+    for _ in range(30):
+        costs, sizes = g.lognormal(0, 1, 7), g.integers(1, 100, 7)
+        speeds, caps = np.array([1.0, 1.0, 0.5]), np.array([sizes.sum(), sizes.sum(), sizes.sum() // 3])
+        fast = Speeds(Linear.max_device(costs), speeds)
+        start = np.zeros(7, dtype=np.int64)  # all on device 0: within every cap
+        found = local_search(fast, sizes, 3, caps, start)
+        assert (np.bincount(found, weights=sizes, minlength=3) <= caps).all()
+        assert fast.cost(found, 3) <= fast.cost(start, 3)
+        best = min(fast.cost(np.array(p), 3) for p in itertools.product(range(3), repeat=7)
+                   if (np.bincount(p, weights=sizes, minlength=3) <= caps).all())
+        assert fast.cost(found, 3) <= 1.35 * best, "a local optimum, near the best on 7 tables"

@@ -168,6 +168,39 @@ def test_the_plan_loader_hands_our_plan_file_to_torchrecs_planner(tmp_path):
                             Topology(world_size=3, compute_device="cpu"), BATCH)
 
 
+def test_the_plan_loader_gives_a_cached_table_the_caching_kernel_at_the_files_load_factor(tmp_path):
+    from torchrec.distributed.types import CacheParams
+
+    model = tmp_path / "huge.csv"
+    model.write_text("name,rows,dim,pooling_factor\nhuge,5000000,128,2\na,20000,64,1\n")  # huge: 2.6 GB, HBM 1 GiB
+    out, exported = tmp_path / "plan.json", tmp_path / "plan.torchrec.json"
+    assert main(["plan", "--tables", str(model), "--devices", "2", "--memory-per-device", "1GiB", "--backend",
+                 "analytic", "--method", "lpt_measured", "--sharding", "auto", "--batch-size", "512", "--out",
+                 str(out), "--torchrec", str(exported), "--cache-load-factor", "0.3"]) == 0
+    ebc = EmbeddingBagCollection(device=torch.device("meta"), tables=[
+        EmbeddingBagConfig(name=n, embedding_dim=d, num_embeddings=r, feature_names=[n])
+        for n, r, d in (("huge", 5_000_000, 128), ("a", 20000, 64))])
+    topology = Topology(world_size=2, compute_device="cuda", hbm_cap=GIB)
+
+    def told(factor: float | None) -> dict:
+        cache = {} if factor is None else {"cache_params": CacheParams(load_factor=factor)}
+        return {n: ParameterConstraints(compute_kernels=["fused", "fused_uvm_caching"], pooling_factors=[pf], **cache)
+                for n, pf in (("huge", 2.0), ("a", 1.0))}
+
+    for path in (out, exported):  # our plan file (its `cached`) and the export (its kernel and cache_params)
+        loaded = AutoShardPlanLoader(path, ebc, [EmbeddingBagCollectionSharder()], topology, 256, told(0.3)).load()
+        kernels = {o.name: o.compute_kernel for o in loaded.values()}
+        assert kernels == {"huge": "fused_uvm_caching", "a": "fused"}, path
+        for factor, said in ((0.2, "TorchRec's option at 0.2"), (None, "TorchRec's option at 0.2")):
+            with pytest.raises(ConfigError, match=f"table 'huge': cached at a load factor of 0.3, and {said}"):
+                AutoShardPlanLoader(path, ebc, [EmbeddingBagCollectionSharder()], topology, 256, told(factor)).load()
+    doc = json.loads(out.read_text())
+    doc["cached"]["huge"]["cache_load_factor"] = 2
+    out.write_text(json.dumps(doc))
+    with pytest.raises(ConfigError, match="field cached: table 'huge'.*a cache_load_factor above 0, at most 1"):
+        AutoShardPlanLoader(out, ebc, [EmbeddingBagCollectionSharder()], topology, 256, told(0.3))
+
+
 @pytest.mark.slow
 def test_the_planned_module_runs_sharded_with_gloo_and_computes_what_the_unsharded_one_does(tmp_path):
     from autoshard.cli.torchrec.check import check
@@ -294,15 +327,20 @@ def test_the_partitioner_takes_our_topology_slow_ranks_get_less_work_and_small_o
     ours = planned(told, cluster)
     blind = planned(AutoShardPartitioner(method="lpt_measured"), cluster)
     assert set(ours) == {n for n, *_ in TABLES} and told.last["topology"] == cluster.document()
-    busy = [busy(p) for p in (ours, blind)]
-    assert busy[0].max() < busy[1].max()
-    assert told.last["bottleneck"] == pytest.approx(busy[0].max(), rel=1e-6)
+    times = [busy(p) for p in (ours, blind)]
+    assert times[0].max() < times[1].max()
+    assert told.last["bottleneck"] == pytest.approx(times[0].max(), rel=1e-6)
     small = min(storage.values()) * 2  # rank 3 shared with another job: room for the two smallest tables at most
     cramped = Cluster(np.ones(4), np.array([GIB, GIB, GIB, small], dtype=np.int64), (2, 2))
     held = planned(AutoShardPartitioner(method="lpt_measured", topology=cramped), cramped)
     assert sum(storage[n] for n, p in held.items() if p.ranks[0] == 3) <= small
-    with pytest.raises(ConfigError, match="'milp' places on devices alike; with a topology, lpt_measured"):
-        AutoShardPartitioner(method="milp", topology=cluster)
+    solver = AutoShardPartitioner(method="milp", topology=cluster)
+    solved = planned(solver, cluster)
+    assert busy(solved).max() <= times[0].max() * (1 + 1e-9), "the MILP starts from LPT's placement"
+    assert solver.last["bottleneck"] == pytest.approx(busy(solved).max(), rel=1e-6)
+    with pytest.raises(ConfigError, match="'size_greedy' places on devices alike; with a topology, lpt_measured or "
+                                          "milp"):
+        AutoShardPartitioner(method="size_greedy", topology=cluster)
     with pytest.raises(ConfigError, match="hosts of \\[1, 3\\] devices"):
         torchrec_topology(Cluster(np.ones(4), np.full(4, GIB), (3, 1)))
 
@@ -333,3 +371,8 @@ def test_on_gpus_the_partitioner_counts_a_cached_tables_ddr_apart_from_its_hbm()
                                            partitioner=AutoShardPartitioner(method="lpt_measured", topology=cluster))
         plan = planner.plan(module(), [EmbeddingBagCollectionSharder()]).plan[""]
         assert plan["t_item"].compute_kernel == "fused_uvm_caching" and plan["t_item"].ranks == [1 - short]
+    solver = AutoShardPartitioner(method="milp", topology=cluster)
+    with pytest.raises(PlannerError, match="holds host memory"):  # the MILP counts no DDR: refused, not overfilled
+        EmbeddingShardingPlanner(topology=topology, batch_size=BATCH, enumerator=enumerator, constraints=told,
+                                 storage_reservation=FixedPercentageStorageReservation(0),
+                                 partitioner=solver).plan(module(), [EmbeddingBagCollectionSharder()])

@@ -548,3 +548,10 @@ def test_the_noise_pass_measures_plans_chosen_by_name_never_by_measurement():
     chosen, again = repeat_subset(tasks, plans, 3)
     assert [t.name for t in chosen] == ["autoshard0", "autoshard1", "autoshard2", "tight0", "tight1", "tight2"]
     assert set(again) == {"rl_greedy", "lpt_measured"} and all(len(v) == 6 for v in again.values())
+
+
+def test_the_study_measures_each_protocols_noise_floor_on_at_least_20_task_pairs():
+    # issue 48: 5 pairs a protocol gave about 9 degrees of freedom, and decided tight's floor
+    from autoshard.core.params import load_params
+
+    assert load_params(Path(__file__).parents[2] / "params.yaml")["evaluate"]["noise_tasks"] >= 20

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from autoshard.cli import column_plan, sharding_plan, topology_plan
+from autoshard.cli import column_plan, sharding_plan, topology_plan, topology_search
 from autoshard.cli import service as planning
 from autoshard.cli.constraints import Constraints, read_constraints
 from autoshard.cli.defaults import study_defaults, timed_runs
@@ -36,7 +36,7 @@ from autoshard.cli.sharding_plan import COST_METHODS, parse_bandwidths
 from autoshard.cli.topology_file import read_topology
 from autoshard.cli.user_tables import parse_memory, read_tables
 from autoshard.core.errors import ConfigError
-from autoshard.core.inputs import SHARDINGS, Block, check_arguments, shown
+from autoshard.core.inputs import SHARDINGS, Block, Cached, check_arguments, shown
 from autoshard.measure.names import BACKENDS
 from autoshard.methods.registry import GREEDY, POLICY, SAMPLED, ids
 from autoshard.placement import caching
@@ -49,8 +49,6 @@ def _why_alike(method: str) -> str:
         return "TorchRec's Topology has one memory and no speed for its devices"
     if method in ids(kind="rl"):
         return "the policy was trained on devices alike: nothing it reads says a device is slower"
-    if method in ids("solver"):
-        return "its MILP has one memory and one speed for every device"
     return "its search scores devices alike"
 
 
@@ -244,7 +242,8 @@ def _check_plan_options(args: argparse.Namespace, folder: Path) -> None:
             if args.method == FIRST_RUN:
                 print(f"no trained models in {folder}: each piece's cost measured alone on this machine (--method "
                       f"{GREEDY} to predict them)", file=sys.stderr)
-        on_topology = args.cluster is not None and args.sharding == "table" and args.method in topology_plan.METHODS
+        on_topology = args.cluster is not None and args.sharding == "table" and args.method in (
+            *topology_plan.METHODS, *topology_search.METHODS)
         if args.method not in (*COST_METHODS, TORCHREC) and not on_topology:
             raise ConfigError(f"--method: {shown(args.method)} (with --sharding {args.sharding}: "
                               f"{', '.join(COST_METHODS)} (the costs of every piece measured here or predicted) or "
@@ -301,7 +300,7 @@ def _topology(args: argparse.Namespace) -> None:
                             ("--devices-per-host", args.devices_per_host)) if v is not None]
     if given:
         raise ConfigError(f"{given[0]}: --topology {args.topology} gives the devices (one or the other)")
-    on_topology = (*COST_METHODS, *topology_plan.METHODS)
+    on_topology = (*COST_METHODS, *topology_plan.METHODS, *topology_search.METHODS)
     if args.method in METHODS and args.method not in on_topology:
         raise ConfigError(f"--method: {args.method} places on devices alike ({_why_alike(args.method)}); with "
                           f"--topology, {', '.join(on_topology)}")
@@ -309,9 +308,10 @@ def _topology(args: argparse.Namespace) -> None:
         raise ConfigError(f"--method: {shown(args.method)} (with --topology, one of {', '.join(on_topology)})")
     if args.sharding == "column":
         raise ConfigError("--sharding: column places on devices alike; with --topology, table, row or auto")
-    if args.method in topology_plan.METHODS and args.sharding != "table":
+    if args.method in (*topology_plan.METHODS, *topology_search.METHODS) and args.sharding != "table":
+        why = "its key prices no split" if args.method in topology_plan.METHODS else "it moves whole tables"
         raise ConfigError(f"--sharding: {args.sharding} with --method {args.method}, which places every table whole "
-                          f"(its key prices no split; {' or '.join(COST_METHODS)} split tables on a topology)")
+                          f"({why}; {' or '.join(COST_METHODS)} split tables on a topology)")
     args.cluster = read_topology(args.topology, args.ddr_bytes)
     args.devices, args.memory_per_device = args.cluster.devices, str(int(args.cluster.memories.max()))
     args.devices_per_host = args.cluster.local
@@ -330,7 +330,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     check_outputs({"--out": args.out, "--torchrec": args.torchrec},
                   [args.tables, args.policy, args.cost_model, args.constraints, *planning.default_files(folder)])
     sharded = args.sharding in ("row", "auto") or args.constraints is not None or args.cluster is not None
-    estimated = sharded and args.backend == "analytic" and args.method not in (GREEDY, TORCHREC)
+    estimated = sharded and args.backend == "analytic" and topology_search.STARTS.get(args.method, args.method) not in (
+        GREEDY, TORCHREC)
     tables = read_tables(args.tables, args.weight_bytes, reuse=not estimated)  # TorchRec's estimate reads no reuse
     if sharded:
         return _plan_sharded(args, tables, memory, folder)
@@ -368,17 +369,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _torchrec_export(tables, blocks: dict, kinds: dict, devices: int, args: argparse.Namespace,
-                     kernels: dict[str, str] | None = None) -> str:
+                     cached: Cached | None = None) -> str:
     """The plan as TorchRec's `ShardingPlan` in JSON (`--torchrec`), for `--torchrec-device`,
     written without torch (`placement.torchrec.plan_json`: the file TorchRec's generators give),
-    `kernels` naming the tables of another compute kernel than the fused one."""
-    from autoshard.placement.torchrec import plan_json, split_name
+    the tables of `cached` on the UVM caching kernel with their `cache_params`."""
+    from autoshard.placement.torchrec import plan_json
 
     doc = plan_json(tables.features, tables.names, blocks, kinds, devices, getattr(args, "devices_per_host", None),
-                    args.torchrec_device)
-    for name, kernel in (kernels or {}).items():
-        module, table = split_name(name)
-        doc["modules"][module][table]["compute_kernel"] = kernel
+                    args.torchrec_device, cached)
     return json.dumps(doc, indent=1, allow_nan=False)
 
 
@@ -440,7 +438,11 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
         result = topology_plan.plan(args.method, tables, topology, args.batch_size, constraints,
                                     planning.seed_for(tables, args.seed))
     else:
-        if args.method == GREEDY:
+        start = topology_search.STARTS.get(args.method, args.method)  # the method whose placement it improves
+        if args.method in topology_search.METHODS and constraints.places:
+            raise ConfigError(f"--constraints: {args.constraints} pins or groups tables, which --method {args.method} "
+                              f"moves on a topology ({start} honours them)")
+        if start == GREEDY:
             models = planning.load_models(GREEDY, args.policy, args.cost_model, folder=folder)
             costs = sharding_plan.predicted(tables, models)
         elif args.backend == "analytic":
@@ -452,6 +454,8 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
                                            cache_folder(args.cache), progress=not args.json and sys.stderr.isatty())
         result = sharding_plan.plan(tables, args.sharding, topology, args.batch_size, ways, costs, args.links,
                                     constraints, args.load_factor)
+        if args.method in topology_search.METHODS:
+            result = topology_search.plan(args.method, result, topology)
     options = {"sharding": args.sharding, "devices_per_host": local, "batch_size": args.batch_size,
                "column_ways": list(ways), "bandwidths_gib_per_s": list(args.links.gib_per_s),
                "constraints": None if args.constraints is None else str(args.constraints),
@@ -464,7 +468,7 @@ def _plan_sharded(args: argparse.Namespace, tables, memory: int, folder: Path) -
     if args.torchrec is not None:
         blocks, kinds = sharding_plan.blocks(tables, result.placed)
         outputs[args.torchrec] = _torchrec_export(tables, blocks, kinds, args.devices, args,
-                                                  sharding_plan.kernels(tables, result.placed))
+                                                  sharding_plan.cached(tables, result.placed, args.load_factor))
     return _write_and_show(args, doc, outputs)
 
 

@@ -39,7 +39,7 @@ from autoshard.cli.constraints import Constraints
 from autoshard.cli.service import FIRST_RUN, finite_predictions
 from autoshard.cli.user_tables import UserTables
 from autoshard.core.errors import ConfigError
-from autoshard.core.inputs import PLAN_FORMAT, Block, shown
+from autoshard.core.inputs import PLAN_FORMAT, Block, Cached, shown
 from autoshard.data.features import REUSE_COLUMNS, feature_matrix
 from autoshard.data.footprint import io_bytes, row_split, shard_footprint
 from autoshard.data.sizes import table_bytes
@@ -118,6 +118,12 @@ class Spread(NamedTuple):
 def _split(rows: int, ways: int) -> list[int]:
     """`row_split`, once per (rows, ways): a spread asks for its sizes and its distinct pieces."""
     return row_split(rows, ways)
+
+
+@lru_cache(maxsize=65_536)
+def _sizes(spread: Spread) -> np.ndarray:
+    """`Spread.sizes` as an array, once per spread."""
+    return np.array(spread.sizes(), dtype=np.int64)
 
 
 @lru_cache(maxsize=65_536)
@@ -261,10 +267,14 @@ def plan(tables: UserTables, sharding: str, topology: Topology, batch: int,
                 if kind == "table_wise" and load_factor is not None and found[-1].memories[0] > biggest:
                     found.append(_cached(found[-1].pieces[0], tables, t, batch, load_factor))
                 continue
-            each_piece = [made[n, first.width] for n in pieces.sizes()]
-            found.append(Layout(kind, loads=np.array([c + m for c, _, m in each_piece]),
-                                memories=np.array([b for _, b, _ in each_piece], dtype=np.int64),
-                                comms=np.array([m for _, _, m in each_piece]),
+            sizes = _sizes(pieces)
+            loads, memories = np.empty(len(sizes)), np.empty(len(sizes), dtype=np.int64)
+            costs_of, comms = np.empty(len(sizes)), np.empty(len(sizes))
+            for n in pieces.distinct():  # at most three sizes among up to hundreds of pieces
+                c, b, m = made[n, first.width]
+                at = sizes == n
+                loads[at], memories[at], costs_of[at], comms[at] = c + m, b, c, m
+            found.append(Layout(kind, loads=loads, memories=memories, comms=comms, costs=costs_of,
                                 build=partial(_pieces, pieces, made)))
         if not found:
             raise ConfigError(f"{tables.source}: table {tables.names[t]}: too large to measure on this machine, "
@@ -286,9 +296,11 @@ def _cached(whole: Piece, tables: UserTables, t: int, batch: int, load_factor: f
     return Layout("table_wise", (piece,), kernel=caching.KERNEL, ddrs=np.array([ddr]))
 
 
-def kernels(tables: UserTables, placed: list[Placed]) -> dict[str, str]:
-    """The tables placed with a kernel other than TorchRec's fused one, by name."""
-    return {name: p.layout.kernel for name, p in zip(tables.names, placed, strict=True) if p.layout.kernel != "fused"}
+def cached(tables: UserTables, placed: list[Placed], load_factor: float | None) -> Cached | None:
+    """The tables placed on TorchRec's UVM caching kernel, by name, with the cache's load factor
+    (None where no table is)."""
+    names = frozenset(n for n, p in zip(tables.names, placed, strict=True) if p.layout.kernel == caching.KERNEL)
+    return Cached(names, load_factor) if names and load_factor is not None else None
 
 
 def _pieces(spread: Spread, made: dict) -> tuple[Piece, ...]:
@@ -419,15 +431,19 @@ def document(method: str, options: dict, tables: UserTables, topology: Topology,
     names: list[list[str]] = [[] for _ in range(devices)]
     assignment, columns, rows, replicated, cached = {}, {}, {}, [], {}
     for name, p in zip(tables.names, result.placed, strict=True):
-        for q, d in zip(p.layout.pieces, p.devices, strict=True):
-            load[d] += q.cost
-            comm[d] += q.comm
-            used[d] += q.memory
-            count[d] += 1
-            names[d].append(name if p.layout.kind == "table_wise" else f"{name} (replica)"
-                            if p.layout.kind == "data_parallel" else
-                            f"{name}[{q.row}:{q.row + q.rows}, :]" if q.rows is not None else
-                            f"{name}[:, {q.column}:{q.column + q.width}]")
+        at = list(p.devices)  # each device's sums in table order, as adding piece by piece would make them
+        np.add.at(load, at, p.layout.costs)
+        np.add.at(comm, at, p.layout.comms)
+        np.add.at(used, at, p.layout.memories)
+        np.add.at(count, at, 1)
+        if p.layout.kind in ("table_wise", "data_parallel"):  # named without their pieces (a replica on every device)
+            shown_as = name if p.layout.kind == "table_wise" else f"{name} (replica)"
+            for d in p.devices:
+                names[d].append(shown_as)
+        else:
+            for q, d in zip(p.layout.pieces, p.devices, strict=True):
+                names[d].append(f"{name}[{q.row}:{q.row + q.rows}, :]" if q.rows is not None else
+                                f"{name}[:, {q.column}:{q.column + q.width}]")
         if p.layout.cached:
             np.add.at(host, list(p.devices), p.layout.ddrs)
             cached[name] = {"kernel": p.layout.kernel, "cache_load_factor": options["cache_load_factor"],

@@ -222,7 +222,17 @@ ROW_KINDS = ("row_wise", "table_row_wise")
 TORCHREC_FIELDS = {"format", "world_size", "device_type", "modules"}
 PARAMETER_FIELDS = {"sharding_type", "compute_kernel", "ranks", "shards"}
 SHARD_FIELDS = {"offsets", "sizes", "placement"}
+CACHE_FIELDS = {"load_factor"}  # a cached table's optional `cache_params` (TorchRec's CacheParams)
+CACHING_KERNEL = "fused_uvm_caching"  # the one kernel a `cache_params` may come with
 TORCHREC_KINDS = ("table_wise", "column_wise", *ROW_KINDS, "data_parallel")
+
+
+class Cached(NamedTuple):
+    """The tables of a plan on TorchRec's UVM caching kernel (CACHING_KERNEL; qualified names) and
+    their cache's load factor (TorchRec's `CacheParams.load_factor`)."""
+
+    tables: frozenset[str]
+    load_factor: float
 
 
 class Block(NamedTuple):
@@ -413,11 +423,20 @@ def _torchrec_param(p: object, world: int, device_type: str, at: str,
     """One parameter's sharding: its blocks, its [rows, dim] (None for a data-parallel table, which
     has no shards) and its sharding type; each shard's (rank, device on its host, placement) is
     added to `devices`."""
-    _fields(p, PARAMETER_FIELDS, at)
+    cached = isinstance(p, dict) and "cache_params" in p
+    _fields(p, PARAMETER_FIELDS | ({"cache_params"} if cached else set()), at)
     kind = p["sharding_type"]
     if kind not in TORCHREC_KINDS:
         raise ConfigError(f"{at}, field sharding_type: {shown(kind)} (expected one of {', '.join(TORCHREC_KINDS)})")
     _typed(p, "compute_kernel", (str,), at)
+    if cached:
+        if p["compute_kernel"] != CACHING_KERNEL:
+            raise ConfigError(f"{at}, field cache_params: given for compute_kernel {shown(p['compute_kernel'])} "
+                              f"(only {CACHING_KERNEL!r} has a cache)")
+        cache = _fields(p["cache_params"], CACHE_FIELDS, f"{at}, field cache_params")
+        if isinstance(cache["load_factor"], bool) or not isinstance(cache["load_factor"], int | float) or \
+                not 0 < cache["load_factor"] <= 1:
+            raise ConfigError(f"{at}, field load_factor: {shown(cache['load_factor'])} (above 0, at most 1)")
     ranks, shards = p["ranks"], p["shards"]
     if kind == "data_parallel":
         if ranks != list(range(world)) or any(type(r) is not int for r in ranks):

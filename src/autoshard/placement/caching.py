@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import math
 
+from autoshard.core.inputs import CACHING_KERNEL
 from autoshard.data.footprint import io_bytes
 from autoshard.data.sizes import ROW_STATE_BYTES, table_bytes
 
-KERNEL = "fused_uvm_caching"
+KERNEL = CACHING_KERNEL  # "fused_uvm_caching"
 HBM_GIB_PER_S, HBM_TO_DDR_GIB_PER_S = 897.0, 32.0  # HBM_MEM_BW, HBM_TO_DDR_MEM_BW
 LOAD_FACTOR = 0.2  # UVM_CACHING_RATIO
 UVM_PENALTY = 10  # the bandwidth of UVM access, over its nominal one

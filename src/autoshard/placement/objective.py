@@ -140,15 +140,20 @@ class Model(Objective):
 
 class Speeds(Objective):
     """`inner` on devices of different speeds (GPU generations mixed in one cluster, or devices
-    shared with other jobs): device k's stage costs are `inner`'s over `speeds[k]`. A device's
-    state is `inner`'s with 1 / its speed appended, which no table changes."""
+    shared with other jobs): device k's stage costs are `inner`'s over `speeds[k]`, plus, where
+    given, the per-table `comm` (T, S) the device's tables add whatever its speed (the modelled
+    exchange of their outputs over the links). A device's state is `inner`'s, then its summed comm,
+    then 1 / its speed, which no table changes."""
 
-    def __init__(self, inner: Objective, speeds: np.ndarray):
+    def __init__(self, inner: Objective, speeds: np.ndarray, comm: np.ndarray | None = None):
         self.inner, self.speeds = inner, np.asarray(speeds, dtype=np.float64)
         if self.speeds.ndim != 1 or not (self.speeds > 0).all():
             raise ValueError(f"speeds {self.speeds}: need a positive speed per device")
-        self.share = np.column_stack([inner.share, np.zeros(len(inner.share))])
-        self.base = np.append(inner.base, 1.0)
+        self.comm = None if comm is None else np.asarray(comm, dtype=np.float64)
+        extra = [] if self.comm is None else [self.comm]
+        self.share = np.column_stack([inner.share, *extra, np.zeros(len(inner.share))])
+        self.base = np.concatenate([inner.base, *(np.zeros(c.shape[1]) for c in extra), [1.0]])
+        self.width = inner.share.shape[1]
 
     def empty(self, devices: int) -> np.ndarray:
         if devices != len(self.speeds):
@@ -158,7 +163,8 @@ class Speeds(Objective):
         return out
 
     def stages(self, state: np.ndarray) -> np.ndarray:
-        return self.inner.stages(state[..., :-1]) * state[..., -1:]
+        timed = self.inner.stages(state[..., :self.width]) * state[..., -1:]
+        return timed if self.comm is None else timed + state[..., self.width:-1]
 
 
 def _network(model: CostModel | NumpyNetwork) -> tuple[list[Layer], list[Layer], np.ndarray, np.ndarray, float]:

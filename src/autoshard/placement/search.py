@@ -8,8 +8,10 @@ another device, and every swap of such a table with a table of another device, a
 one with the lowest cost if it improves. Where the slowest device is a third one, many candidates
 cost the same: the tie goes to the one that leaves its own two devices lowest (the sum over stages of
 the slower of the two), so the next round starts from the better balance; then moves before swaps,
-then the lowest table and device numbers. A device whose memory grows must stay within the cap. A candidate changes two
-devices, so it costs two evaluations of `stages`. Deterministic, and never worse than its start.
+then the lowest table and device numbers. A device whose memory grows must stay within its cap (one for
+every device, or each its own on a mixed cluster, where `placement.objective.Speeds` gives each its
+speed). A candidate changes two devices, so it costs two evaluations of `stages`. Deterministic, and
+never worse than its start.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ CHUNK = 4096  # candidates scored at once (bounds the memory of one round on lar
 MARGIN = 1e-6  # a candidate must lower the cost by more than this share of it
 
 
-def local_search(objective: Objective, sizes: np.ndarray, devices: int, capacity: int, placement: np.ndarray,
-                 max_rounds: int = 1000) -> np.ndarray:
+def local_search(objective: Objective, sizes: np.ndarray, devices: int, capacity: int | np.ndarray,
+                 placement: np.ndarray, max_rounds: int = 1000) -> np.ndarray:
     """An improved copy of `placement` (a device per table) under `objective`, every device
-    that gains memory within `capacity` bytes."""
+    that gains memory within its `capacity` bytes (one cap for all, or one per device)."""
     sizes = np.asarray(sizes, dtype=np.int64)
+    caps = np.broadcast_to(np.asarray(capacity, dtype=np.int64), (devices,))
     place = np.asarray(placement, dtype=np.int64).copy()
     for _ in range(max_rounds):
         state = objective.states(place, devices)
@@ -45,7 +48,7 @@ def local_search(objective: Objective, sizes: np.ndarray, devices: int, capacity
         bound, best, best_key = float(values.max(axis=0).sum()) * (1 - MARGIN), None, None
         for start in range(0, len(candidates), CHUNK):
             chunk = candidates[start:start + CHUNK]
-            costs, pair = _scores(objective, chunk, place, state, values, memory, sizes, capacity)
+            costs, pair = _scores(objective, chunk, place, state, values, memory, sizes, caps)
             i = int(np.lexsort((np.arange(len(chunk)), pair, costs))[0])
             if costs[i] < bound and (best_key is None or (costs[i], pair[i]) < best_key):
                 best, best_key = chunk[i], (float(costs[i]), float(pair[i]))
@@ -82,7 +85,7 @@ def _candidates(place: np.ndarray, critical: np.ndarray, devices: int) -> np.nda
 
 
 def _scores(objective: Objective, moves: np.ndarray, place: np.ndarray, state: np.ndarray, values: np.ndarray,
-            memory: np.ndarray, sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, np.ndarray]:
+            memory: np.ndarray, sizes: np.ndarray, caps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The cost after each candidate (inf where a device that gains memory overflows), and the
     sum over stages of the slower of its two devices after it (the tie-break)."""
     table, device, other = moves.T
@@ -91,7 +94,7 @@ def _scores(objective: Objective, moves: np.ndarray, place: np.ndarray, state: n
     source = place[table]
     gained = objective.share[table] - np.where(swap[:, None], objective.share[partner], 0.0)
     moved = sizes[table] - np.where(swap, sizes[partner], 0)
-    over = np.where(moved > 0, memory[device] + moved > capacity, memory[source] - moved > capacity)
+    over = np.where(moved > 0, memory[device] + moved > caps[device], memory[source] - moved > caps[source])
     pair = np.maximum(objective.stages(state[source] - gained), objective.stages(state[device] + gained))
     after = np.maximum(pair, slowest_others(values, source, device))
     return np.where(over, np.inf, after.sum(axis=-1)), pair.sum(axis=-1)

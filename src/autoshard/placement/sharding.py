@@ -63,16 +63,17 @@ class Piece(NamedTuple):
 class Layout:
     """One way to shard a table. Table- and column-wise pieces go to any device; row-wise and
     data-parallel ones to devices 0..D-1 in order; table-row-wise ones to the devices of one host,
-    in order. The placement reads only each piece's load and memory (`loads`, `memories`); a
-    layout given those may build its pieces when they are first asked for (`build`): a 96-way
-    split of 2,000 tables would otherwise make hundreds of thousands that are never placed.
+    in order. The placement reads only each piece's load and memory (`loads`, `memories`), the
+    plan file each one's compute and comm apart (`costs`, `comms`); a layout given those may build
+    its pieces when they are first asked for (`build`): a 96-way split of 2,000 tables would
+    otherwise make hundreds of thousands that are never placed.
     `kernel` is TorchRec's compute kernel for its pieces, `ddrs` the host memory each holds beside
     its `memories` (HBM; none but with the UVM caching kernel)."""
 
     def __init__(self, kind: str, pieces: tuple[Piece, ...] | None = None, *, loads: np.ndarray | None = None,
                  memories: np.ndarray | None = None, comms: np.ndarray | None = None,
-                 build: Callable[[], tuple[Piece, ...]] | None = None, kernel: str = "fused",
-                 ddrs: np.ndarray | None = None):
+                 costs: np.ndarray | None = None, build: Callable[[], tuple[Piece, ...]] | None = None,
+                 kernel: str = "fused", ddrs: np.ndarray | None = None):
         if pieces is None and (build is None or loads is None or memories is None):
             raise ValueError("a layout needs its pieces, or their loads, memories and a builder")
         self.kind, self._pieces, self._build, self.kernel = kind, pieces, build, kernel
@@ -81,6 +82,8 @@ class Layout:
                          np.asarray(memories, dtype=np.int64))
         self.comms = (np.array([p.comm for p in pieces]) if pieces is not None else
                       np.zeros(len(self.loads)) if comms is None else np.asarray(comms, dtype=float))
+        self.costs = (np.array([p.cost for p in pieces]) if pieces is not None else  # each piece's compute
+                      self.loads - self.comms if costs is None else np.asarray(costs, dtype=float))
         self._ddrs = None if ddrs is None else np.asarray(ddrs, dtype=np.int64)
         self.cached = self._ddrs is not None and bool(self._ddrs.any())  # its pieces hold host memory
 
@@ -144,7 +147,13 @@ def place(candidates: Sequence[Sequence[Layout]], topology: Topology, names: Seq
     for t in order:
         remaining -= cheapest[t]
         best, best_key, best_time = None, None, None
+        peak, total = float(loads.max()), float(loads.sum())
         for layout in candidates[t]:
+            if best is not None:  # a layout whose key cannot beat the best one's is not fitted at all
+                floor = max(peak, (total + layout.load + remaining) / devices * (1 - 1e-12) if unit else
+                            (done + layout.load + remaining) / capacity)  # the key's first part, from below
+                if floor > best_key[0] or (floor == best_key[0] and len(layout) > len(best.layout)):
+                    continue
             spots = _fit(layout, loads, used, held, topology, pinned[t], unit)
             if spots is None:
                 continue
@@ -206,6 +215,12 @@ def _fit(layout: Layout, loads: np.ndarray, used: np.ndarray, held: np.ndarray, 
                                                                            host[pinned] >= layout.ddrs[0])
         return (pinned,) if fits else None
     speeds = topology.speeds
+    if len(layout) == 1 and host is None and layout.kind == "table_wise":  # most tables: one argmin, no copies
+        p = layout.pieces[0]
+        fits = free >= p.memory
+        if not fits.any():
+            return None
+        return (int(np.argmin(np.where(fits, loads + _time(p.load, p.comm, speeds, unit), np.inf))),)
     if layout.kind in ("table_wise", "column_wise"):
         spots, load, room = [], loads.copy(), free.copy()
         for k, p in enumerate(layout.pieces):
@@ -221,15 +236,17 @@ def _fit(layout: Layout, loads: np.ndarray, used: np.ndarray, held: np.ndarray, 
         return tuple(spots)
     n = len(layout)
     if layout.kind in ("row_wise", "data_parallel"):
-        starts = [0]
+        starts = np.array([0])
     else:  # table-row-wise: the hosts of its size
-        starts = [int(s) for s, size in zip(topology.host_starts, topology.hosts, strict=True) if size == n]
-    best, best_load = None, None
-    for first in starts:
-        if first + n <= len(loads) and (free[first:first + n] >= layout.memories).all() and \
-                (host is None or (host[first:first + n] >= layout.ddrs).all()):
-            peak = float((loads[first:first + n] + _time(layout.loads, layout.comms, speeds[first:first + n],
-                                                         unit)).max())
-            if best_load is None or peak < best_load:
-                best, best_load = first, peak
-    return None if best is None else tuple(range(best, best + n))
+        starts = np.array([s for s, size in zip(topology.host_starts, topology.hosts, strict=True) if size == n],
+                          dtype=np.int64)
+    starts = starts[starts + n <= len(loads)]
+    spans = starts[:, None] + np.arange(n)  # each candidate's devices, one row a start
+    fits = (free[spans] >= layout.memories).all(axis=1)
+    if host is not None:
+        fits &= (host[spans] >= layout.ddrs).all(axis=1)
+    if not fits.any():
+        return None
+    peaks = (loads[spans] + _time(layout.loads, layout.comms, speeds[spans], unit)).max(axis=1)
+    best = int(starts[np.argmin(np.where(fits, peaks, np.inf))])  # the lowest peak; ties: the first start
+    return tuple(range(best, best + n))

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from autoshard.core.errors import ConfigError
+from autoshard.core.inputs import CACHING_KERNEL, Cached
 from autoshard.data.footprint import row_split
 from autoshard.data.sizes import ROW_STATE_BYTES
 from autoshard.data.tasks import Task
@@ -192,7 +193,7 @@ def embedding_module(features: pd.DataFrame, names: list[str], sequence: bool, d
 
 
 def block_sharding_plan(features: pd.DataFrame, names: list[str], blocks: dict, kinds: dict, devices: int,
-                        local_size: int | None = None, device_type: str = "cuda"):
+                        local_size: int | None = None, device_type: str = "cuda", cached: Cached | None = None):
     """TorchRec's `ShardingPlan` of any plan (`core.inputs.PlanBlocks`: `blocks` and `kinds` by
     qualified name, `features` rows in the order of `names`): per module path, each table
     `table_wise`, `column_wise` (ranks left to right), `row_wise` (every rank, TorchRec's row
@@ -208,7 +209,7 @@ def block_sharding_plan(features: pd.DataFrame, names: list[str], blocks: dict, 
         table_row_wise,
         table_wise,
     )
-    from torchrec.distributed.types import ShardingPlan
+    from torchrec.distributed.types import CacheParams, ShardingPlan
 
     local = local_size or devices
     kernel = EmbeddingComputeKernel.FUSED.value
@@ -242,6 +243,9 @@ def block_sharding_plan(features: pd.DataFrame, names: list[str], blocks: dict, 
             if module_plan[name].compute_kernel != kernel and module_plan[name].sharding_type != "data_parallel":
                 # table_row_wise takes no kernel: it would be dense (as a data-parallel table is)
                 module_plan[name] = dataclasses.replace(module_plan[name], compute_kernel=kernel)
+            if cached is not None and names[i] in cached.tables:
+                module_plan[name] = dataclasses.replace(module_plan[name], compute_kernel=CACHING_KERNEL,
+                                                        cache_params=CacheParams(load_factor=cached.load_factor))
         plan[module] = module_plan
     return ShardingPlan(plan=plan)
 
@@ -267,17 +271,20 @@ def plan_to_json(plan, world_size: int, device_type: str) -> dict:
                                 "shards": [{"offsets": list(s.shard_offsets), "sizes": list(s.shard_sizes),
                                             "placement": str(s.placement)}
                                            for s in (p.sharding_spec.shards if p.sharding_spec else [])]}
+                                | ({} if p.cache_params is None else
+                                   {"cache_params": {"load_factor": p.cache_params.load_factor}})
                          for name, p in module_plan.items()}
     return {"format": TORCHREC_FORMAT, "world_size": world_size, "device_type": device_type, "modules": modules}
 
 
 def plan_json(features: pd.DataFrame, names: list[str], blocks: dict, kinds: dict, devices: int,
-              local_size: int | None = None, device_type: str = "cuda") -> dict:
+              local_size: int | None = None, device_type: str = "cuda", cached: Cached | None = None) -> dict:
     """The file `plan_to_json(block_sharding_plan(...))` writes, written from the blocks alone,
     without torch or torchrec (the command's `--torchrec`): per module path, in the tables' order,
     each table's sharding type, kernel (`fused`; a data-parallel table TorchRec's `dense`), ranks
     and shards, a row split TorchRec's own (`data.footprint.row_split`, checked like
-    `block_sharding_plan`'s), each shard on GPU `rank % local_size` of its host (or the CPU)."""
+    `block_sharding_plan`'s), each shard on GPU `rank % local_size` of its host (or the CPU); the
+    tables of `cached` on TorchRec's UVM caching kernel, their `cache_params` its load factor."""
     local = local_size or devices
     placement = (lambda r: f"rank:{r}/cpu") if device_type == "cpu" else (lambda r: f"rank:{r}/cuda:{r % local}")
     f = features.reset_index(drop=True)
@@ -303,10 +310,14 @@ def plan_json(features: pd.DataFrame, names: list[str], blocks: dict, kinds: dic
                 shards = []
             else:  # table- or column-wise, columns left to right
                 shards = [([0, b.column], [table_rows, dim if b.width is None else b.width], b.device) for b in held]
+            cache = cached is not None and name in cached.tables
             params[split_name(name)[1]] = {
-                "sharding_type": kind, "compute_kernel": "dense" if kind == "data_parallel" else "fused",
+                "sharding_type": kind,
+                "compute_kernel": CACHING_KERNEL if cache else "dense" if kind == "data_parallel" else "fused",
                 "ranks": list(range(devices)) if kind == "data_parallel" else [r for _, _, r in shards],
                 "shards": [{"offsets": o, "sizes": z, "placement": placement(r)} for o, z, r in shards]}
+            if cache:
+                params[split_name(name)[1]]["cache_params"] = {"load_factor": cached.load_factor}
         modules[module] = params
     return {"format": TORCHREC_FORMAT, "world_size": devices, "device_type": device_type, "modules": modules}
 
@@ -317,7 +328,7 @@ def load_sharding_plan(path: str | Path):
     one `EmbeddingBagCollection`."""
     from torch.distributed._shard.metadata import ShardMetadata
     from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
-    from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
+    from torchrec.distributed.types import CacheParams, EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
 
     from autoshard.core.inputs import read_json, torchrec_blocks
 
@@ -331,6 +342,7 @@ def load_sharding_plan(path: str | Path):
         plan[module] = EmbeddingModuleShardingPlan({
             name: ParameterSharding(
                 sharding_type=p["sharding_type"], compute_kernel=p["compute_kernel"], ranks=list(p["ranks"]),
+                cache_params=CacheParams(**p["cache_params"]) if "cache_params" in p else None,
                 sharding_spec=EnumerableShardingSpec([ShardMetadata(shard_offsets=s["offsets"], shard_sizes=s["sizes"],
                                                                     placement=s["placement"]) for s in p["shards"]])
                 if p["shards"] else None)  # data_parallel: no shards

@@ -5,8 +5,11 @@ batch_size))` then skips its search and returns the plan of the file, checked by
 against the search space it enumerates for that module, topology and constraints: every table
 of the module must be in the file, each on a rank of the topology. The file is any plan of
 `autoshard plan` (each table's sharding type: table-, column-, row- or table-row-wise, its option
-of as many shards) or its `--torchrec` export (the sharding type and kernel it names). Tables are
-matched by name in the module given (a plan's qualified names `module.name` by their last part).
+of as many shards) or its `--torchrec` export (the sharding type and kernel it names). A table
+the file keeps in host memory (our plan's `cached`, the export's `fused_uvm_caching` with its
+`cache_params`) takes TorchRec's option of that kernel, whose cache load factor (its constraints'
+`CacheParams`, TorchRec's 0.2 where they give none) must be the file's. Tables are matched by
+name in the module given (a plan's qualified names `module.name` by their last part).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from torchrec.distributed.types import ShardingType
 
 from autoshard.cli.plan_files import without_costs
 from autoshard.core.errors import ConfigError
-from autoshard.core.inputs import plan_blocks, read_json, shown
+from autoshard.core.inputs import CACHING_KERNEL, plan_blocks, read_json, shown
+from autoshard.placement import caching
 from autoshard.placement.torchrec import split_name
 
 KERNEL_ORDER = ("fused", "dense")  # the kernel taken where the file does not name one: as every method assumes
@@ -33,7 +37,9 @@ class AutoShardPlanLoader(PlanLoader):
         self.path = Path(path)
         self.module, self.sharders = module, sharders
         self.topology, self.batch_size, self.constraints = topology, batch_size, constraints
-        self.doc = without_costs(read_json(self.path, "plan file"), self.path)
+        raw = read_json(self.path, "plan file")
+        self.doc = without_costs(raw, self.path)
+        self.cached = _cached(raw.get("cached") or {}, self.path)
         plan = plan_blocks(self.doc, self.path)
         self.per_table = {split_name(n)[1]: b for n, b in plan.blocks.items()}
         self.kinds = {split_name(n)[1]: k for n, k in plan.kinds.items()}
@@ -65,7 +71,7 @@ class AutoShardPlanLoader(PlanLoader):
         held = self.per_table[name]
         wanted = self._named(name)
         if wanted is None:
-            wanted = (self.kinds.get(name, ShardingType.TABLE_WISE.value), None)
+            wanted = (self.kinds.get(name, ShardingType.TABLE_WISE.value), None, None)
         fitting = [o for o in candidates if o.sharding_type == wanted[0] and len(o.shards) == len(held)
                    and (wanted[1] is None or o.compute_kernel == wanted[1])]
         fitting.sort(key=lambda o: KERNEL_ORDER.index(o.compute_kernel) if o.compute_kernel in KERNEL_ORDER else 99)
@@ -73,15 +79,26 @@ class AutoShardPlanLoader(PlanLoader):
             raise ConfigError(f"{self.path}: table {shown(name)}: TorchRec offers no {wanted[0]} option of "
                               f"{len(held)} shards for it under these constraints")
         option = fitting[0]
+        if wanted[2] is not None:
+            given = option.cache_params.load_factor if option.cache_params is not None else None
+            given = caching.LOAD_FACTOR if given is None else given  # what TorchRec's kernel then uses
+            if given != wanted[2]:
+                raise ConfigError(f"{self.path}: table {shown(name)}: cached at a load factor of {wanted[2]:g}, and "
+                                  f"TorchRec's option at {given:g} (give it ParameterConstraints(cache_params="
+                                  f"CacheParams(load_factor={wanted[2]:g})))")
         for shard, block in zip(sorted(option.shards, key=lambda s: tuple(s.offset)), held, strict=True):
             shard.rank = int(block.device)
         return option
 
-    def _named(self, name: str) -> tuple[str, str] | None:
-        """(sharding type, kernel) of table `name` in a TorchRec export; None for a plan of ours."""
+    def _named(self, name: str) -> tuple[str, str, float | None] | None:
+        """(sharding type, kernel, cache load factor or None) of table `name` where the file names
+        its kernel: every table of a TorchRec export, a cached one of a plan of ours; else None."""
         for tables in self.doc.get("modules", {}).values():
             if name in tables:
-                return tables[name]["sharding_type"], tables[name]["compute_kernel"]
+                p = tables[name]
+                return p["sharding_type"], p["compute_kernel"], p.get("cache_params", {}).get("load_factor")
+        if name in self.cached:
+            return self.kinds.get(name, ShardingType.TABLE_WISE.value), CACHING_KERNEL, self.cached[name]
         return None
 
     def plan_context_hash(self) -> str | None:
@@ -90,3 +107,18 @@ class AutoShardPlanLoader(PlanLoader):
     def get_plan_id(self) -> str:
         """The file and a digest of its bytes (TorchRec's planner logs it)."""
         return f"{self.path}#{hashlib.sha256(self.path.read_bytes()).hexdigest()[:12]}"
+
+
+def _cached(entries: object, path: Path) -> dict[str, float]:
+    """Our plan file's `cached` tables (by their name in the module) and their cache load factors."""
+    if not isinstance(entries, dict):
+        raise ConfigError(f"{path}, field cached: {shown(entries)} (expected an object by table)")
+    out = {}
+    for name, entry in entries.items():
+        factor = entry.get("cache_load_factor") if isinstance(entry, dict) else None
+        if not isinstance(entry, dict) or entry.get("kernel") != CACHING_KERNEL or isinstance(factor, bool) or \
+                not isinstance(factor, int | float) or not 0 < factor <= 1:
+            raise ConfigError(f"{path}, field cached: table {shown(name)}: {shown(entry)} (expected kernel "
+                              f"{CACHING_KERNEL!r} and a cache_load_factor above 0, at most 1)")
+        out[split_name(name)[1]] = float(factor)
+    return out

@@ -19,7 +19,8 @@ are charged to the topology's devices. (Sharding types are TorchRec's own `Param
 Given our `topology` (`placement.topology`, what `autoshard plan --topology` reads), whose devices
 may differ in speed, `lpt_measured` places the rest on it (`placement.sharding.place`): each
 shard's compute over its rank's speed, each rank's own storage as TorchRec's topology has it
-(`torchrec_topology` makes that from ours).
+(`torchrec_topology` makes that from ours); `milp` then improves that placement under the same
+busy time (`cli.topology_search`; not for a shard that holds host memory, which it does not count).
 
     planner = EmbeddingShardingPlanner(topology=topology, enumerator=enumerator,
                                        partitioner=AutoShardPartitioner(method=...))  # any id of `cli.service.METHODS`
@@ -35,12 +36,16 @@ from pathlib import Path
 import numpy as np
 from torchrec.distributed.planner.types import Partitioner, PlannerError, PlannerErrorType
 
-from autoshard.cli import service
+from autoshard.cli import service, topology_search
+from autoshard.cli.sharding_plan import Result
 from autoshard.core.errors import ConfigError
 from autoshard.data.tasks import Task
+from autoshard.methods.registry import MILP
 from autoshard.placement.sharding import Layout, Piece, place
 from autoshard.placement.topology import Topology
 from autoshard.planner.options import as_tables, items
+
+ON_TOPOLOGY = (service.FIRST_RUN, MILP)  # the methods that place on a topology: LPT, and the MILP from LPT's plan
 
 
 class AutoShardPartitioner(Partitioner):
@@ -54,9 +59,10 @@ class AutoShardPartitioner(Partitioner):
                  topology: Topology | None = None) -> None:
         if method not in service.METHODS:
             raise ConfigError(f"method: {method!r} (expected one of {', '.join(service.METHODS)})")
-        if topology is not None and method != service.FIRST_RUN:
-            raise ConfigError(f"method: {method!r} places on devices alike; with a topology, {service.FIRST_RUN} "
-                              "(each shard's compute over its rank's speed, each rank's own storage)")
+        if topology is not None and method not in ON_TOPOLOGY:
+            raise ConfigError(f"method: {method!r} places on devices alike; with a topology, "
+                              f"{' or '.join(ON_TOPOLOGY)} (each shard's compute over its rank's speed, each rank's "
+                              "own storage)")
         self.topology = topology
         twice = [n for n, c in Counter(n for g in groups or [] for n in g).items() if c > 1]
         if twice:
@@ -126,6 +132,12 @@ class AutoShardPartitioner(Partitioner):
         left = Topology(self.topology.speeds, free, self.topology.hosts, ddr_free)
         try:
             placed = place(layouts, left, [s.name for s in shards])
+            if self.method == MILP:  # from LPT's placement, under the same busy time, each rank's own storage
+                held = next((s.name for s, x in zip(shards, layouts, strict=True) if x[0].cached), None)
+                if held is not None:
+                    raise ConfigError(f"shard of {held} holds host memory (the UVM caching kernel), which the MILP "
+                                      f"does not count ({service.FIRST_RUN} does)")
+                placed = topology_search.plan(MILP, Result(placed, 0.0, {}), left).placed
         except ConfigError as exc:
             raise PlannerError(error_type=PlannerErrorType.PARTITION, message=f"{self.method}: {exc}") from None
         busy = np.zeros(len(devices))

@@ -2,7 +2,7 @@
 table, and the evaluate page's full tables, registration record and headroom bounds."""
 
 from autoshard.pipeline.report.format import interval, item, number, percent, ratio
-from autoshard.studies.endpoints import MOSTLY_IDENTICAL, RECORD_KEYS
+from autoshard.studies.endpoints import MOSTLY_IDENTICAL, entries
 from autoshard.studies.evaluate import Amendment, Evaluation, Headroom, PrimaryEndpoint, Registration
 
 WORDS = {"better": "better than", "worse": "worse than", "equivalent": "equivalent to",
@@ -11,7 +11,7 @@ WORDS = {"better": "better than", "worse": "worse than", "equivalent": "equivale
 
 def endpoints(evaluate: Evaluation) -> dict[str, PrimaryEndpoint]:
     """The endpoints of `primary`, without its registration record (`registered`, `amendments`)."""
-    return {k: v for k, v in evaluate["primary"].items() if k not in RECORD_KEYS}
+    return entries(evaluate["primary"])
 
 
 def registration(evaluate: Evaluation) -> Registration | None:
