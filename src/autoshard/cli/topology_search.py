@@ -2,14 +2,16 @@
 the local search on devices that differ in speed and memory, every table whole.
 
 Each starts from the placement every sharded plan makes on the same costs (`placement.sharding.place`
-on the tables' costs measured alone for milp, as lpt_measured places them; predicted by the cost
-model for the search, as cost_greedy places them) and improves it under that placement's own
-objective: the busiest device's costs over its speed plus its modelled comm, each device within
-its own memory (`placement.objective.Speeds`). The MILP (`placement.milp`) solves it within the
-study's node and time limits, never worse than its start, its proven lower bound and gap in the
+on each table's cost alone, measured here or TorchRec's estimate with `--backend analytic`, for
+milp, as lpt_measured places them; predicted by the cost model for the search, as cost_greedy
+places them) and improves it under that placement's own objective: the busiest device's costs
+over its speed plus its modelled comm, each device within its own memory
+(`placement.objective.Speeds`). The MILP (`placement.milp`) solves it until the study's node and
+time limits stop it, never worse than its start, its status, proven lower bound and gap in the
 plan file; local search (`placement.search`) moves and swaps tables while that objective falls.
-On a cluster of like devices the same methods search the cost model's prediction of each device
-(`cli.service`); on a topology they search the sums the plan file reports.
+On a cluster of like devices, milp solves the tables' single costs and cost_greedy_local_search
+searches the cost model's prediction of each device (`cli.service`); on a topology both work on
+the per-table sums the plan file reports.
 """
 
 from __future__ import annotations

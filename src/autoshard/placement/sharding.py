@@ -217,10 +217,10 @@ def _fit(layout: Layout, loads: np.ndarray, used: np.ndarray, held: np.ndarray, 
     speeds = topology.speeds
     if len(layout) == 1 and host is None and layout.kind == "table_wise":  # most tables: one argmin, no copies
         p = layout.pieces[0]
-        fits = free >= p.memory
-        if not fits.any():
+        fits = np.flatnonzero(free >= p.memory)
+        if not len(fits):
             return None
-        return (int(np.argmin(np.where(fits, loads + _time(p.load, p.comm, speeds, unit), np.inf))),)
+        return (int(fits[np.argmin(loads[fits] + _time(p.load, p.comm, speeds[fits], unit))]),)
     if layout.kind in ("table_wise", "column_wise"):
         spots, load, room = [], loads.copy(), free.copy()
         for k, p in enumerate(layout.pieces):
@@ -247,6 +247,7 @@ def _fit(layout: Layout, loads: np.ndarray, used: np.ndarray, held: np.ndarray, 
         fits &= (host[spans] >= layout.ddrs).all(axis=1)
     if not fits.any():
         return None
+    starts, spans = starts[fits], spans[fits]  # only starts that fit can win, whatever their peaks
     peaks = (loads[spans] + _time(layout.loads, layout.comms, speeds[spans], unit)).max(axis=1)
-    best = int(starts[np.argmin(np.where(fits, peaks, np.inf))])  # the lowest peak; ties: the first start
+    best = int(starts[np.argmin(peaks)])  # the lowest peak; ties: the first start
     return tuple(range(best, best + n))

@@ -39,8 +39,8 @@ class AutoShardPlanLoader(PlanLoader):
         self.topology, self.batch_size, self.constraints = topology, batch_size, constraints
         raw = read_json(self.path, "plan file")
         self.doc = without_costs(raw, self.path)
+        plan = plan_blocks(self.doc, self.path)  # refuses anything but a plan object first
         self.cached = _cached(raw.get("cached") or {}, self.path)
-        plan = plan_blocks(self.doc, self.path)
         self.per_table = {split_name(n)[1]: b for n, b in plan.blocks.items()}
         self.kinds = {split_name(n)[1]: k for n, k in plan.kinds.items()}
         self.devices = plan.devices
