@@ -23,13 +23,13 @@ import numpy as np
 from autoshard.cli.defaults import study_defaults
 from autoshard.cli.service import FIRST_RUN
 from autoshard.cli.sharding_plan import Result
-from autoshard.methods.registry import GREEDY
+from autoshard.methods.registry import GREEDY, MILP
 from autoshard.placement.objective import Linear, Speeds
 from autoshard.placement.search import local_search
 from autoshard.placement.sharding import Placed
 from autoshard.placement.topology import Topology
 
-STARTS = {"milp": FIRST_RUN, "cost_greedy_local_search": GREEDY}  # the method whose placement each improves
+STARTS = {MILP: FIRST_RUN, "cost_greedy_local_search": GREEDY}  # the method whose placement each improves
 METHODS = tuple(STARTS)
 
 
@@ -43,7 +43,7 @@ def plan(method: str, start: Result, topology: Topology) -> Result:
     held = np.array([layout.pieces[0].memory for layout in layouts], dtype=np.int64)
     placement = np.array([p.devices[0] for p in start.placed], dtype=np.int64)
     began = time.perf_counter()
-    if method == "milp":
+    if method == MILP:
         from autoshard.placement import milp  # SciPy's optimize: half a second the other methods need not pay
 
         study = study_defaults()
@@ -52,7 +52,7 @@ def plan(method: str, start: Result, topology: Topology) -> Result:
                             time_limit=study["evaluate.milp.time_limit_s"], speeds=topology.speeds,
                             comm=comm[:, None])
         placement = solved.placement
-        found = {"milp": {"status": solved.status, "lower_bound_ms": solved.lower_bound, "gap": solved.gap,
+        found = {MILP: {"status": solved.status, "lower_bound_ms": solved.lower_bound, "gap": solved.gap,
                           "from": f"{STARTS[method]}'s placement"}}
     else:
         objective = Speeds(Linear.max_device(costs), topology.speeds, comm[:, None])

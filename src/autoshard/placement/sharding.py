@@ -74,8 +74,8 @@ class Layout:
                  memories: np.ndarray | None = None, comms: np.ndarray | None = None,
                  costs: np.ndarray | None = None, build: Callable[[], tuple[Piece, ...]] | None = None,
                  kernel: str = "fused", ddrs: np.ndarray | None = None):
-        if pieces is None and (build is None or loads is None or memories is None):
-            raise ValueError("a layout needs its pieces, or their loads, memories and a builder")
+        if pieces is None and (build is None or loads is None or memories is None or costs is None):
+            raise ValueError("a layout needs its pieces, or their loads, memories, costs and a builder")
         self.kind, self._pieces, self._build, self.kernel = kind, pieces, build, kernel
         self.loads = np.array([p.load for p in pieces]) if loads is None else np.asarray(loads, dtype=float)
         self.memories = (np.array([p.memory for p in pieces], dtype=np.int64) if memories is None else
@@ -83,7 +83,7 @@ class Layout:
         self.comms = (np.array([p.comm for p in pieces]) if pieces is not None else
                       np.zeros(len(self.loads)) if comms is None else np.asarray(comms, dtype=float))
         self.costs = (np.array([p.cost for p in pieces]) if pieces is not None else  # each piece's compute
-                      self.loads - self.comms if costs is None else np.asarray(costs, dtype=float))
+                      np.asarray(costs, dtype=float))
         self._ddrs = None if ddrs is None else np.asarray(ddrs, dtype=np.int64)
         self.cached = self._ddrs is not None and bool(self._ddrs.any())  # its pieces hold host memory
 
