@@ -186,3 +186,32 @@ def test_torchrecs_planner_is_offered_the_caching_kernel_too(model, tmp_path):
     modules = json.loads(exported.read_text())["modules"][""]
     assert modules["huge"]["compute_kernel"] == caching.KERNEL and modules["a"]["compute_kernel"] == "fused"
     assert modules["huge"]["cache_params"] == {"load_factor": 0.1}
+
+
+SHORT = """name,rows,dim,pooling_factor
+hot0,700000,128,8
+hot1,700000,128,8
+hot2,700000,128,8
+cold0,1300000,128,0.1
+cold1,1300000,128,0.1
+"""  # each table fits a device of 1 GiB, together they ask more HBM than two such devices have
+
+
+def test_tables_that_fit_only_in_part_keep_the_coldest_for_each_byte_in_host_memory(tmp_path):
+    model = tmp_path / "short.csv"
+    model.write_text(SHORT)
+    assert plan(model, tmp_path) == 0
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    assert set(doc["cached"]) == {"cold0"}, "the fewest tables, those whose caching adds least per byte it frees"
+    assert all(d["memory_bytes"] <= 2**30 for d in doc["per_device"])
+    assert sum(d["ddr_bytes"] for d in doc["per_device"]) == sum(c["ddr_bytes"] for c in doc["cached"].values())
+
+
+def test_a_model_larger_than_the_devices_hbm_and_ddr_is_refused_in_one_line(tmp_path, capsys):
+    model = tmp_path / "short.csv"
+    model.write_text(SHORT)
+    assert plan(model, tmp_path, "--ddr-per-device", "256MiB") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the 5 tables need at least" in err, err
+    assert "bytes of HBM and host memory together" in err and "the 2 devices have" in err, err
+    assert not (tmp_path / "plan.json").exists()

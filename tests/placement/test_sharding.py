@@ -1,5 +1,6 @@
 """Choosing each table's sharding with its placement (`placement.sharding`): LPT over layouts."""
 
+import numpy as np
 import pytest
 
 from autoshard.core.errors import ConfigError
@@ -39,6 +40,9 @@ def test_a_table_too_large_for_one_device_goes_table_row_wise_on_the_freer_host(
 def test_a_table_no_layout_of_which_fits_is_refused_by_name():
     with pytest.raises(ConfigError, match=r"table huge: no sharding of it fits .* \(whole it needs 300 bytes, "
                                           r"the freest device has 100; split, its largest piece needs 150"):
+        place([[whole(1.0, 300), rows("row_wise", 0.3, 150, 2)]], Topology.uniform(4, 100, 4), ["huge"])
+    with pytest.raises(ConfigError, match=r"table huge: no sharding of it fits the devices \(whole it needs at least "
+                                          r"300 bytes of HBM at its smallest sharding, the 2 devices have 200 in all"):
         place([[whole(1.0, 300), rows("row_wise", 0.3, 150, 2)]], Topology.uniform(2, 100, 2), ["huge"])
     with pytest.raises(ConfigError, match="must divide --devices 4"):
         place([[whole(1.0, 1)]], Topology.uniform(4, 100, 3), ["t"])
@@ -146,3 +150,18 @@ def test_the_pruned_search_places_every_table_as_fitting_every_layout_would(seed
     except ConfigError:
         return
     assert [(p.layout.kind, p.devices) for p in placed] == exhaustive(tables, topology)
+
+
+def test_tables_larger_than_every_devices_memory_together_are_refused_with_the_shortfall():
+    """The refusal names the model's need and the devices' memory in all, not the first table left
+    without room; with a table that may be cached, HBM and DDR together."""
+    tables = [[whole(1.0, 60), rows("row_wise", 0.5, 30, 2)] for _ in range(4)]
+    with pytest.raises(ConfigError, match=r"the 4 tables need at least 240 bytes of HBM, each at its smallest "
+                                          r"sharding, and the 2 devices have 200 in all"):
+        place(tables, Topology.uniform(2, 100, 2), list("abcd"))
+    cached = Layout("table_wise", (Piece(0, None, 0, None, 9.0, 10),), kernel="fused_uvm_caching",
+                    ddrs=np.array([500]))
+    with pytest.raises(ConfigError, match=r"need at least 690 bytes of HBM and host memory together.* the 2 "
+                                          r"devices have 600 \(200 of HBM, 400 of DDR"):
+        place([[whole(1.0, 60)]] * 3 + [[whole(1.0, 700), cached]],
+              Topology(np.ones(2), np.array([100, 100]), (2,), np.array([200, 200])), list("abcd"))

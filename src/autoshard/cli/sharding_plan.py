@@ -47,7 +47,7 @@ from autoshard.data.traces import from_lengths
 from autoshard.methods.registry import GREEDY
 from autoshard.placement import caching
 from autoshard.placement.column_split import ALIGN
-from autoshard.placement.sharding import Layout, Piece, Placed, host_split, place
+from autoshard.placement.sharding import Layout, Piece, Placed, check_memory, host_split, place
 from autoshard.placement.topology import Topology
 from autoshard.placement.traffic import TORCHREC_GIB_PER_S, Links, gradient_bytes, piece_bytes
 
@@ -242,6 +242,7 @@ def plan(tables: UserTables, sharding: str, topology: Topology, batch: int,
     dims = f["dim"].tolist()
     layouts: list[list[Layout]] = []
     biggest = int(topology.memories.max())  # a table whole above it may be cached (`load_factor`)
+    wholes: dict[int, Piece] = {}  # each table's whole fused piece, where one may be cached
     for t, options in enumerate(candidates):
         found = []
         held = {}  # a row-wise table's shards come in two or three sizes: each computed once
@@ -264,8 +265,10 @@ def plan(tables: UserTables, sharding: str, topology: Topology, batch: int,
                 continue  # too large to measure here: not offered
             if not spread:
                 found.append(Layout(kind, tuple(Piece(*s.block(dims[t]), *made[s.rows, s.width]) for s in pieces)))
-                if kind == "table_wise" and load_factor is not None and found[-1].memories[0] > biggest:
-                    found.append(_cached(found[-1].pieces[0], tables, t, batch, load_factor))
+                if kind == "table_wise" and load_factor is not None:
+                    wholes[t] = found[-1].pieces[0]
+                    if found[-1].memories[0] > biggest:
+                        found.append(_cached(wholes[t], tables, t, batch, load_factor))
                 continue
             sizes = _sizes(pieces)
             loads, memories = np.empty(len(sizes)), np.empty(len(sizes), dtype=np.int64)
@@ -281,9 +284,59 @@ def plan(tables: UserTables, sharding: str, topology: Topology, batch: int,
                               f"whole or split (use --method {GREEDY})")
         layouts.append(found)
     start = time.perf_counter()
-    placed = grouped_place(layouts, topology, tables.names, constraints)
+    placed = _place(layouts, wholes, topology, tables, constraints, batch, load_factor)
     return Result(placed, time.perf_counter() - start,
                   {"objective": "the busiest device's costs plus its comm (placement.sharding)", **source})
+
+
+FILLS = (0.9, 0.75, 0.6, 0.45, 0.3)  # the shares of the devices' HBM the tables kept there may ask, tried in turn
+
+
+def _place(layouts: list[list[Layout]], wholes: dict[int, Piece], topology: Topology, tables: UserTables,
+           constraints: Constraints, batch: int, load_factor: float | None) -> list[Placed]:
+    """`grouped_place`, and where the tables do not fit in HBM: with `load_factor`, tables are kept
+    in host memory by the caching kernel, those whose caching adds the least compute for each byte
+    of HBM it frees first (cold, large tables), as many as bring the tables' smallest layouts within
+    `FILLS[k]` of the devices' HBM, each share tried in turn until the placement fits (the greedy
+    would otherwise fill HBM with the first tables and find no room one table later)."""
+    plain = np.array([min(int(layout.memories.sum()) for layout in c if not layout.cached) for c in layouts])
+    has = int(topology.memories.sum())
+    if load_factor is None or not wholes:
+        return grouped_place(layouts, topology, tables.names, constraints)
+    failed = None
+    if plain.sum() <= has:
+        try:
+            return grouped_place(layouts, topology, tables.names, constraints)
+        except ConfigError as error:
+            failed = error
+    fixed = {t for members, _ in constraints.groups for t in members} | set(constraints.device)
+    offered = {t: next((layout for layout in layouts[t] if layout.cached), None) or
+               _cached(whole, tables, t, batch, load_factor) for t, whole in wholes.items() if t not in fixed}
+    check_memory([c if t not in offered or offered[t] in c else [*c, offered[t]] for t, c in enumerate(layouts)],
+                 topology)  # the shortfall of the model, whichever tables were cached, in one line
+    freed = {t: plain[t] - int(layout.memories.sum()) for t, layout in offered.items()}
+    cheapest = {t: min(layout.load for layout in layouts[t] if not layout.cached) for t in offered}
+    order = sorted((t for t in offered if freed[t] > 0),
+                   key=lambda t: ((offered[t].load - cheapest[t]) / freed[t], t))
+    for fill in FILLS:
+        need, chosen = int(plain.sum()), []
+        for t in order:
+            if need <= fill * has:
+                break
+            chosen.append(t)
+            need -= freed[t]
+        if not chosen:
+            continue
+        trial = list(layouts)
+        for t in chosen:
+            trial[t] = [offered[t]]
+        try:
+            return grouped_place(trial, topology, tables.names, constraints)
+        except ConfigError as error:
+            failed = error
+    if failed is None:  # no share asked any table to move: the tables' own layouts decide
+        return grouped_place(layouts, topology, tables.names, constraints)
+    raise failed
 
 
 def _cached(whole: Piece, tables: UserTables, t: int, batch: int, load_factor: float) -> Layout:

@@ -129,6 +129,7 @@ def place(candidates: Sequence[Sequence[Layout]], topology: Topology, names: Seq
     which fits what is left is refused by name. `fixed` pins a table (its one whole layout) to a
     device: pinned tables are placed first, where they are pinned."""
     devices, speeds, caps = topology.devices, topology.speeds, topology.memories
+    check_memory(candidates, topology, names)
     loads, used = np.zeros(devices), np.zeros(devices, dtype=np.int64)
     held = np.zeros(devices, dtype=np.int64)  # DDR
     cheapest = np.array([min(layout.load for layout in c) for c in candidates])
@@ -193,6 +194,33 @@ def place(candidates: Sequence[Sequence[Layout]], topology: Topology, names: Seq
         done += best.layout.load
         out[t] = best
     return [p for p in out if p is not None]
+
+
+def check_memory(candidates: Sequence[Sequence[Layout]], topology: Topology,
+                 names: Sequence[str] | None = None) -> None:
+    """Refuse, in one line, tables that cannot fit the devices however they are placed: at each
+    table's layout of least HBM they need more HBM than the devices have in all, or, where some
+    may be kept in host memory, more HBM and DDR together (2 TiB of tables on 8 ranks of 80 GiB HBM
+    and 128 GiB DDR), so that the refusal names the model's shortfall, not the first table left
+    without room."""
+    least = [min(int(layout.memories.sum()) for layout in c) for c in candidates]
+    hbm, has_hbm = sum(least), int(topology.memories.sum())
+    if any(layout.cached for c in candidates for layout in c):
+        both = sum(min(int(layout.memories.sum() + layout.ddrs.sum()) for layout in c) for c in candidates)
+        has_both = has_hbm + int(topology.ddrs.sum())
+        if both > has_both:
+            raise ConfigError(f"the {len(candidates)} tables need at least {both} bytes of HBM and host memory "
+                              f"together, each at its smallest sharding, and the {topology.devices} devices have "
+                              f"{has_both} ({has_hbm} of HBM, {has_both - has_hbm} of DDR; more memory or devices)")
+    if hbm > has_hbm:
+        alone = int(np.argmax(least))
+        if least[alone] > has_hbm and names is not None:
+            raise ConfigError(f"table {names[alone]}: no sharding of it fits the devices (whole it needs at least "
+                              f"{least[alone]} bytes of HBM at its smallest sharding, the {topology.devices} devices "
+                              f"have {has_hbm} in all; more memory or devices)")
+        raise ConfigError(f"the {len(candidates)} tables need at least {hbm} bytes of HBM, each at its smallest "
+                          f"sharding, and the {topology.devices} devices have {has_hbm} in all (more memory or "
+                          "devices)")
 
 
 def _time(loads: np.ndarray | float, comms: np.ndarray | float, speeds: np.ndarray, unit: bool = False) -> np.ndarray:
