@@ -6,7 +6,8 @@ of one machine kind agrees on. Writes a page and its JSON into docs/.
     .venv/bin/python scripts/verdict_runs.py [COMMIT ...] [--since COMMIT] [--out docs/verdict-runs]
 
 Without commits: every commit since `--since` (default: the first run of five trained chains,
-db74118) whose `reports/metrics/evaluate.json` decides every endpoint over several replicates.
+db74118) that changed `dvc.lock`; a run counts where its `reports/metrics/evaluate.json` has
+primary endpoints with per-replicate medians, and only those endpoints are set side by side.
 A machine kind is FBGEMM's instruction set as the profile recorded it (`machine.fbgemm_isa`),
 which is what separates the VMs whose backward differs eightfold (`measure.harness`).
 """
@@ -20,8 +21,9 @@ import subprocess
 from collections import defaultdict
 from pathlib import Path
 
+from autoshard.studies.endpoints import RECORD_KEYS
+
 FIRST_RUN = "db74118"  # the first committed run with 5 trained chains and every endpoint decided
-RECORD = ("registered", "amendments")  # the entries of `primary` that are not endpoints
 INCONCLUSIVE = "inconclusive"
 
 
@@ -35,6 +37,10 @@ def _show(commit: str, path: str) -> dict | None:
 
 def runs_since(since: str) -> list[str]:
     """The commits from `since` on (oldest first) that changed dvc.lock: each a committed run."""
+    known = subprocess.run(["git", "cat-file", "-e", f"{since}^{{commit}}"], capture_output=True)
+    if known.returncode:
+        raise SystemExit(f"verdict_runs: --since {since}: not a commit of this clone (a shallow clone? "
+                         "git fetch --unshallow, or name the runs' commits)")
     out = subprocess.run(["git", "log", "--reverse", "--format=%h", f"{since}^..HEAD", "--", "dvc.lock"], check=True,
                          capture_output=True, text=True).stdout.split()
     return out
@@ -47,7 +53,7 @@ def run(commit: str) -> dict | None:
     if evaluate is None or profile is None:
         return None
     verdicts = {k: v["verdict"] for k, v in evaluate.get("primary", {}).items()
-                if k not in RECORD and isinstance(v, dict) and "replicate_medians" in v}
+                if k not in RECORD_KEYS and isinstance(v, dict) and "replicate_medians" in v}
     if not verdicts:
         return None
     machine = profile.get("machine", {})
@@ -95,7 +101,8 @@ def page(runs: list[dict], rates: dict) -> str:
               "agreeing, and the pairs that contradict each other (two decided verdicts that differ, such as "
               "equivalent and better; an inconclusive beside a decided verdict is a less sure run, not a "
               "contradiction).", "",
-              "| runs | number | endpoints | same verdict in every run | share | pairs agreeing | contradicting |",
+              "| machine kind | runs | endpoints | same verdict in every run | share | pairs agreeing "
+              "| contradicting |",
               "|---|---|---|---|---|---|---|"]
     for kind, s in rates.items():
         share = "-" if s["same_share"] is None else f"{s['same_share']:.0%}"

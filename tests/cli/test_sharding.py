@@ -335,7 +335,7 @@ def test_the_export_written_without_torch_is_the_file_torchrecs_generators_give(
 def test_the_analytic_path_and_its_torchrec_export_import_neither_torch_nor_torchrec(model, tmp_path):
     """Issue 50: `plan --sharding auto --backend analytic --torchrec` is TorchRec's estimate as our
     formulas and the export written from the blocks, so the whole command never loads torch (most
-    of its time at 2,000 tables, before)."""
+    of its time at 2,000 tables, before), nor SciPy's solvers (imported by the MILP alone)."""
     import subprocess
     import sys
 
@@ -344,7 +344,7 @@ def test_the_analytic_path_and_its_torchrec_export_import_neither_torch_nor_torc
             "'--memory-per-device', '600MB', '--batch-size', '256', '--backend', 'analytic', '--sharding', 'auto', "
             f"'--method', 'lpt_measured', '--out', {str(tmp_path / 'p.json')!r}, "
             f"'--torchrec', {str(tmp_path / 't.json')!r}]); "
-            "print(rc, sorted(m for m in ('torch', 'torchrec', 'fbgemm_gpu') if m in sys.modules))")
+            "print(rc, sorted(m for m in ('torch', 'torchrec', 'fbgemm_gpu', 'scipy.optimize') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip().splitlines()[-1] == "0 []", done.stdout + done.stderr
     assert json.loads((tmp_path / "t.json").read_text())["modules"]

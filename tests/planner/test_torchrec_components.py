@@ -194,6 +194,11 @@ def test_the_plan_loader_gives_a_cached_table_the_caching_kernel_at_the_files_lo
         for factor, said in ((0.2, "TorchRec's option at 0.2"), (None, "TorchRec's option at 0.2")):
             with pytest.raises(ConfigError, match=f"table 'huge': cached at a load factor of 0.3, and {said}"):
                 AutoShardPlanLoader(path, ebc, [EmbeddingBagCollectionSharder()], topology, 256, told(factor)).load()
+        by_sharder = EmbeddingBagCollectionSharder(fused_params={"cache_load_factor": 0.3})
+        loaded = AutoShardPlanLoader(path, ebc, [by_sharder], topology, 256, told(None)).load()
+        assert {o.name: o.compute_kernel for o in loaded.values()}["huge"] == "fused_uvm_caching", "the sharder's"
+        with pytest.raises(ConfigError, match="TorchRec's option at 0.2 .*fused_params"):
+            AutoShardPlanLoader(path, ebc, [by_sharder], topology, 256, told(0.2)).load()  # constraints come first
     doc = json.loads(out.read_text())
     doc["cached"]["huge"]["cache_load_factor"] = 2
     out.write_text(json.dumps(doc))
@@ -338,6 +343,9 @@ def test_the_partitioner_takes_our_topology_slow_ranks_get_less_work_and_small_o
     solved = planned(solver, cluster)
     assert busy(solved).max() <= times[0].max() * (1 + 1e-9), "the MILP starts from LPT's placement"
     assert solver.last["bottleneck"] == pytest.approx(busy(solved).max(), rel=1e-6)
+    milp = solver.last["milp"]
+    assert milp["lower_bound_ms"] <= solver.last["bottleneck"] * (1 + 1e-9) and milp["gap"] >= 0, milp
+    assert milp["status"] in ("optimal", "node_limit", "time_limit", "start") and "milp" not in told.last
     with pytest.raises(ConfigError, match="'size_greedy' places on devices alike; with a topology, lpt_measured or "
                                           "milp"):
         AutoShardPartitioner(method="size_greedy", topology=cluster)

@@ -30,3 +30,11 @@ def test_agreement_counts_runs_alike_and_tells_a_less_sure_run_from_a_contradict
     assert rates["all"]["contradicting_pairs"] == 2, "better against equivalent, twice; inconclusive never counts"
     page = vr.page(runs, rates)
     assert "| e2 | better | equivalent | better |" in page and "| avx2 | 2 | 3 | 1 | 33% | 33% | 1 of 3 |" in page
+    assert "| machine kind | runs | endpoints |" in page
+
+
+def test_a_since_commit_this_clone_lacks_is_refused_in_one_line(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit, match="--since 0123456789ab: not a commit of this clone"):
+        _module().runs_since("0123456789ab")

@@ -8,7 +8,7 @@ of the module must be in the file, each on a rank of the topology. The file is a
 of as many shards) or its `--torchrec` export (the sharding type and kernel it names). A table
 the file keeps in host memory (our plan's `cached`, the export's `fused_uvm_caching` with its
 `cache_params`) takes TorchRec's option of that kernel, whose cache load factor (its constraints'
-`CacheParams`, TorchRec's 0.2 where they give none) must be the file's. Tables are matched by
+`CacheParams`, else its sharder's `fused_params`, else TorchRec's 0.2) must be the file's. Tables are matched by
 name in the module given (a plan's qualified names `module.name` by their last part).
 """
 
@@ -80,15 +80,26 @@ class AutoShardPlanLoader(PlanLoader):
                               f"{len(held)} shards for it under these constraints")
         option = fitting[0]
         if wanted[2] is not None:
-            given = option.cache_params.load_factor if option.cache_params is not None else None
-            given = caching.LOAD_FACTOR if given is None else given  # what TorchRec's kernel then uses
+            given = self._load_factor(option)
             if given != wanted[2]:
                 raise ConfigError(f"{self.path}: table {shown(name)}: cached at a load factor of {wanted[2]:g}, and "
                                   f"TorchRec's option at {given:g} (give it ParameterConstraints(cache_params="
-                                  f"CacheParams(load_factor={wanted[2]:g})))")
+                                  f"CacheParams(load_factor={wanted[2]:g})), or its sharder fused_params="
+                                  f"{{'cache_load_factor': {wanted[2]:g}}})")
         for shard, block in zip(sorted(option.shards, key=lambda s: tuple(s.offset)), held, strict=True):
             shard.rank = int(block.device)
         return option
+
+    def _load_factor(self, option) -> float:
+        """The cache load factor TorchRec's kernel will use for `option`: its constraints'
+        `CacheParams`, else its sharder's `fused_params["cache_load_factor"]`, else TorchRec's 0.2."""
+        if option.cache_params is not None and option.cache_params.load_factor is not None:
+            return option.cache_params.load_factor
+        for sharder in self.sharders:
+            if isinstance(option.module[1], sharder.module_type):
+                factor = (getattr(sharder, "fused_params", None) or {}).get("cache_load_factor")
+                return caching.LOAD_FACTOR if factor is None else factor
+        return caching.LOAD_FACTOR
 
     def _named(self, name: str) -> tuple[str, str, float | None] | None:
         """(sharding type, kernel, cache load factor or None) of table `name` where the file names

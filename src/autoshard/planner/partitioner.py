@@ -52,7 +52,8 @@ class AutoShardPartitioner(Partitioner):
     """Place proposals with registry method `method` (see the module); `models` is the folder of
     the trained policy and cost model, for the learned methods (default `service.models_folder`);
     `seed` seeds the sampled and random methods. `last` keeps the last placement's method,
-    bottleneck (the largest per-device sum of perf totals) and memory kind."""
+    bottleneck (the largest per-device sum of perf totals) and memory kind; on a topology, the
+    topology too, and the MILP's status, lower bound and gap where it placed."""
 
     def __init__(self, method: str = service.FIRST_RUN, models: Path | None = None, seed: int = 0,
                  pins: dict[str, int] | None = None, groups: list[list[str]] | None = None,
@@ -130,6 +131,7 @@ class AutoShardPartitioner(Partitioner):
         free = np.array([getattr(d.storage, kind) for d in devices], dtype=np.int64)
         ddr_free = np.array([d.storage.ddr if kind == "hbm" else 0 for d in devices], dtype=np.int64)
         left = Topology(self.topology.speeds, free, self.topology.hosts, ddr_free)
+        found = None  # the MILP's status, bound and gap
         try:
             placed = place(layouts, left, [s.name for s in shards])
             if self.method == MILP:  # from LPT's placement, under the same busy time, each rank's own storage
@@ -137,7 +139,8 @@ class AutoShardPartitioner(Partitioner):
                 if held is not None:
                     raise ConfigError(f"shard of {held} holds host memory (the UVM caching kernel), which the MILP "
                                       f"does not count ({service.FIRST_RUN} does)")
-                placed = topology_search.plan(MILP, Result(placed, 0.0, {}), left).placed
+                solved = topology_search.plan(MILP, Result(placed, 0.0, {}), left)
+                placed, found = solved.placed, solved.costs[MILP]
         except ConfigError as exc:
             raise PlannerError(error_type=PlannerErrorType.PARTITION, message=f"{self.method}: {exc}") from None
         busy = np.zeros(len(devices))
@@ -147,7 +150,8 @@ class AutoShardPartitioner(Partitioner):
             piece = p.layout.pieces[0]
             busy[rank] += piece.cost / self.topology.speeds[rank] + piece.comm
         self.last = {"method": self.method, "bottleneck": float(busy.max()), "memory": kind, "shards": len(shards),
-                     "topology": self.topology.document()}
+                     "topology": self.topology.document(),
+                     **({"milp": {k: found[k] for k in ("status", "lower_bound_ms", "gap")}} if found else {})}
         return proposal
 
     def _constrained(self, proposal: list, devices: list) -> set[int]:
