@@ -210,7 +210,7 @@ def test_tables_that_fit_only_in_part_keep_the_coldest_for_each_byte_in_host_mem
 def test_a_model_larger_than_the_devices_hbm_and_ddr_is_refused_in_one_line(tmp_path, capsys):
     model = tmp_path / "short.csv"
     model.write_text(SHORT)
-    assert plan(model, tmp_path, "--ddr-per-device", "256MiB") == 2
+    assert plan(model, tmp_path, "--ddr-per-device", "64MiB") == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "the 5 tables need at least" in err, err
     assert "bytes of HBM and host memory together" in err and "the 2 devices have" in err, err

@@ -299,10 +299,10 @@ def _place(layouts: list[list[Layout]], wholes: dict[int, Piece], topology: Topo
     of HBM it frees first (cold, large tables), as many as bring the tables' smallest layouts within
     `FILLS[k]` of the devices' HBM, each share tried in turn until the placement fits (the greedy
     would otherwise fill HBM with the first tables and find no room one table later)."""
-    plain = np.array([min(int(layout.memories.sum()) for layout in c if not layout.cached) for c in layouts])
-    has = int(topology.memories.sum())
     if load_factor is None or not wholes:
         return grouped_place(layouts, topology, tables.names, constraints)
+    plain = np.array([min(int(layout.memories.sum()) for layout in c if not layout.cached) for c in layouts])
+    has = int(topology.memories.sum())
     failed = None
     if plain.sum() <= has:
         try:
@@ -333,7 +333,7 @@ def _place(layouts: list[list[Layout]], wholes: dict[int, Piece], topology: Topo
         try:
             return grouped_place(trial, topology, tables.names, constraints)
         except ConfigError as error:
-            failed = error
+            failed = failed or error
     if failed is None:  # no share asked any table to move: the tables' own layouts decide
         return grouped_place(layouts, topology, tables.names, constraints)
     raise failed
