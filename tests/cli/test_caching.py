@@ -215,3 +215,11 @@ def test_a_model_larger_than_the_devices_hbm_and_ddr_is_refused_in_one_line(tmp_
     assert len(err.splitlines()) == 1 and "the 5 tables need at least" in err, err
     assert "bytes of HBM and host memory together" in err and "the 2 devices have" in err, err
     assert not (tmp_path / "plan.json").exists()
+
+
+def test_a_table_too_large_for_any_devices_ddr_is_not_chosen_and_the_next_coldest_is(tmp_path):
+    model = tmp_path / "short.csv"
+    model.write_text(SHORT)
+    assert plan(model, tmp_path, "--ddr-per-device", "600MiB") == 0  # a cold table's 670 MB of DDR fits no device
+    cached = json.loads((tmp_path / "plan.json").read_text())["cached"]
+    assert cached and set(cached) <= {"hot0", "hot1", "hot2"}, cached

@@ -70,3 +70,14 @@ def test_ddr_is_counted_apart_from_hbm_each_against_its_own_capacity():
     assert [p.devices[0] for p in placed] == [0, 1, 0], "b alone fits device 1's DDR beside nothing of 350"
     with pytest.raises(ConfigError, match=r"table d: .*cached in host memory, 10 bytes of HBM and 880 of DDR"):
         place([cached(1.0, 10, 600), cached(1.0, 10, 880)], topology, ["c", "d"])
+
+
+def test_a_table_left_only_its_cached_layout_is_refused_with_its_hbm_and_ddr_apart():
+    """The refusal of a table offered cached alone (`cli.sharding_plan._place` forces the coldest)
+    says what it needs of each memory, never HBM and DDR summed as if it were whole in HBM."""
+    cached = Layout("table_wise", (Piece(0, None, 0, None, 9.0, 10),), kernel=caching.KERNEL, ddrs=np.array([450]))
+    topology = Topology(np.ones(2), np.array([100, 100]), (2,), np.array([600, 600]))
+    with pytest.raises(ConfigError, match=r"table c: no sharding of it fits what the devices have left \(cached in "
+                                          r"host memory, 10 bytes of HBM and 450 of DDR \(the freest device has 150 "
+                                          r"of DDR left\); the freest device has 90 of HBM left; more memory"):
+        place([[cached]] * 3, topology, list("abc"))

@@ -41,7 +41,7 @@ def test_a_table_no_layout_of_which_fits_is_refused_by_name():
     with pytest.raises(ConfigError, match=r"table huge: no sharding of it fits .* \(whole it needs 300 bytes, "
                                           r"the freest device has 100; split, its largest piece needs 150"):
         place([[whole(1.0, 300), rows("row_wise", 0.3, 150, 2)]], Topology.uniform(4, 100, 4), ["huge"])
-    with pytest.raises(ConfigError, match=r"table huge: no sharding of it fits the devices \(whole it needs at least "
+    with pytest.raises(ConfigError, match=r"table huge: no sharding of it fits the devices \(it needs at least "
                                           r"300 bytes of HBM at its smallest sharding, the 2 devices have 200 in all"):
         place([[whole(1.0, 300), rows("row_wise", 0.3, 150, 2)]], Topology.uniform(2, 100, 2), ["huge"])
     with pytest.raises(ConfigError, match="must divide --devices 4"):

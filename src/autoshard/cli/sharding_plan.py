@@ -223,7 +223,8 @@ def plan(tables: UserTables, sharding: str, topology: Topology, batch: int,
     host has as many devices (TorchRec's), and comm is charged as if every host were the smallest.
     With `load_factor` (GPUs), a table that fits no device's HBM whole is offered whole with
     TorchRec's UVM caching kernel too (`placement.caching`): that share of it in HBM, all of it in
-    DDR, its cost the whole table's times TorchRec's slowdown for the kernel."""
+    DDR, its cost the whole table's times TorchRec's slowdown for the kernel; where the tables do
+    not fit HBM together, some that fit it alone are kept there as well (`_place`)."""
     constraints = constraints or Constraints()
     devices, local = topology.devices, topology.local or min(topology.hosts)
     candidates = shapes(tables, sharding, devices, topology.local or 1, column_ways)
@@ -313,20 +314,26 @@ def _place(layouts: list[list[Layout]], wholes: dict[int, Piece], topology: Topo
     offered = {t: next((layout for layout in layouts[t] if layout.cached), None) or
                _cached(whole, tables, t, batch, load_factor) for t, whole in wholes.items() if t not in fixed}
     check_memory([c if t not in offered or offered[t] in c else [*c, offered[t]] for t, c in enumerate(layouts)],
-                 topology)  # the shortfall of the model, whichever tables were cached, in one line
+                 topology, tables.names)  # the shortfall of the model, whichever tables were cached, in one line
+    hbm, ddr = int(topology.memories.max()), int(topology.ddrs.max())
+    offered = {t: layout for t, layout in offered.items() if layout.memories[0] <= hbm and layout.ddrs[0] <= ddr}
     freed = {t: plain[t] - int(layout.memories.sum()) for t, layout in offered.items()}
     cheapest = {t: min(layout.load for layout in layouts[t] if not layout.cached) for t in offered}
     order = sorted((t for t in offered if freed[t] > 0),
                    key=lambda t: ((offered[t].load - cheapest[t]) / freed[t], t))
+    room, tried = int(topology.ddrs.sum()), []
     for fill in FILLS:
-        need, chosen = int(plain.sum()), []
+        need, held, chosen = int(plain.sum()), 0, []
         for t in order:
             if need <= fill * has:
                 break
+            if held + int(offered[t].ddrs[0]) > room:  # no DDR left for it: the next coldest instead
+                continue
             chosen.append(t)
-            need -= freed[t]
-        if not chosen:
+            need, held = need - freed[t], held + int(offered[t].ddrs[0])
+        if not chosen or chosen == tried:  # the same tables as the share before: the same refusal
             continue
+        tried = chosen
         trial = list(layouts)
         for t in chosen:
             trial[t] = [offered[t]]

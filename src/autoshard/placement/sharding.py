@@ -176,7 +176,7 @@ def place(candidates: Sequence[Sequence[Layout]], topology: Topology, names: Seq
         if best is None:
             free = caps - used
             whole = min((int(layout.memories[0]) for layout in candidates[t] if len(layout) == 1 and not
-                         layout.cached), default=int(candidates[t][0].memories[0] + candidates[t][0].ddrs[0]))
+                         layout.cached), default=None)
             split = [int(layout.memories.max()) for layout in candidates[t] if len(layout) > 1]
             rows = (f"; split, its largest piece needs {min(split)} (the fullest device has "
                     f"{int(free.min())} left)") if split else ""
@@ -184,8 +184,10 @@ def place(candidates: Sequence[Sequence[Layout]], topology: Topology, names: Seq
             host = (f"; cached in host memory, {int(cached[0].memories[0])} bytes of HBM and "
                     f"{int(cached[0].ddrs[0])} of DDR (the freest device has {int((topology.ddrs - held).max())} "
                     "of DDR left)") if cached else ""
-            raise ConfigError(f"table {names[t]}: no sharding of it fits what the devices have left (whole it needs "
-                              f"{whole} bytes, the freest device has {int(free.max())}{rows}{host}; more "
+            said = (f"whole it needs {whole} bytes, the freest device has {int(free.max())}{rows}{host}"
+                    if whole is not None else  # its one layout left is cached (`cli.sharding_plan._place`)
+                    f"{(rows + host)[2:]}; the freest device has {int(free.max())} of HBM left")
+            raise ConfigError(f"table {names[t]}: no sharding of it fits what the devices have left ({said}; more "
                               "memory or devices)")
         np.add.at(loads, list(best.devices), best_time)
         np.add.at(used, list(best.devices), best.layout.memories)
@@ -215,7 +217,7 @@ def check_memory(candidates: Sequence[Sequence[Layout]], topology: Topology,
     if hbm > has_hbm:
         alone = int(np.argmax(least))
         if least[alone] > has_hbm and names is not None:
-            raise ConfigError(f"table {names[alone]}: no sharding of it fits the devices (whole it needs at least "
+            raise ConfigError(f"table {names[alone]}: no sharding of it fits the devices (it needs at least "
                               f"{least[alone]} bytes of HBM at its smallest sharding, the {topology.devices} devices "
                               f"have {has_hbm} in all; more memory or devices)")
         raise ConfigError(f"the {len(candidates)} tables need at least {hbm} bytes of HBM, each at its smallest "

@@ -93,13 +93,13 @@ class AutoShardPlanLoader(PlanLoader):
     def _load_factor(self, option) -> float:
         """The cache load factor TorchRec's kernel will use for `option`: its constraints'
         `CacheParams`, else its sharder's `fused_params["cache_load_factor"]`, else TorchRec's 0.2."""
+        from torchrec.distributed.planner.utils import sharder_name
+
         if option.cache_params is not None and option.cache_params.load_factor is not None:
             return option.cache_params.load_factor
-        for sharder in self.sharders:
-            if isinstance(option.module[1], sharder.module_type):
-                factor = (getattr(sharder, "fused_params", None) or {}).get("cache_load_factor")
-                return caching.LOAD_FACTOR if factor is None else factor
-        return caching.LOAD_FACTOR
+        sharder = {sharder_name(s.module_type): s for s in self.sharders}.get(option.module_type_key)  # as its own
+        factor = (getattr(sharder, "fused_params", None) or {}).get("cache_load_factor")
+        return factor or caching.LOAD_FACTOR  # the kernel takes 0.2 where the factor is absent or 0
 
     def _named(self, name: str) -> tuple[str, str, float | None] | None:
         """(sharding type, kernel, cache load factor or None) of table `name` where the file names
