@@ -343,9 +343,9 @@ def test_the_partitioner_takes_our_topology_slow_ranks_get_less_work_and_small_o
     solved = planned(solver, cluster)
     assert busy(solved).max() <= times[0].max() * (1 + 1e-9), "the MILP starts from LPT's placement"
     assert solver.last["bottleneck"] == pytest.approx(busy(solved).max(), rel=1e-6)
-    milp = solver.last["milp"]
+    milp = solver.last["solver"]
     assert milp["lower_bound_ms"] <= solver.last["bottleneck"] * (1 + 1e-9) and milp["gap"] >= 0, milp
-    assert milp["status"] in ("optimal", "node_limit", "time_limit", "start") and "milp" not in told.last
+    assert milp["status"] in ("optimal", "node_limit", "time_limit", "start") and "solver" not in told.last
     with pytest.raises(ConfigError, match="'size_greedy' places on devices alike; with a topology, lpt_measured or "
                                           "milp"):
         AutoShardPartitioner(method="size_greedy", topology=cluster)

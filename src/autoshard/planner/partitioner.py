@@ -53,7 +53,7 @@ class AutoShardPartitioner(Partitioner):
     the trained policy and cost model, for the learned methods (default `service.models_folder`);
     `seed` seeds the sampled and random methods. `last` keeps the last placement's method,
     bottleneck (the largest per-device sum of perf totals) and memory kind; on a topology, the
-    topology too, and the MILP's status, lower bound and gap where it placed."""
+    topology too, and (`solver`) the MILP's status, lower bound and gap where it placed."""
 
     def __init__(self, method: str = service.FIRST_RUN, models: Path | None = None, seed: int = 0,
                  pins: dict[str, int] | None = None, groups: list[list[str]] | None = None,
@@ -151,7 +151,7 @@ class AutoShardPartitioner(Partitioner):
             busy[rank] += piece.cost / self.topology.speeds[rank] + piece.comm
         self.last = {"method": self.method, "bottleneck": float(busy.max()), "memory": kind, "shards": len(shards),
                      "topology": self.topology.document(),
-                     **({"milp": {k: found[k] for k in ("status", "lower_bound_ms", "gap")}} if found else {})}
+                     **({"solver": {k: found[k] for k in ("status", "lower_bound_ms", "gap")}} if found else {})}
         return proposal
 
     def _constrained(self, proposal: list, devices: list) -> set[int]:
